@@ -1,0 +1,323 @@
+//! The Elector actor: the campaign/renew/release loop, written once for every backend.
+//!
+//! * Campaigns in a spawned task (campaign blocks until we win) and reports `Elected` with the
+//!   token and the lease deadline to the supervisor.
+//! * Renews liveness on a timer — every `renew_interval` after a success, every `retry_interval`
+//!   after a failure — and, while leading, moves the watchdog's deadline forward from each renewal's
+//!   *send* time. A failed renewal does not demote by itself: the watchdog does, when the last good
+//!   grant runs out. A renewal that says the lease is gone demotes at once.
+//! * Releases (resign / transfer) only when the supervisor says the work has stopped.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use rand::Rng;
+use tokio::task::JoinHandle;
+
+use crate::actors::supervisor::SupervisorMsg;
+use crate::actors::watchdog::WatchdogMsg;
+use crate::actors::DemotionReason;
+use crate::backends::{Elector, ElectorError, FenceToken, Grant, LeaderInfo};
+use crate::clock::NodeClock;
+use crate::config::NodeConfig;
+use crate::metrics as m;
+use crate::trace::ActorTrace;
+
+pub enum ElectorMsg {
+    Campaign,
+    CampaignDone {
+        result: Result<crate::backends::Win, ElectorError>,
+        started: Instant,
+    },
+    RenewTick,
+    RenewDone(Result<Option<Grant>, ElectorError>),
+    /// From the supervisor, after leader work has fully stopped. `backoff`: wait a renew interval
+    /// before campaigning again (after a voluntary hand-over).
+    Release {
+        successor: Option<String>,
+        backoff: bool,
+    },
+    ReleaseDone {
+        result: Result<(), ElectorError>,
+        backoff: bool,
+    },
+}
+
+pub struct ElectorArgs {
+    pub backend: Arc<dyn Elector>,
+    pub cfg: NodeConfig,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub watchdog: ActorRef<WatchdogMsg>,
+    pub trace: ActorTrace,
+    pub leader_tx: tokio::sync::watch::Sender<Option<LeaderInfo>>,
+}
+
+#[derive(Debug, PartialEq)]
+enum Mode {
+    Idle,
+    Campaigning,
+    Leading(FenceToken),
+    /// Demotion in progress: waiting for the supervisor's `Release`.
+    Demoting,
+}
+
+pub struct ElectorState {
+    args: ElectorArgs,
+    clock: NodeClock,
+    mode: Mode,
+    campaign_task: Option<JoinHandle<()>>,
+    observe_task: JoinHandle<()>,
+    renew_in_flight: bool,
+    last_renew_ok: Option<Instant>,
+    last_renew_attempt: Option<Instant>,
+    last_renew_failed: bool,
+}
+
+pub struct ElectorActor;
+
+#[async_trait]
+impl Actor for ElectorActor {
+    type Msg = ElectorMsg;
+    type State = ElectorState;
+    type Arguments = ElectorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: ElectorArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let (backend, tx, every) = (
+            args.backend.clone(),
+            args.leader_tx.clone(),
+            args.cfg.retry_interval(),
+        );
+        let observe_task = tokio::spawn(async move { backend.observe(tx, every).await });
+        myself.send_interval(args.cfg.retry_interval(), || ElectorMsg::RenewTick);
+        let _ = myself.cast(ElectorMsg::Campaign);
+        let clock = NodeClock {
+            skew_ms: args.cfg.clock_skew_ms,
+            drift: args.cfg.clock_drift,
+        };
+        Ok(ElectorState {
+            args,
+            clock,
+            mode: Mode::Idle,
+            campaign_task: None,
+            observe_task,
+            renew_in_flight: false,
+            last_renew_ok: None,
+            last_renew_attempt: None,
+            last_renew_failed: false,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(t) = state.campaign_task.take() {
+            t.abort();
+        }
+        state.observe_task.abort();
+        // Withdraw any candidacy; bounded so a dead backend cannot hold shutdown hostage.
+        let backend = state.args.backend.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(2), backend.close()).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ElectorMsg::Campaign => state.start_campaign(&myself),
+            ElectorMsg::CampaignDone { result, started } => {
+                state.on_campaign_done(&myself, result, started)
+            }
+            ElectorMsg::RenewTick => state.maybe_renew(&myself),
+            ElectorMsg::RenewDone(result) => state.on_renew_done(&myself, result),
+            ElectorMsg::Release { successor, backoff } => {
+                state.mode = Mode::Idle;
+                let (backend, me, trace) = (
+                    state.args.backend.clone(),
+                    myself.clone(),
+                    state.args.trace.clone(),
+                );
+                tokio::spawn(async move {
+                    trace.step(
+                        "elector",
+                        "release-begin",
+                        None,
+                        successor.as_deref().unwrap_or(""),
+                    );
+                    let result = backend.resign(successor.as_deref()).await;
+                    let _ = me.cast(ElectorMsg::ReleaseDone { result, backoff });
+                });
+            }
+            ElectorMsg::ReleaseDone { result, backoff } => {
+                let detail = result
+                    .as_ref()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                state.args.trace.step("elector", "released", None, &detail);
+                let _ = state.args.supervisor.cast(SupervisorMsg::Released {
+                    result: result.map_err(|e| e.to_string()),
+                });
+                // After handing over voluntarily, give the successor a head start so a backend
+                // without a queue does not simply hand leadership straight back to us.
+                let pause = if backoff {
+                    state.args.cfg.renew_interval()
+                } else {
+                    Duration::ZERO
+                };
+                myself.send_after(pause, || ElectorMsg::Campaign);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ElectorState {
+    fn start_campaign(&mut self, myself: &ActorRef<ElectorMsg>) {
+        if self.mode != Mode::Idle {
+            return;
+        }
+        self.mode = Mode::Campaigning;
+        self.args.trace.step("elector", "campaign", None, "");
+        let (backend, me) = (self.args.backend.clone(), myself.clone());
+        self.campaign_task = Some(tokio::spawn(async move {
+            let started = Instant::now();
+            let result = backend.campaign().await;
+            let _ = me.cast(ElectorMsg::CampaignDone { result, started });
+        }));
+    }
+
+    fn on_campaign_done(
+        &mut self,
+        myself: &ActorRef<ElectorMsg>,
+        result: Result<crate::backends::Win, ElectorError>,
+        started: Instant,
+    ) {
+        self.campaign_task = None;
+        if self.mode != Mode::Campaigning {
+            return;
+        }
+        match result {
+            Ok(win) => {
+                metrics::histogram!(m::CAMPAIGN_SECONDS).record(started.elapsed().as_secs_f64());
+                let deadline = self.deadline(win.grant);
+                self.mode = Mode::Leading(win.token);
+                self.args.trace.step("elector", "won", Some(win.token), "");
+                let _ = self.args.supervisor.cast(SupervisorMsg::Elected {
+                    token: win.token,
+                    lease_deadline: deadline,
+                });
+            }
+            Err(e) => {
+                self.mode = Mode::Idle;
+                tracing::warn!(error = %e, "campaign failed; retrying");
+                let jitter = rand::thread_rng().gen_range(0..=self.args.cfg.retry_interval_ms);
+                myself.send_after(
+                    self.args.cfg.retry_interval() + Duration::from_millis(jitter),
+                    || ElectorMsg::Campaign,
+                );
+            }
+        }
+    }
+
+    /// Renews on schedule: every renew interval after a success, every retry interval after a failure.
+    fn maybe_renew(&mut self, myself: &ActorRef<ElectorMsg>) {
+        if self.renew_in_flight {
+            return;
+        }
+        let now = Instant::now();
+        let due = match (self.last_renew_attempt, self.last_renew_failed) {
+            (None, _) => true,
+            (Some(_), true) => true, // the tick itself runs at the retry interval
+            (Some(_), false) => self
+                .last_renew_ok
+                .is_none_or(|t| now.duration_since(t) >= self.args.cfg.renew_interval()),
+        };
+        if !due {
+            return;
+        }
+        self.renew_in_flight = true;
+        self.last_renew_attempt = Some(now);
+        let (backend, me) = (self.args.backend.clone(), myself.clone());
+        tokio::spawn(async move {
+            let _ = me.cast(ElectorMsg::RenewDone(backend.renew().await));
+        });
+    }
+
+    fn on_renew_done(
+        &mut self,
+        myself: &ActorRef<ElectorMsg>,
+        result: Result<Option<Grant>, ElectorError>,
+    ) {
+        self.renew_in_flight = false;
+        match result {
+            Ok(None) => self.last_renew_failed = false,
+            Ok(Some(grant)) => {
+                metrics::counter!(m::RENEWALS).increment(1);
+                self.last_renew_failed = false;
+                self.last_renew_ok = Some(grant.sent_at);
+                if let Mode::Leading(token) = self.mode {
+                    let _ = self
+                        .args
+                        .watchdog
+                        .cast(crate::actors::watchdog::WatchdogMsg::Extend {
+                            token,
+                            deadline: self.deadline(grant),
+                        });
+                }
+            }
+            Err(ElectorError::LeaseLost(why)) => {
+                metrics::counter!(m::RENEWAL_FAILURES).increment(1);
+                self.last_renew_failed = true;
+                self.args.trace.step("elector", "lease-lost", None, &why);
+                match self.mode {
+                    Mode::Leading(token) => {
+                        self.mode = Mode::Demoting;
+                        let _ = self.args.supervisor.cast(SupervisorMsg::Demoted {
+                            token: Some(token),
+                            reason: DemotionReason::LeaseLost(why),
+                        });
+                    }
+                    Mode::Campaigning => {
+                        // The candidacy rode on the lost session: withdraw it and start over.
+                        if let Some(t) = self.campaign_task.take() {
+                            t.abort();
+                        }
+                        self.mode = Mode::Idle;
+                        let backend = self.args.backend.clone();
+                        let me = myself.clone();
+                        tokio::spawn(async move {
+                            let _ = backend.close().await;
+                            let _ = me.cast(ElectorMsg::Campaign);
+                        });
+                    }
+                    Mode::Idle | Mode::Demoting => {}
+                }
+            }
+            Err(e) => {
+                metrics::counter!(m::RENEWAL_FAILURES).increment(1);
+                self.last_renew_failed = true;
+                tracing::warn!(error = %e, "lease renewal failed; the watchdog decides if it runs out");
+            }
+        }
+    }
+
+    /// `sent_at + ttl - margin`, on the monotonic clock, through the node's clock-rate model.
+    fn deadline(&self, grant: Grant) -> Instant {
+        let usable = grant
+            .ttl
+            .saturating_sub(self.args.cfg.lease_safety_margin(grant.ttl));
+        self.clock.real_deadline(grant.sent_at, usable)
+    }
+}

@@ -1,0 +1,54 @@
+//! The per-node supervision tree (SPEC §2).
+//!
+//! ```text
+//! NodeSupervisor                 owns the phase: follower -> starting -> leading -> demoting
+//!  ├─ Elector                    the one campaign/renew loop over an `Elector` backend;
+//!  │                             emits Elected{token, lease_deadline} and Demoted{reason}
+//!  ├─ LeaseWatchdog              holds the monotonic deadline; emits Demoted{LeaseDeadline}
+//!  └─ (only while leading)       every registered `LeaderWork`, e.g.
+//!      ├─ Sequencer              POST /next, group-committed through the fence
+//!      └─ Scheduler              a tick every T, durable work-set cursor
+//! ```
+//!
+//! Ordering guarantees, all enforced by [`supervisor`]:
+//! * work starts only after `Elected(token)`, and every protected write carries that token;
+//! * demotion is **checkpoint → stop (await fully stopped, kill after a bound) → release**; the
+//!   lease is never released while work may still run;
+//! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
+
+pub mod elector;
+pub mod supervisor;
+pub mod watchdog;
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// Why a node stops leading.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "reason", content = "detail")]
+pub enum DemotionReason {
+    /// The watchdog's monotonic deadline passed without a renewal.
+    LeaseDeadline,
+    /// The backend said the lease/session is gone.
+    LeaseLost(String),
+    /// `POST /stepdown` (optionally naming a successor).
+    StepDown { successor: Option<String> },
+    /// A leader-work actor ended on its own (e.g. fenced out by the resource).
+    WorkFailed(String),
+    /// The node is shutting down.
+    Shutdown,
+}
+
+impl fmt::Display for DemotionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DemotionReason::LeaseDeadline => f.write_str("lease-deadline"),
+            DemotionReason::LeaseLost(d) => write!(f, "lease-lost: {d}"),
+            DemotionReason::StepDown { successor: None } => f.write_str("step-down"),
+            DemotionReason::StepDown { successor: Some(s) } => write!(f, "step-down to {s}"),
+            DemotionReason::WorkFailed(d) => write!(f, "work-failed: {d}"),
+            DemotionReason::Shutdown => f.write_str("shutdown"),
+        }
+    }
+}

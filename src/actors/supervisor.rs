@@ -1,0 +1,506 @@
+//! The NodeSupervisor: owns the node's phase and the ordering guarantees of SPEC §2.
+//!
+//! ```text
+//!  follower --Elected(token)--> starting --WorkStarted--> leading
+//!     ^                                                     |
+//!     |                                      Demoted(reason) | StepDown
+//!     |                                                     v
+//!     +--Released-- releasing <--WorkStopped-- demoting (checkpoint, then stop, kill after bound)
+//! ```
+//!
+//! Starting and stopping leader work awaits other actors, so both run in spawned tasks that report
+//! back (`WorkStarted`, `WorkStopped`); `handle()` itself never awaits slow work. A `Demoted` that
+//! arrives while work is still starting is deferred until it has started, then acted on at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde::Serialize;
+
+use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
+use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
+use crate::actors::DemotionReason;
+use crate::backends::{Elector, FenceToken, LeaderInfo};
+use crate::clock::monotonic_ns;
+use crate::config::NodeConfig;
+use crate::metrics as m;
+use crate::node::NodeShared;
+use crate::trace::ActorTrace;
+use crate::work::{Fence, LeaderWork, RunningWork, WorkContext};
+
+pub enum SupervisorMsg {
+    Elected {
+        token: FenceToken,
+        lease_deadline: Instant,
+    },
+    WorkStarted {
+        token: FenceToken,
+        result: Result<Vec<Box<dyn RunningWork>>, String>,
+    },
+    /// `token`: the term this is about (`None`: whatever term is current).
+    Demoted {
+        token: Option<FenceToken>,
+        reason: DemotionReason,
+    },
+    WorkStopped {
+        token: FenceToken,
+    },
+    Released {
+        result: Result<(), String>,
+    },
+    StepDown {
+        successor: Option<String>,
+        reply: RpcReplyPort<Result<StepDownReport, StepDownError>>,
+    },
+    /// Demote if leading, then reply; the caller stops the tree afterwards.
+    Shutdown(RpcReplyPort<()>),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepDownReport {
+    pub token: FenceToken,
+    pub successor: Option<String>,
+    /// CLOCK_MONOTONIC ns when all leader work had stopped, and when the lease was released.
+    pub work_stopped_mono_ns: u64,
+    pub released_mono_ns: u64,
+    pub release_error: Option<String>,
+}
+
+#[derive(Clone, Debug, thiserror::Error, Serialize)]
+pub enum StepDownError {
+    #[error("this node is not the leader")]
+    NotLeader,
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+pub struct SupervisorArgs {
+    pub cfg: NodeConfig,
+    pub backend: Arc<dyn Elector>,
+    pub works: Vec<Arc<dyn LeaderWork>>,
+    pub fence: Fence,
+    pub trace: ActorTrace,
+    pub shared: Arc<NodeShared>,
+    pub leader_tx: tokio::sync::watch::Sender<Option<LeaderInfo>>,
+}
+
+enum Phase {
+    Follower,
+    Starting(FenceToken),
+    Leading {
+        token: FenceToken,
+        works: Vec<Box<dyn RunningWork>>,
+    },
+    Demoting {
+        token: FenceToken,
+        reason: DemotionReason,
+    },
+    Releasing {
+        token: FenceToken,
+        reason: DemotionReason,
+        work_stopped_mono_ns: u64,
+    },
+}
+
+pub struct SupervisorState {
+    args: SupervisorArgs,
+    elector: ActorRef<ElectorMsg>,
+    watchdog: ActorRef<WatchdogMsg>,
+    phase: Phase,
+    deferred: Option<DemotionReason>,
+    step_down_waiters: Vec<RpcReplyPort<Result<StepDownReport, StepDownError>>>,
+    shutdown_waiters: Vec<RpcReplyPort<()>>,
+    /// The elector or watchdog died: finish stopping work, then stop the node.
+    fatal: Option<String>,
+    demotion_started: Option<Instant>,
+}
+
+pub struct NodeSupervisor;
+
+#[async_trait]
+impl Actor for NodeSupervisor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: SupervisorArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let cell = myself.get_cell();
+        let (watchdog, _) = Actor::spawn_linked(
+            None,
+            LeaseWatchdog,
+            (myself.clone(), args.trace.clone()),
+            cell.clone(),
+        )
+        .await?;
+        let elector_args = ElectorArgs {
+            backend: args.backend.clone(),
+            cfg: args.cfg.clone(),
+            supervisor: myself.clone(),
+            watchdog: watchdog.clone(),
+            trace: args.trace.clone(),
+            leader_tx: args.leader_tx.clone(),
+        };
+        let (elector, _) = Actor::spawn_linked(None, ElectorActor, elector_args, cell).await?;
+        args.trace
+            .step("supervisor", "started", None, args.backend.kind().as_str());
+        Ok(SupervisorState {
+            args,
+            elector,
+            watchdog,
+            phase: Phase::Follower,
+            deferred: None,
+            step_down_waiters: Vec::new(),
+            shutdown_waiters: Vec::new(),
+            fatal: None,
+            demotion_started: None,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.args.shared.set_acting(None);
+        state.args.trace.step(
+            "supervisor",
+            "stopped",
+            None,
+            state.fatal.as_deref().unwrap_or(""),
+        );
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Elected {
+                token,
+                lease_deadline,
+            } => state.on_elected(&myself, token, lease_deadline),
+            SupervisorMsg::WorkStarted { token, result } => {
+                state.on_work_started(&myself, token, result)
+            }
+            SupervisorMsg::Demoted { token, reason } => state.demote(&myself, token, reason),
+            SupervisorMsg::WorkStopped { token } => state.on_work_stopped(&myself, token),
+            SupervisorMsg::Released { result } => state.on_released(result),
+            SupervisorMsg::StepDown { successor, reply } => {
+                if !matches!(state.phase, Phase::Leading { .. } | Phase::Starting(_)) {
+                    let _ = reply.send(Err(StepDownError::NotLeader));
+                    return Ok(());
+                }
+                if successor.is_some() && !state.args.backend.supports_transfer() {
+                    let _ = reply.send(Err(StepDownError::Unsupported(format!(
+                        "the {} backend cannot hand leadership to a named node",
+                        state.args.backend.kind()
+                    ))));
+                    return Ok(());
+                }
+                state.step_down_waiters.push(reply);
+                state.demote(&myself, None, DemotionReason::StepDown { successor });
+            }
+            SupervisorMsg::Shutdown(reply) => {
+                if matches!(state.phase, Phase::Follower) {
+                    let _ = reply.send(());
+                } else {
+                    state.shutdown_waiters.push(reply);
+                    state.demote(&myself, None, DemotionReason::Shutdown);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let (cell, why) = match &evt {
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell.clone(),
+                reason.clone().unwrap_or_else(|| "stopped".into()),
+            ),
+            SupervisionEvent::ActorFailed(cell, err) => (cell.clone(), format!("failed: {err}")),
+            _ => return Ok(()),
+        };
+        if cell.get_id() == state.elector.get_id() || cell.get_id() == state.watchdog.get_id() {
+            // Without its elector or watchdog the node cannot know whether it leads: stop acting.
+            let msg = format!(
+                "{} ended: {why}",
+                if cell.get_id() == state.elector.get_id() {
+                    "elector"
+                } else {
+                    "watchdog"
+                }
+            );
+            tracing::error!(%msg, "supervision tree broken; stopping leader work and the node");
+            state.fatal = Some(msg.clone());
+            if matches!(state.phase, Phase::Follower) {
+                myself.stop(Some(msg));
+            } else {
+                state.demote(&myself, None, DemotionReason::WorkFailed(msg));
+            }
+            return Ok(());
+        }
+        if let Phase::Leading { works, .. } = &state.phase {
+            if let Some(w) = works.iter().find(|w| w.cell().get_id() == cell.get_id()) {
+                let reason = DemotionReason::WorkFailed(format!("{}: {why}", w.name()));
+                state.demote(&myself, None, reason);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SupervisorState {
+    fn on_elected(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        token: FenceToken,
+        lease_deadline: Instant,
+    ) {
+        if !matches!(self.phase, Phase::Follower) || self.fatal.is_some() {
+            tracing::warn!(token = token.0, "Elected while not a follower; ignored");
+            return;
+        }
+        self.args
+            .trace
+            .step("supervisor", "elected", Some(token), "");
+        let _ = self.watchdog.cast(WatchdogMsg::Arm {
+            token,
+            deadline: lease_deadline,
+        });
+        self.args.shared.set_term(Some(token), Some(lease_deadline));
+        self.phase = Phase::Starting(token);
+        let ctx = WorkContext {
+            token,
+            node_id: self.args.cfg.node_id.clone(),
+            fence: self.args.fence.clone(),
+            trace: self.args.trace.clone(),
+            supervisor: myself.get_cell(),
+        };
+        let (works, me) = (self.args.works.clone(), myself.clone());
+        tokio::spawn(async move {
+            let mut started: Vec<Box<dyn RunningWork>> = Vec::new();
+            let mut failure = None;
+            for w in works {
+                match w.start(ctx.clone()).await {
+                    Ok(r) => started.push(r),
+                    Err(e) => {
+                        failure = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            let result = match failure {
+                None => Ok(started),
+                Some(e) => {
+                    stop_all(&started, &ctx.trace, token, Duration::from_secs(2)).await;
+                    Err(e)
+                }
+            };
+            let _ = me.cast(SupervisorMsg::WorkStarted { token, result });
+        });
+    }
+
+    fn on_work_started(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        token: FenceToken,
+        result: Result<Vec<Box<dyn RunningWork>>, String>,
+    ) {
+        if !matches!(self.phase, Phase::Starting(t) if t == token) {
+            return;
+        }
+        match result {
+            Ok(works) => {
+                self.phase = Phase::Leading { token, works };
+                self.args.shared.set_acting(Some(token));
+                metrics::gauge!(m::LEADERS_ACTING).set(1.0);
+                metrics::gauge!(m::FENCE_TOKEN).set(token.0 as f64);
+                metrics::counter!(m::TRANSITIONS, "to" => "leader").increment(1);
+                self.args
+                    .trace
+                    .step("supervisor", "work-started", Some(token), "");
+                if let Some(reason) = self.deferred.take() {
+                    self.demote(myself, Some(token), reason);
+                }
+            }
+            Err(e) => {
+                self.args
+                    .trace
+                    .step("supervisor", "work-start-failed", Some(token), &e);
+                // Nothing runs; release so another node can lead.
+                self.phase = Phase::Leading {
+                    token,
+                    works: Vec::new(),
+                };
+                self.demote(myself, Some(token), DemotionReason::WorkFailed(e));
+            }
+        }
+    }
+
+    /// Begins checkpoint → stop → release, unless a demotion is already under way.
+    fn demote(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        about: Option<FenceToken>,
+        reason: DemotionReason,
+    ) {
+        match &mut self.phase {
+            Phase::Starting(token) => {
+                if about.is_none_or(|t| t == *token) {
+                    self.deferred.get_or_insert(reason);
+                }
+            }
+            Phase::Leading { token, works } => {
+                let token = *token;
+                if about.is_some_and(|t| t != token) {
+                    return;
+                }
+                let works = std::mem::take(works);
+                self.demotion_started = Some(Instant::now());
+                self.args.trace.step(
+                    "supervisor",
+                    "demote-begin",
+                    Some(token),
+                    &reason.to_string(),
+                );
+                let _ = self.watchdog.cast(WatchdogMsg::Disarm);
+                // From here the node reports itself as not leading; the work drains behind it.
+                self.args.shared.set_term(None, None);
+                self.phase = Phase::Demoting { token, reason };
+                let (trace, bound, me) = (
+                    self.args.trace.clone(),
+                    self.args.cfg.work_stop_timeout(),
+                    myself.clone(),
+                );
+                tokio::spawn(async move {
+                    checkpoint_all(&works, &trace, token, bound).await;
+                    stop_all(&works, &trace, token, bound).await;
+                    let _ = me.cast(SupervisorMsg::WorkStopped { token });
+                });
+            }
+            Phase::Follower | Phase::Demoting { .. } | Phase::Releasing { .. } => {}
+        }
+    }
+
+    fn on_work_stopped(&mut self, myself: &ActorRef<SupervisorMsg>, token: FenceToken) {
+        let Phase::Demoting { token: t, reason } = &self.phase else {
+            return;
+        };
+        if *t != token {
+            return;
+        }
+        let reason = reason.clone();
+        let work_stopped_mono_ns = monotonic_ns();
+        self.args.shared.set_acting(None);
+        metrics::gauge!(m::LEADERS_ACTING).set(0.0);
+        metrics::gauge!(m::FENCE_TOKEN).set(0.0);
+        metrics::counter!(m::TRANSITIONS, "to" => "follower").increment(1);
+        self.args.trace.step(
+            "supervisor",
+            "work-stopped",
+            Some(token),
+            &reason.to_string(),
+        );
+        if let Some(msg) = self.fatal.clone() {
+            myself.stop(Some(msg));
+            return;
+        }
+        let successor = match &reason {
+            DemotionReason::StepDown { successor } => successor.clone(),
+            _ => None,
+        };
+        let backoff = matches!(reason, DemotionReason::StepDown { .. });
+        self.phase = Phase::Releasing {
+            token,
+            reason,
+            work_stopped_mono_ns,
+        };
+        let _ = self
+            .elector
+            .cast(ElectorMsg::Release { successor, backoff });
+    }
+
+    fn on_released(&mut self, result: Result<(), String>) {
+        let Phase::Releasing {
+            token,
+            reason,
+            work_stopped_mono_ns,
+        } = std::mem::replace(&mut self.phase, Phase::Follower)
+        else {
+            return;
+        };
+        if let Some(started) = self.demotion_started.take() {
+            metrics::histogram!(m::DEMOTION_SECONDS).record(started.elapsed().as_secs_f64());
+        }
+        self.args
+            .trace
+            .step("supervisor", "demoted", Some(token), &reason.to_string());
+        let report = StepDownReport {
+            token,
+            successor: match &reason {
+                DemotionReason::StepDown { successor } => successor.clone(),
+                _ => None,
+            },
+            work_stopped_mono_ns,
+            released_mono_ns: monotonic_ns(),
+            release_error: result.err(),
+        };
+        for w in self.step_down_waiters.drain(..) {
+            let _ = w.send(Ok(report.clone()));
+        }
+        for w in self.shutdown_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+}
+
+async fn checkpoint_all(
+    works: &[Box<dyn RunningWork>],
+    trace: &ActorTrace,
+    token: FenceToken,
+    bound: Duration,
+) {
+    for w in works {
+        match tokio::time::timeout(bound, w.checkpoint()).await {
+            Ok(Ok(())) => trace.step(w.name(), "checkpointed", Some(token), ""),
+            Ok(Err(e)) => trace.step(w.name(), "checkpoint-failed", Some(token), &e.to_string()),
+            Err(_) => trace.step(w.name(), "checkpoint-timeout", Some(token), ""),
+        }
+    }
+}
+
+/// Stops every work actor and waits until each has fully stopped; kills one that overruns `bound`.
+async fn stop_all(
+    works: &[Box<dyn RunningWork>],
+    trace: &ActorTrace,
+    token: FenceToken,
+    bound: Duration,
+) {
+    for w in works {
+        let cell: ActorCell = w.cell();
+        if cell
+            .stop_and_wait(Some("demoted".into()), Some(bound))
+            .await
+            .is_err()
+            && !matches!(cell.get_status(), ractor::ActorStatus::Stopped)
+        {
+            trace.step(w.name(), "kill", Some(token), "stop bound exceeded");
+            let _ = cell.kill_and_wait(Some(bound)).await;
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The LeaseWatchdog: holds the deadline by which this node must have stopped acting, on the
+//! monotonic clock, and tells the supervisor the moment it passes without a renewal.
+//!
+//! The deadline comes from the Elector: `sent_at(renewal request) + granted TTL - safety margin`,
+//! converted to real time through the node's clock-rate model. Wall time never enters.
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::actors::supervisor::SupervisorMsg;
+use crate::actors::DemotionReason;
+use crate::backends::FenceToken;
+use crate::trace::ActorTrace;
+
+pub enum WatchdogMsg {
+    /// Start guarding a term.
+    Arm {
+        token: FenceToken,
+        deadline: Instant,
+    },
+    /// A renewal moved the deadline (only ever later is meaningful; earlier is taken too).
+    Extend {
+        token: FenceToken,
+        deadline: Instant,
+    },
+    /// The term ended through another path.
+    Disarm,
+    /// A timer armed for `generation` fired.
+    Fire { generation: u64 },
+}
+
+pub struct WatchdogState {
+    supervisor: ActorRef<SupervisorMsg>,
+    trace: ActorTrace,
+    term: Option<(FenceToken, Instant)>,
+    generation: u64,
+}
+
+pub struct LeaseWatchdog;
+
+#[async_trait]
+impl Actor for LeaseWatchdog {
+    type Msg = WatchdogMsg;
+    type State = WatchdogState;
+    type Arguments = (ActorRef<SupervisorMsg>, ActorTrace);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        (supervisor, trace): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(WatchdogState {
+            supervisor,
+            trace,
+            term: None,
+            generation: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            WatchdogMsg::Arm { token, deadline } => {
+                state.trace.step(
+                    "watchdog",
+                    "armed",
+                    Some(token),
+                    &format!(
+                        "in_ms={}",
+                        deadline
+                            .saturating_duration_since(Instant::now())
+                            .as_millis()
+                    ),
+                );
+                state.set(&myself, token, deadline);
+            }
+            WatchdogMsg::Extend { token, deadline } => {
+                if state.term.map(|(t, _)| t) == Some(token) {
+                    state.set(&myself, token, deadline);
+                }
+            }
+            WatchdogMsg::Disarm => {
+                state.term = None;
+                state.generation += 1;
+            }
+            WatchdogMsg::Fire { generation } => {
+                if generation != state.generation {
+                    return Ok(());
+                }
+                if let Some((token, deadline)) = state.term {
+                    if Instant::now() >= deadline {
+                        state
+                            .trace
+                            .step("watchdog", "deadline-passed", Some(token), "");
+                        state.term = None;
+                        let _ = state.supervisor.cast(SupervisorMsg::Demoted {
+                            token: Some(token),
+                            reason: DemotionReason::LeaseDeadline,
+                        });
+                    } else {
+                        state.set(&myself, token, deadline);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WatchdogState {
+    fn set(&mut self, myself: &ActorRef<WatchdogMsg>, token: FenceToken, deadline: Instant) {
+        self.generation += 1;
+        self.term = Some((token, deadline));
+        let (generation, me) = (self.generation, myself.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(deadline.into()).await;
+            let _ = me.cast(WatchdogMsg::Fire { generation });
+        });
+    }
+}

@@ -1,0 +1,261 @@
+//! etcd: the election API (campaign / resign / leader / observe) over a lease kept alive by our
+//! renew loop. Token = the leader key's create revision, which etcd makes strictly increasing:
+//! the leader is always the lowest live key under the election name, so any key older than the
+//! current leader's is already gone.
+//!
+//! Interoperates with `etcdctl elect NAME` on the same name: its candidacy queues with ours.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, ConnectOptions, LeaderKey, LeaseKeepAliveStream, LeaseKeeper, ResignOptions,
+};
+use tokio::sync::Mutex;
+
+use super::{
+    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+};
+use crate::config::NodeConfig;
+
+struct Session {
+    lease_id: i64,
+    /// `None` after a failed or timed-out keepalive: the stream may still deliver the answer to an
+    /// *earlier* request, which would be credited to a later send time. Reopen instead.
+    keepalive: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    last_grant: Grant,
+}
+
+pub struct EtcdElector {
+    client: Client,
+    name: String,
+    value: Vec<u8>,
+    ttl_secs: i64,
+    timeout: Duration,
+    session: Mutex<Option<Session>>,
+    leader_key: Mutex<Option<LeaderKey>>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ElectorError {
+    ElectorError::Unavailable(e.to_string())
+}
+
+impl EtcdElector {
+    pub async fn connect(cfg: &NodeConfig) -> ElectorResult<EtcdElector> {
+        if cfg.lease_ttl_ms % 1000 != 0 {
+            return Err(ElectorError::Config(format!(
+                "etcd leases are whole seconds; lease_ttl_ms {} is not",
+                cfg.lease_ttl_ms
+            )));
+        }
+        let timeout = Duration::from_millis(cfg.etcd.request_timeout_ms);
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout);
+        let client = Client::connect(&cfg.etcd.endpoints, Some(opts))
+            .await
+            .map_err(unavailable)?;
+        let me = LeaderInfo {
+            node_id: cfg.node_id.clone(),
+            http_addr: cfg.advertise_addr.clone(),
+        };
+        Ok(EtcdElector {
+            client,
+            name: cfg.etcd.election_name.clone(),
+            value: me.encode(),
+            ttl_secs: (cfg.lease_ttl_ms / 1000) as i64,
+            timeout,
+            session: Mutex::new(None),
+            leader_key: Mutex::new(None),
+        })
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> ElectorResult<T> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r.map_err(unavailable),
+            Err(_) => Err(ElectorError::Unavailable(format!(
+                "etcd did not answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    /// Grants a lease if there is no session; returns the lease id and its latest grant.
+    async fn ensure_session(&self) -> ElectorResult<(i64, Grant)> {
+        let mut guard = self.session.lock().await;
+        if let Some(s) = guard.as_ref() {
+            return Ok((s.lease_id, s.last_grant));
+        }
+        let sent_at = Instant::now();
+        let mut c = self.client.clone();
+        let resp = self.bounded(c.lease_grant(self.ttl_secs, None)).await?;
+        let grant = Grant {
+            sent_at,
+            ttl: Duration::from_secs(resp.ttl().max(0) as u64),
+        };
+        *guard = Some(Session {
+            lease_id: resp.id(),
+            keepalive: None,
+            last_grant: grant,
+        });
+        Ok((resp.id(), grant))
+    }
+}
+
+#[async_trait]
+impl Elector for EtcdElector {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Etcd
+    }
+
+    async fn campaign(&self) -> ElectorResult<Win> {
+        let (lease_id, _) = self.ensure_session().await?;
+        let mut c = self.client.clone();
+        // Unbounded by design: campaign returns when every older candidacy is gone.
+        let mut resp = c
+            .campaign(self.name.as_str(), self.value.clone(), lease_id)
+            .await
+            .map_err(unavailable)?;
+        let key = resp
+            .take_leader()
+            .ok_or_else(|| unavailable("campaign answered without a leader key"))?;
+        let token = FenceToken(key.rev());
+        *self.leader_key.lock().await = Some(key);
+        let grant = self
+            .session
+            .lock()
+            .await
+            .as_ref()
+            .map(|s| s.last_grant)
+            .ok_or_else(|| ElectorError::LeaseLost("session closed during campaign".into()))?;
+        Ok(Win { token, grant })
+    }
+
+    async fn renew(&self) -> ElectorResult<Option<Grant>> {
+        let mut guard = self.session.lock().await;
+        let Some(session) = guard.as_mut() else {
+            return Ok(None);
+        };
+        if session.keepalive.is_none() {
+            let mut c = self.client.clone();
+            let pair = self.bounded(c.lease_keep_alive(session.lease_id)).await?;
+            session.keepalive = Some(pair);
+        }
+        let (keeper, stream) = session.keepalive.as_mut().expect("opened above");
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(self.timeout, async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        })
+        .await;
+        match answer {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                let grant = Grant {
+                    sent_at,
+                    ttl: Duration::from_secs(resp.ttl() as u64),
+                };
+                session.last_grant = grant;
+                Ok(Some(grant))
+            }
+            Ok(Ok(Some(_))) => {
+                let id = session.lease_id;
+                *guard = None;
+                *self.leader_key.lock().await = None;
+                Err(ElectorError::LeaseLost(format!(
+                    "etcd lease {id:x} expired"
+                )))
+            }
+            Ok(Ok(None)) => {
+                session.keepalive = None;
+                Err(unavailable("keepalive stream closed"))
+            }
+            Ok(Err(e)) => {
+                session.keepalive = None;
+                Err(unavailable(e))
+            }
+            Err(_) => {
+                session.keepalive = None;
+                Err(ElectorError::Unavailable(format!(
+                    "keepalive not answered within {:?}",
+                    self.timeout
+                )))
+            }
+        }
+    }
+
+    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
+        if successor.is_some() {
+            return Err(ElectorError::Unsupported {
+                backend: BackendKind::Etcd,
+                what: "naming a successor",
+            });
+        }
+        let Some(key) = self.leader_key.lock().await.take() else {
+            return Ok(());
+        };
+        let mut c = self.client.clone();
+        self.bounded(c.resign(Some(ResignOptions::new().with_leader(key))))
+            .await
+            .map(drop)
+    }
+
+    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
+        let mut c = self.client.clone();
+        match self.bounded(c.leader(self.name.as_str())).await {
+            Ok(resp) => Ok(resp.kv().map(|kv| LeaderInfo::decode(kv.value()))),
+            Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// etcd's observe stream: one event per leader change, no polling. Falls back to a single
+    /// `leader()` read whenever the stream has to be reopened (so a leader that vanished without a
+    /// successor is noticed too).
+    async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
+        while !tx.is_closed() {
+            if let Ok(info) = self.leader().await {
+                tx.send_replace(info);
+            }
+            let mut c = self.client.clone();
+            if let Ok(mut stream) = c.observe(self.name.as_str()).await {
+                loop {
+                    match tokio::time::timeout(every * 8, stream.message()).await {
+                        Ok(Ok(Some(resp))) => {
+                            tx.send_replace(resp.kv().map(|kv| LeaderInfo::decode(kv.value())));
+                        }
+                        Ok(_) => break,
+                        // Quiet for a while: re-check (the leader may have gone with no successor).
+                        Err(_) => match self.leader().await {
+                            Ok(info) => {
+                                tx.send_if_modified(|cur| {
+                                    let changed = *cur != info;
+                                    *cur = info.clone();
+                                    changed
+                                });
+                            }
+                            Err(_) => break,
+                        },
+                    }
+                    if tx.is_closed() {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    async fn close(&self) -> ElectorResult<()> {
+        *self.leader_key.lock().await = None;
+        let Some(session) = self.session.lock().await.take() else {
+            return Ok(());
+        };
+        let mut c = self.client.clone();
+        self.bounded(c.lease_revoke(session.lease_id))
+            .await
+            .map(drop)
+    }
+}

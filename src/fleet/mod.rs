@@ -1,0 +1,295 @@
+//! Local fleets: private backend servers plus N detached `baton node` processes on loopback,
+//! described by a state file (`fleet.json`) that `baton fleet status|down|kill|start` read.
+
+pub mod client;
+pub mod servers;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::backends::BackendKind;
+use crate::config::{Fencing, NodeConfig};
+use servers::{free_ports, pid_alive, spawn_detached, stop_pid, EtcdCluster, PgServer};
+
+pub const STATE_FILE: &str = "fleet.json";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FleetNode {
+    pub id: String,
+    pub pid: u32,
+    pub http_addr: String,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FleetState {
+    pub dir: PathBuf,
+    pub backend: BackendKind,
+    pub fencing: Fencing,
+    pub postgres: PgServer,
+    pub etcd: Option<EtcdCluster>,
+    pub nodes: Vec<FleetNode>,
+}
+
+/// What `baton fleet up` was asked for.
+#[derive(Clone, Debug)]
+pub struct FleetSpec {
+    pub nodes: usize,
+    pub backend: BackendKind,
+    pub dir: PathBuf,
+    /// Base node config (a `config/*.toml`); per-node fields are filled in.
+    pub base_config: Option<PathBuf>,
+    pub fencing: Fencing,
+    pub lease_ttl_ms: Option<u64>,
+    pub node_args: Vec<String>,
+}
+
+impl FleetState {
+    pub fn load(dir: &Path) -> anyhow::Result<FleetState> {
+        let path = dir.join(STATE_FILE);
+        let text = fs::read_to_string(&path).with_context(|| {
+            format!(
+                "no fleet at {} (start one with `baton fleet up`)",
+                path.display()
+            )
+        })?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn save(&self) -> anyhow::Result<()> {
+        let path = self.dir.join(STATE_FILE);
+        let tmp = path.with_extension("json.tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    pub fn node(&self, id: &str) -> anyhow::Result<&FleetNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .with_context(|| format!("no node {id:?} in this fleet"))
+    }
+
+    /// Starts (or restarts) one node process from its config; keeps its state dir.
+    pub fn start_node(&mut self, id: &str) -> anyhow::Result<u32> {
+        let exe = std::env::current_exe().context("locating the baton binary")?;
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .with_context(|| format!("no node {id:?}"))?;
+        if pid_alive(node.pid) {
+            bail!("node {id} is already running as pid {}", node.pid);
+        }
+        let mut cmd = Command::new(exe);
+        cmd.arg("node").arg("--config").arg(&node.config);
+        node.pid = spawn_detached(&mut cmd, &node.log)?;
+        let pid = node.pid;
+        self.save()?;
+        Ok(pid)
+    }
+
+    /// `kill -9` of one node.
+    pub fn kill_node(&self, id: &str) -> anyhow::Result<()> {
+        let node = self.node(id)?;
+        // SAFETY: kill(2) on the pid we started.
+        unsafe { libc::kill(node.pid as i32, libc::SIGKILL) };
+        Ok(())
+    }
+
+    /// Stops everything: nodes first (they demote and resign), then the servers.
+    pub fn down(&self) {
+        for n in &self.nodes {
+            if pid_alive(n.pid) {
+                stop_pid(n.pid, libc::SIGTERM, Duration::from_secs(8));
+            }
+        }
+        if let Some(etcd) = &self.etcd {
+            etcd.stop();
+        }
+        self.postgres.stop();
+    }
+}
+
+/// Starts the servers the backend needs, migrates the resource, and starts the nodes.
+pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
+    if spec.nodes == 0 {
+        bail!("a fleet needs at least one node");
+    }
+    fs::create_dir_all(&spec.dir).with_context(|| format!("creating {}", spec.dir.display()))?;
+    let dir = spec.dir.canonicalize()?;
+    if dir.join(STATE_FILE).exists() {
+        if let Ok(old) = FleetState::load(&dir) {
+            if old.nodes.iter().any(|n| pid_alive(n.pid)) {
+                bail!(
+                    "a fleet is already running in {} (stop it with `baton fleet down --dir {}`)",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    let base = match &spec.base_config {
+        Some(p) => NodeConfig::from_file(p)?,
+        None => NodeConfig::default(),
+    };
+    let mut base = base;
+    base.backend = spec.backend;
+    base.fencing = spec.fencing;
+    if let Some(ttl) = spec.lease_ttl_ms {
+        base.lease_ttl_ms = ttl;
+    }
+    base.validate().context("fleet node config")?;
+
+    let pg_port = free_ports(1)?[0];
+    let pg_root = dir.join("postgres");
+    let postgres =
+        tokio::task::spawn_blocking(move || PgServer::start(&pg_root, pg_port)).await??;
+    // From here on, a failure stops what was already started.
+    let servers = start_backend_servers(spec, &dir, &base, &postgres).await;
+    let etcd = match servers {
+        Ok(etcd) => etcd,
+        Err(e) => {
+            postgres.stop();
+            return Err(e);
+        }
+    };
+
+    let ports = free_ports(spec.nodes)?;
+    let mut nodes = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let id = format!("n{}", i + 1);
+        let node_dir = dir.join("nodes").join(&id);
+        fs::create_dir_all(&node_dir)?;
+        let mut cfg = base.clone();
+        cfg.node_id = id.clone();
+        cfg.http_listen = format!("127.0.0.1:{port}").parse()?;
+        cfg.advertise_addr = Some(format!("127.0.0.1:{port}"));
+        cfg.state_dir = node_dir.clone();
+        cfg.resource.database_url = postgres.app_url();
+        if let Some(e) = &etcd {
+            cfg.etcd.endpoints = e.endpoints();
+        }
+        let config = node_dir.join("config.toml");
+        fs::write(&config, toml::to_string(&cfg)?)?;
+        nodes.push(FleetNode {
+            id,
+            pid: 0,
+            http_addr: format!("127.0.0.1:{port}"),
+            config,
+            log: node_dir.join("node.log"),
+        });
+    }
+    let mut state = FleetState {
+        dir: dir.clone(),
+        backend: spec.backend,
+        fencing: spec.fencing,
+        postgres,
+        etcd,
+        nodes,
+    };
+    state.save()?;
+    let ids: Vec<String> = state.nodes.iter().map(|n| n.id.clone()).collect();
+    for id in ids {
+        state.start_node(&id)?;
+    }
+    Ok(state)
+}
+
+async fn start_backend_servers(
+    spec: &FleetSpec,
+    dir: &Path,
+    base: &NodeConfig,
+    postgres: &PgServer,
+) -> anyhow::Result<Option<EtcdCluster>> {
+    crate::work::fence::migrate(&postgres.admin_url(), Some(spec.fencing == Fencing::On))
+        .await
+        .context("migrating the fenced resource")?;
+    match spec.backend {
+        BackendKind::Etcd => {
+            let root = dir.join("etcd");
+            // etcd's minimum lease TTL is 1.5 × its election timeout: shrink it for short leases.
+            let (hb, el) = if base.lease_ttl_ms < 2000 {
+                (50, 500)
+            } else {
+                (100, 1000)
+            };
+            Ok(Some(
+                tokio::task::spawn_blocking(move || EtcdCluster::start(&root, 3, hb, el)).await??,
+            ))
+        }
+        other => bail!("`baton fleet` cannot start the {other} backend yet"),
+    }
+}
+
+/// One row of `baton fleet status`.
+#[derive(Debug, Serialize)]
+pub struct NodeRow {
+    pub id: String,
+    pub pid: u32,
+    pub alive: bool,
+    pub http_addr: String,
+    pub role: Option<String>,
+    pub token: Option<i64>,
+    pub leader: Option<String>,
+}
+
+pub async fn status(state: &FleetState) -> Vec<NodeRow> {
+    let client = client::NodeClient::new(Duration::from_secs(2));
+    let mut rows = Vec::new();
+    for n in &state.nodes {
+        let alive = pid_alive(n.pid);
+        let st = if alive {
+            client
+                .get(&n.http_addr, "/status")
+                .await
+                .ok()
+                .map(|r| r.json())
+        } else {
+            None
+        };
+        rows.push(NodeRow {
+            id: n.id.clone(),
+            pid: n.pid,
+            alive,
+            http_addr: n.http_addr.clone(),
+            role: st
+                .as_ref()
+                .and_then(|s| s["role"].as_str().map(str::to_owned)),
+            token: st.as_ref().and_then(|s| s["fence_token"].as_i64()),
+            leader: st
+                .as_ref()
+                .and_then(|s| s["leader"]["node_id"].as_str().map(str::to_owned)),
+        });
+    }
+    rows
+}
+
+pub fn print_status(rows: &[NodeRow]) {
+    println!(
+        "{:<6} {:>8} {:<22} {:<10} {:>12} {:<8}",
+        "node", "pid", "http", "role", "token", "leader"
+    );
+    for r in rows {
+        println!(
+            "{:<6} {:>8} {:<22} {:<10} {:>12} {:<8}",
+            r.id,
+            if r.alive {
+                r.pid.to_string()
+            } else {
+                "dead".into()
+            },
+            r.http_addr,
+            r.role.as_deref().unwrap_or("-"),
+            r.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+            r.leader.as_deref().unwrap_or("-"),
+        );
+    }
+}

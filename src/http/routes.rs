@@ -1,0 +1,364 @@
+//! Request routing and the handlers. Every refusal is a precise status with a JSON body
+//! `{"error": "...", ...}`, and a refused request changes nothing.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::HttpApp;
+use crate::actors::supervisor::{StepDownError, SupervisorMsg};
+use crate::metrics as m;
+use crate::work::sequencer::{NextCallError, NextError};
+
+/// Header naming the leader's HTTP address on a 409.
+pub const LEADER_HEADER: &str = "x-baton-leader";
+/// Largest request body any route accepts.
+const MAX_BODY_BYTES: usize = 1024;
+const NEXT_TIMEOUT: Duration = Duration::from_secs(5);
+
+type Resp = Response<Full<Bytes>>;
+
+fn json_resp(status: StatusCode, body: serde_json::Value) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(status: StatusCode, code: &str, detail: impl Into<String>) -> Resp {
+    json_resp(status, json!({ "error": code, "detail": detail.into() }))
+}
+
+fn method_not_allowed(allow: &'static str) -> Resp {
+    let mut r = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("allowed: {allow}"),
+    );
+    r.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+pub(super) async fn route(app: &HttpApp, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_owned();
+    match (path.as_str(), req.method()) {
+        ("/status", &Method::GET) => status(app),
+        ("/status", _) => method_not_allowed("GET"),
+        ("/healthz", &Method::GET) => json_resp(StatusCode::OK, json!({ "ok": true })),
+        ("/healthz", _) => method_not_allowed("GET"),
+        ("/metrics", &Method::GET) => metrics(app),
+        ("/metrics", _) => method_not_allowed("GET"),
+        ("/next", &Method::POST) => next(app, req).await,
+        ("/next", _) => method_not_allowed("POST"),
+        ("/stepdown", &Method::POST) => stepdown(app, req).await,
+        ("/stepdown", _) => method_not_allowed("POST"),
+        _ => error(StatusCode::NOT_FOUND, "not_found", path),
+    }
+}
+
+fn status(app: &HttpApp) -> Resp {
+    json_resp(
+        StatusCode::OK,
+        serde_json::to_value(app.shared.status()).expect("status serializes"),
+    )
+}
+
+fn metrics(app: &HttpApp) -> Resp {
+    let st = app.shared.status();
+    for role in ["leader", "follower", "candidate"] {
+        metrics::gauge!(m::ROLE, "role" => role).set(if st.role == role { 1.0 } else { 0.0 });
+    }
+    metrics::gauge!(m::LEADERS_ACTING).set(if st.acting { 1.0 } else { 0.0 });
+    let mut r = Response::new(Full::new(Bytes::from(app.prometheus.render())));
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// Reads a small body: 413 past the limit, 415 unless JSON, 400 unless it parses. An empty body
+/// is `T::default()`.
+async fn read_json<T: for<'de> Deserialize<'de> + Default>(
+    req: Request<Incoming>,
+) -> Result<T, Resp> {
+    if let Some(len) = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > MAX_BODY_BYTES as u64 {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("body over {MAX_BODY_BYTES} bytes"),
+            ));
+        }
+    }
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("?").to_owned());
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("body over {MAX_BODY_BYTES} bytes"),
+            ));
+        }
+        Err(e) => return Err(error(StatusCode::BAD_REQUEST, "bad_body", e.to_string())),
+    };
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    match content_type.as_deref() {
+        Some(ct)
+            if ct
+                .split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json")) => {}
+        other => {
+            return Err(error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("expected application/json, got {}", other.unwrap_or("none")),
+            ));
+        }
+    }
+    serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, "malformed_json", e.to_string()))
+}
+
+/// Parses `key=value` pairs of the query; unknown keys are an error (a typo must not be ignored).
+fn query_pairs<'a>(
+    req: &'a Request<Incoming>,
+    allowed: &[&str],
+) -> Result<Vec<(&'a str, &'a str)>, Resp> {
+    let mut out = Vec::new();
+    for pair in req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if !allowed.contains(&k) {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "unknown_parameter",
+                k.to_owned(),
+            ));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NextBody {
+    n: Option<u32>,
+}
+
+fn not_leader(app: &HttpApp) -> Resp {
+    let st = app.shared.status();
+    match st.leader.filter(|l| l.node_id != app.shared.node_id) {
+        Some(leader) => {
+            let mut r = json_resp(
+                StatusCode::CONFLICT,
+                json!({ "error": "not_leader", "leader": leader }),
+            );
+            if let Some(addr) = leader
+                .http_addr
+                .as_deref()
+                .and_then(|a| HeaderValue::from_str(a).ok())
+            {
+                r.headers_mut().insert(LEADER_HEADER, addr);
+            }
+            r
+        }
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_leader",
+            "no leader is known right now; retry shortly",
+        ),
+    }
+}
+
+async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
+    let started = Instant::now();
+    let mut n: Option<u32> = None;
+    match query_pairs(&req, &["n"]) {
+        Ok(pairs) => {
+            for (_, v) in pairs {
+                match v.parse::<u32>() {
+                    Ok(k) if k >= 1 => n = Some(k),
+                    _ => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "bad_n",
+                            format!("n must be an integer in 1..={}", app.max_block),
+                        )
+                    }
+                }
+            }
+        }
+        Err(r) => return r,
+    }
+    let body: NextBody = match read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if let (Some(q), Some(b)) = (n, body.n) {
+        if q != b {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_n",
+                "n given twice with different values",
+            );
+        }
+    }
+    let n = n.or(body.n).unwrap_or(1);
+    if n == 0 || n > app.max_block {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_n",
+            format!("n must be an integer in 1..={}", app.max_block),
+        );
+    }
+    if app.shared.status().fence_token.is_none() {
+        return not_leader(app);
+    }
+    let res = app.sequencer.next(n, NEXT_TIMEOUT).await;
+    let _ = started;
+    match res {
+        Ok(block) if n == 1 => json_resp(
+            StatusCode::OK,
+            json!({ "token": block.token, "seq": block.first }),
+        ),
+        Ok(block) => json_resp(
+            StatusCode::OK,
+            json!({ "token": block.token, "seq": block.first, "first": block.first, "last": block.last, "n": n }),
+        ),
+        Err(NextCallError::NotRunning) | Err(NextCallError::Next(NextError::Demoting)) => {
+            if app.shared.status().fence_token.is_none() {
+                not_leader(app)
+            } else {
+                error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not_ready",
+                    "leader work is starting or stopping; retry",
+                )
+            }
+        }
+        Err(NextCallError::Next(NextError::Fenced(d))) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "fenced", d)
+        }
+        Err(NextCallError::Next(NextError::Unavailable(d))) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, "resource_unavailable", d)
+        }
+        Err(NextCallError::Timeout) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            "no answer from the sequencer; nothing was issued to you",
+        ),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StepDownBody {
+    to: Option<String>,
+}
+
+async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
+    if let Some(want) = &app.admin_token {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(want.as_str()) {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "POST /stepdown needs the admin bearer token",
+            );
+            r.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            return r;
+        }
+    }
+    let mut to: Option<String> = None;
+    match query_pairs(&req, &["to"]) {
+        Ok(pairs) => {
+            for (_, v) in pairs {
+                if v.is_empty() {
+                    return error(StatusCode::BAD_REQUEST, "bad_to", "to= needs a node id");
+                }
+                to = Some(v.to_owned());
+            }
+        }
+        Err(r) => return r,
+    }
+    let body: StepDownBody = match read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let successor = to.or(body.to);
+    if let Some(s) = &successor {
+        if s == &app.shared.node_id {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_to",
+                "cannot step down to itself",
+            );
+        }
+    }
+    let res = app
+        .supervisor
+        .call(
+            |reply| SupervisorMsg::StepDown { successor, reply },
+            Some(Duration::from_secs(30)),
+        )
+        .await;
+    match res {
+        Ok(ractor::rpc::CallResult::Success(Ok(report))) => {
+            json_resp(StatusCode::OK, json!({ "stepped_down": report }))
+        }
+        Ok(ractor::rpc::CallResult::Success(Err(StepDownError::NotLeader))) => not_leader(app),
+        Ok(ractor::rpc::CallResult::Success(Err(StepDownError::Unsupported(d)))) => {
+            error(StatusCode::NOT_IMPLEMENTED, "unsupported", d)
+        }
+        Ok(ractor::rpc::CallResult::Timeout) => error(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            "step-down did not finish in 30 s",
+        ),
+        Ok(ractor::rpc::CallResult::SenderError) | Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node_stopping",
+            "the supervisor is not running",
+        ),
+    }
+}

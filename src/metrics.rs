@@ -1,0 +1,108 @@
+//! Metric names, their help text, and the Prometheus recorder. Rendered by our own hyper handler
+//! (`GET /metrics`), so the exporter's HTTP listener is not used.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// 1 while this node's leader work runs; the fleet's sum must be exactly 1.
+pub const LEADERS_ACTING: &str = "leaders_acting";
+/// 1 for this node's current role, 0 for the others (label `role`).
+pub const ROLE: &str = "baton_role";
+pub const TRANSITIONS: &str = "baton_leadership_transitions_total";
+pub const CAMPAIGN_SECONDS: &str = "baton_campaign_duration_seconds";
+pub const RENEWALS: &str = "baton_lease_renewals_total";
+pub const RENEWAL_FAILURES: &str = "baton_lease_renewal_failures_total";
+pub const FENCE_TOKEN: &str = "baton_fence_token";
+pub const FENCE_REJECTIONS: &str = "baton_fence_rejections_total";
+pub const SEQ_BATCH_IDS: &str = "baton_sequencer_batch_ids";
+pub const SEQ_COMMIT_SECONDS: &str = "baton_sequencer_commit_duration_seconds";
+pub const NEXT_SECONDS: &str = "baton_next_request_duration_seconds";
+pub const SCHED_TICKS: &str = "baton_scheduler_ticks_total";
+pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
+pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder once (the first node id becomes the `node` label) and
+/// returns its handle; later calls return the same handle.
+pub fn install(node_id: &str) -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .add_global_label("node", node_id)
+                .set_buckets(&[
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                    10.0,
+                ])
+                .expect("static bucket list is non-empty")
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Full(SEQ_BATCH_IDS.into()),
+                    &[
+                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+                    ],
+                )
+                .expect("static bucket list is non-empty")
+                .install_recorder()
+                .expect("no other metrics recorder is installed in this process");
+            describe();
+            let upkeep = handle.clone();
+            // Without the exporter's own listener nobody drains histograms: do it ourselves.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                        upkeep.run_upkeep();
+                    }
+                });
+            }
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_gauge!(
+        LEADERS_ACTING,
+        "1 while this node's leader work runs; the fleet sum must be exactly 1"
+    );
+    describe_gauge!(
+        ROLE,
+        "1 for this node's current role (leader, follower, candidate), 0 otherwise"
+    );
+    describe_counter!(
+        TRANSITIONS,
+        "Leadership transitions of this node, by the role entered"
+    );
+    describe_histogram!(CAMPAIGN_SECONDS, Unit::Seconds, "Campaign start to won");
+    describe_counter!(RENEWALS, "Successful lease renewals");
+    describe_counter!(RENEWAL_FAILURES, "Failed lease renewals");
+    describe_gauge!(
+        FENCE_TOKEN,
+        "Fencing token this node currently holds (0 when not leading)"
+    );
+    describe_counter!(
+        FENCE_REJECTIONS,
+        "Writes of this node refused by the fenced resource, by operation"
+    );
+    describe_histogram!(SEQ_BATCH_IDS, "IDs committed per sequencer group commit");
+    describe_histogram!(
+        SEQ_COMMIT_SECONDS,
+        Unit::Seconds,
+        "Duration of one sequencer group commit"
+    );
+    describe_histogram!(
+        NEXT_SECONDS,
+        Unit::Seconds,
+        "POST /next from request to response on the leader"
+    );
+    describe_counter!(SCHED_TICKS, "Scheduler ticks accepted by the resource");
+    describe_counter!(SCHED_JOBS, "Work-set jobs run by the scheduler");
+    describe_histogram!(
+        DEMOTION_SECONDS,
+        Unit::Seconds,
+        "Demotion: checkpoint + stop + release"
+    );
+}

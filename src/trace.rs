@@ -1,0 +1,78 @@
+//! The actor-trace log: one JSON line per lifecycle step (node, actor, event, token, monotonic and
+//! wall timestamps). Lifecycle steps are rare (a handful per election), so each line is written and
+//! flushed synchronously: a `kill -9` right after a step must not lose it.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use crate::backends::FenceToken;
+use crate::clock::{monotonic_ns, NodeClock};
+
+#[derive(Serialize)]
+struct TraceLine<'a> {
+    node: &'a str,
+    actor: &'a str,
+    event: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<FenceToken>,
+    mono_ns: u64,
+    wall_ms: i64,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    detail: &'a str,
+}
+
+/// Cheap to clone; all clones append to the same file.
+#[derive(Clone)]
+pub struct ActorTrace {
+    node: Arc<str>,
+    clock: NodeClock,
+    out: Option<Arc<Mutex<File>>>,
+}
+
+impl ActorTrace {
+    pub fn open(node: &str, clock: NodeClock, path: &Path) -> std::io::Result<ActorTrace> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(ActorTrace {
+            node: node.into(),
+            clock,
+            out: Some(Arc::new(Mutex::new(file))),
+        })
+    }
+
+    /// A trace that only goes to `tracing` (library users who do not want a file).
+    pub fn disabled(node: &str) -> ActorTrace {
+        ActorTrace {
+            node: node.into(),
+            clock: NodeClock::default(),
+            out: None,
+        }
+    }
+
+    pub fn step(&self, actor: &str, event: &str, token: Option<FenceToken>, detail: &str) {
+        let line = TraceLine {
+            node: &self.node,
+            actor,
+            event,
+            token,
+            mono_ns: monotonic_ns(),
+            wall_ms: self.clock.wall_ms(),
+            detail,
+        };
+        tracing::info!(target: "baton::trace", actor, event, token = token.map(|t| t.0), detail);
+        if let Some(out) = &self.out {
+            let mut text = serde_json::to_string(&line).expect("trace line serializes");
+            text.push('\n');
+            if let Ok(mut f) = out.lock() {
+                // A full disk must not take the node down; the tracing line above still exists.
+                let _ = f.write_all(text.as_bytes());
+            }
+        }
+    }
+}

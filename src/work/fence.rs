@@ -1,0 +1,270 @@
+//! The fenced resource's client side. The rule itself lives in PostgreSQL (`sql/0001_fence.sql`):
+//! a stale node can believe anything, it cannot make the resource accept the past. Each protected
+//! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Runtime, Timeouts};
+use tokio_postgres::NoTls;
+
+use crate::backends::FenceToken;
+use crate::config::ResourceConfig;
+use crate::metrics as m;
+
+const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
+const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
+/// Serializes concurrent migrators (several `baton migrate` or fleets on one server).
+const MIGRATION_LOCK_KEY: i64 = 0x6261_746f_6e;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// The resource refused the write: a newer token (or another holder of this one) was accepted.
+    #[error("fenced out: {op} on {resource} with token {token} refused, resource is at token {max_token} held by {max_holder:?}")]
+    Rejected {
+        resource: String,
+        op: &'static str,
+        token: FenceToken,
+        max_token: i64,
+        max_holder: String,
+    },
+    /// The resource could not be reached, or the call failed; the write did not happen or its
+    /// outcome is unknown (the caller must not report it as done).
+    #[error("resource unavailable: {0}")]
+    Unavailable(String),
+    #[error("resource schema missing or outdated ({0}); run `baton migrate`")]
+    Schema(String),
+}
+
+impl From<tokio_postgres::Error> for FenceError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if let Some(db) = e.as_db_error() {
+            // undefined_function / undefined schema: nobody ran the migration.
+            if db.code().code() == "42883" || db.code().code() == "3F000" {
+                return FenceError::Schema(db.message().to_owned());
+            }
+            return FenceError::Unavailable(format!("{}: {}", db.code().code(), db.message()));
+        }
+        FenceError::Unavailable(e.to_string())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for FenceError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        FenceError::Unavailable(e.to_string())
+    }
+}
+
+/// A handle on the fenced resource for one holder (node). Cheap to clone.
+#[derive(Clone)]
+pub struct Fence {
+    pool: Pool,
+    holder: String,
+}
+
+/// The three columns every fenced function returns first.
+struct Verdict {
+    accepted: bool,
+    max_token: i64,
+    max_holder: String,
+}
+
+impl Fence {
+    /// Builds the pool; connects lazily, so a resource that is down at start is reported by the
+    /// first write, not by a crash.
+    pub fn new(cfg: &ResourceConfig, holder: &str) -> Result<Fence, FenceError> {
+        let mut pc = PoolConfig::new();
+        pc.url = Some(cfg.database_url.clone());
+        pc.options = Some(format!("-c statement_timeout={}", cfg.statement_timeout_ms));
+        let wait = Duration::from_millis(cfg.statement_timeout_ms);
+        pc.pool = Some(PoolSize {
+            max_size: cfg.pool_size.max(1),
+            timeouts: Timeouts {
+                wait: Some(wait),
+                create: Some(wait),
+                recycle: Some(wait),
+            },
+            ..PoolSize::default()
+        });
+        let pool = pc
+            .create_pool(Some(Runtime::Tokio1), NoTls)
+            .map_err(|e| FenceError::Unavailable(e.to_string()))?;
+        Ok(Fence {
+            pool,
+            holder: holder.to_owned(),
+        })
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Whether the resource enforces the fence (only its owner can switch it off).
+    pub async fn fencing_enabled(&self) -> Result<bool, FenceError> {
+        let client = self.pool.get().await?;
+        let row = client
+            .query_one("SELECT baton.fencing_enabled()", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
+    /// Calls one fenced function; maps a refusal to [`FenceError::Rejected`] (counted and logged).
+    async fn call(
+        &self,
+        resource: &str,
+        op: &'static str,
+        token: FenceToken,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, FenceError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(sql).await?;
+        let row = client.query_one(&stmt, params).await?;
+        let verdict = Verdict {
+            accepted: row.get(0),
+            max_token: row.get(1),
+            max_holder: row.get(2),
+        };
+        if verdict.accepted {
+            return Ok(row);
+        }
+        metrics::counter!(m::FENCE_REJECTIONS, "op" => op).increment(1);
+        tracing::warn!(resource, op, token = token.0, holder = %self.holder, max_token = verdict.max_token,
+            max_holder = %verdict.max_holder, "fenced write rejected by the resource");
+        Err(FenceError::Rejected {
+            resource: resource.to_owned(),
+            op,
+            token,
+            max_token: verdict.max_token,
+            max_holder: verdict.max_holder,
+        })
+    }
+
+    /// A new leader claims the sequence; returns the last committed seq.
+    pub async fn seq_claim(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
+        let row = self
+            .call(
+                resource,
+                "claim",
+                token,
+                "SELECT * FROM baton.seq_claim($1, $2, $3)",
+                &[&resource, &token.0, &self.holder],
+            )
+            .await?;
+        Ok(row.get(3))
+    }
+
+    /// Commits the IDs `[lo, hi]` (one group commit).
+    pub async fn seq_commit(
+        &self,
+        resource: &str,
+        token: FenceToken,
+        lo: i64,
+        hi: i64,
+    ) -> Result<(), FenceError> {
+        self.call(
+            resource,
+            "next",
+            token,
+            "SELECT * FROM baton.seq_commit($1, $2, $3, $4, $5)",
+            &[&resource, &token.0, &self.holder, &lo, &hi],
+        )
+        .await
+        .map(drop)
+    }
+
+    /// A new leader claims the work-set cursor; returns the published position.
+    pub async fn cursor_claim(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
+        let row = self
+            .call(
+                resource,
+                "claim",
+                token,
+                "SELECT * FROM baton.cursor_claim($1, $2, $3)",
+                &[&resource, &token.0, &self.holder],
+            )
+            .await?;
+        Ok(row.get(3))
+    }
+
+    /// One scheduler tick from `from`; returns `(new_position, jobs_run)`.
+    pub async fn sched_tick(
+        &self,
+        resource: &str,
+        token: FenceToken,
+        from: i64,
+        limit: i32,
+    ) -> Result<(i64, i64), FenceError> {
+        let row = self
+            .call(
+                resource,
+                "tick",
+                token,
+                "SELECT * FROM baton.sched_tick($1, $2, $3, $4, $5)",
+                &[&resource, &token.0, &self.holder, &from, &limit],
+            )
+            .await?;
+        Ok((row.get(3), row.get(4)))
+    }
+
+    /// Publishes the work-set cursor.
+    pub async fn cursor_checkpoint(
+        &self,
+        resource: &str,
+        token: FenceToken,
+        position: i64,
+    ) -> Result<(), FenceError> {
+        self.call(
+            resource,
+            "checkpoint",
+            token,
+            "SELECT * FROM baton.cursor_checkpoint($1, $2, $3, $4)",
+            &[&resource, &token.0, &self.holder, &position],
+        )
+        .await
+        .map(drop)
+    }
+}
+
+/// Applies the roles and the schema as a superuser (`admin_url`), then optionally sets the
+/// resource-side fencing switch. Idempotent and safe to run concurrently.
+pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), FenceError> {
+    let (client, conn) = tokio_postgres::connect(admin_url, NoTls).await?;
+    let conn_task = tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::warn!(error = %e, "migration connection ended");
+        }
+    });
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await?;
+    client.batch_execute(ROLES_SQL).await?;
+    let db: String = client
+        .query_one("SELECT current_database()", &[])
+        .await?
+        .get(0);
+    client
+        .batch_execute(&format!(
+            "GRANT CREATE ON DATABASE \"{}\" TO baton_owner",
+            db.replace('"', "\"\"")
+        ))
+        .await?;
+    // Existing objects created before ownership was settled belong to the owner too.
+    client
+        .batch_execute("DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'baton') THEN ALTER SCHEMA baton OWNER TO baton_owner; END IF; END $$;")
+        .await?;
+    client.batch_execute("SET ROLE baton_owner").await?;
+    let applied = client.batch_execute(SCHEMA_SQL).await;
+    client.batch_execute("RESET ROLE").await?;
+    applied?;
+    if let Some(on) = fencing {
+        client
+            .execute("UPDATE baton.settings SET fencing = $1", &[&on])
+            .await?;
+    }
+    client
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
+        .await?;
+    drop(client);
+    let _ = conn_task.await;
+    Ok(())
+}

@@ -1,0 +1,13 @@
+-- Cluster-level roles; run as a superuser before the schema migration.
+-- baton_owner owns the schema and the SECURITY DEFINER functions and cannot log in.
+-- baton_app is what nodes connect as: it may call the fenced functions and nothing else.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'baton_owner') THEN
+    CREATE ROLE baton_owner NOLOGIN;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'baton_app') THEN
+    CREATE ROLE baton_app LOGIN;
+  END IF;
+END
+$$;

@@ -1,0 +1,241 @@
+-- The fenced resource (SPEC §4). Runs as baton_owner. Idempotent.
+CREATE SCHEMA IF NOT EXISTS baton;
+REVOKE ALL ON SCHEMA baton FROM PUBLIC;
+
+-- One row per protected resource: the highest token accepted, and by whom.
+CREATE TABLE IF NOT EXISTS baton.fenced_resource (
+    name       TEXT PRIMARY KEY,
+    max_token  BIGINT NOT NULL,
+    holder     TEXT NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+-- One row per accepted write, in the writing transaction: commit order and the resource's clock.
+CREATE TABLE IF NOT EXISTS baton.fence_log (
+    pos          BIGSERIAL PRIMARY KEY,
+    resource     TEXT NOT NULL,
+    token        BIGINT NOT NULL,
+    holder       TEXT NOT NULL,
+    op           TEXT NOT NULL,
+    seq_lo       BIGINT,
+    seq_hi       BIGINT,
+    committed_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS fence_log_token ON baton.fence_log (resource, token);
+
+-- One row per refused write.
+CREATE TABLE IF NOT EXISTS baton.fence_rejections (
+    id         BIGSERIAL PRIMARY KEY,
+    resource   TEXT NOT NULL,
+    token      BIGINT NOT NULL,
+    max_token  BIGINT NOT NULL,
+    holder     TEXT NOT NULL,
+    max_holder TEXT NOT NULL,
+    op         TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    at         TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+
+-- Resource-side switch. Only the owner can flip it (`baton migrate --fencing off`): a client that
+-- could opt out of the fence would make the fence decoration.
+CREATE TABLE IF NOT EXISTS baton.settings (
+    id       BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
+    fencing  BOOLEAN NOT NULL DEFAULT TRUE
+);
+INSERT INTO baton.settings (id) VALUES (TRUE) ON CONFLICT DO NOTHING;
+
+-- The sequencer's durable state.
+CREATE TABLE IF NOT EXISTS baton.sequence (
+    name        TEXT PRIMARY KEY,
+    last_seq    BIGINT NOT NULL DEFAULT 0,
+    owner_token BIGINT NOT NULL DEFAULT 0
+);
+
+-- The scheduler: its ticks, its work-set, the durable cursor over it, and the runs (keyed so a
+-- duplicate run is a no-op: defence in depth behind the fence).
+CREATE TABLE IF NOT EXISTS baton.ticks (
+    id       BIGSERIAL PRIMARY KEY,
+    resource TEXT NOT NULL,
+    token    BIGINT NOT NULL,
+    holder   TEXT NOT NULL,
+    at       TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE IF NOT EXISTS baton.jobs (
+    job_id       BIGINT PRIMARY KEY,
+    scheduled_at TIMESTAMPTZ NOT NULL,
+    payload      TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS baton.job_runs (
+    job_id       BIGINT NOT NULL,
+    scheduled_at TIMESTAMPTZ NOT NULL,
+    token        BIGINT NOT NULL,
+    holder       TEXT NOT NULL,
+    ran_at       TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    PRIMARY KEY (job_id, scheduled_at)
+);
+CREATE TABLE IF NOT EXISTS baton.workset_cursor (
+    name        TEXT PRIMARY KEY,
+    position    BIGINT NOT NULL DEFAULT 0,
+    owner_token BIGINT NOT NULL DEFAULT 0
+);
+
+-- The rule, written once. Locks the resource row for the rest of the calling transaction, so
+-- concurrent writers to one resource serialize and the check and the write are atomic.
+-- accept iff fencing is off, or token > max_token, or token = max_token and the holder matches.
+CREATE OR REPLACE FUNCTION baton.fence_check(p_resource TEXT, p_token BIGINT, p_holder TEXT, p_op TEXT,
+                                             OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_fencing BOOLEAN;
+BEGIN
+    SELECT s.fencing INTO v_fencing FROM baton.settings s;
+    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (p_resource, 0, '')
+        ON CONFLICT (name) DO NOTHING;
+    SELECT r.max_token, r.holder INTO max_token, max_holder
+        FROM baton.fenced_resource r WHERE r.name = p_resource FOR UPDATE;
+    accepted := (NOT v_fencing)
+             OR p_token > max_token
+             OR (p_token = max_token AND p_holder = max_holder);
+    IF accepted THEN
+        IF p_token >= max_token THEN
+            UPDATE baton.fenced_resource SET max_token = p_token, holder = p_holder, updated_at = clock_timestamp()
+             WHERE name = p_resource;
+        END IF;
+    ELSE
+        INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
+        VALUES (p_resource, p_token, max_token, p_holder, max_holder, p_op,
+                CASE WHEN p_token < max_token THEN 'stale-token' ELSE 'holder-mismatch' END);
+        RAISE LOG 'baton fence rejected % on %: token % holder % < max_token % holder %',
+                  p_op, p_resource, p_token, p_holder, max_token, max_holder;
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION baton.fencing_enabled() RETURNS BOOLEAN
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT fencing FROM baton.settings
+$$;
+
+-- Sequencer: a new leader claims the sequence and learns where it stands.
+CREATE OR REPLACE FUNCTION baton.seq_claim(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                           OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
+                                           OUT last_seq BIGINT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+      FROM baton.fence_check(p_resource, p_token, p_holder, 'claim') f;
+    IF NOT accepted THEN
+        RETURN;
+    END IF;
+    INSERT INTO baton.sequence (name) VALUES (p_resource) ON CONFLICT (name) DO NOTHING;
+    UPDATE baton.sequence s SET owner_token = p_token WHERE s.name = p_resource RETURNING s.last_seq INTO last_seq;
+    INSERT INTO baton.fence_log (resource, token, holder, op, seq_hi) VALUES (p_resource, p_token, p_holder, 'claim', last_seq);
+END
+$$;
+
+-- Sequencer: one group commit of the IDs [p_seq_lo, p_seq_hi] the leader allocated in memory.
+-- With fencing on, a range that does not move forward is refused as well (defence in depth);
+-- with fencing off the resource stores whatever it is sent, which is exactly the bug it shows.
+CREATE OR REPLACE FUNCTION baton.seq_commit(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                            p_seq_lo BIGINT, p_seq_hi BIGINT,
+                                            OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_last BIGINT;
+    v_fencing BOOLEAN;
+BEGIN
+    IF p_seq_lo IS NULL OR p_seq_hi IS NULL OR p_seq_lo > p_seq_hi THEN
+        RAISE EXCEPTION 'bad range [%, %]', p_seq_lo, p_seq_hi USING ERRCODE = '22023';
+    END IF;
+    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+      FROM baton.fence_check(p_resource, p_token, p_holder, 'next') f;
+    IF NOT accepted THEN
+        RETURN;
+    END IF;
+    SELECT s.fencing INTO v_fencing FROM baton.settings s;
+    SELECT s.last_seq INTO v_last FROM baton.sequence s WHERE s.name = p_resource FOR UPDATE;
+    IF v_fencing AND p_seq_lo <= coalesce(v_last, 0) THEN
+        INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
+        VALUES (p_resource, p_token, max_token, p_holder, max_holder, 'next', 'seq-not-forward');
+        accepted := FALSE;
+        RETURN;
+    END IF;
+    INSERT INTO baton.sequence (name, last_seq, owner_token) VALUES (p_resource, p_seq_hi, p_token)
+        ON CONFLICT (name) DO UPDATE SET last_seq = EXCLUDED.last_seq, owner_token = EXCLUDED.owner_token;
+    INSERT INTO baton.fence_log (resource, token, holder, op, seq_lo, seq_hi)
+    VALUES (p_resource, p_token, p_holder, 'next', p_seq_lo, p_seq_hi);
+END
+$$;
+
+-- Scheduler: a new leader claims the work-set cursor.
+CREATE OR REPLACE FUNCTION baton.cursor_claim(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                              OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
+                                              OUT cursor_position BIGINT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+      FROM baton.fence_check(p_resource, p_token, p_holder, 'claim') f;
+    IF NOT accepted THEN
+        RETURN;
+    END IF;
+    INSERT INTO baton.workset_cursor (name) VALUES (p_resource) ON CONFLICT (name) DO NOTHING;
+    UPDATE baton.workset_cursor c SET owner_token = p_token WHERE c.name = p_resource RETURNING c.position INTO cursor_position;
+    INSERT INTO baton.fence_log (resource, token, holder, op, seq_hi) VALUES (p_resource, p_token, p_holder, 'claim', cursor_position);
+END
+$$;
+
+-- Scheduler: one tick. Records the tick and runs the next jobs after p_from (job runs are keyed by
+-- (job_id, scheduled_at), so a replay after a lost checkpoint is a no-op). Returns the new
+-- in-memory position; the cursor itself is published by cursor_checkpoint.
+CREATE OR REPLACE FUNCTION baton.sched_tick(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                            p_from BIGINT, p_limit INTEGER,
+                                            OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
+                                            OUT new_position BIGINT, OUT jobs_run BIGINT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+      FROM baton.fence_check(p_resource, p_token, p_holder, 'tick') f;
+    IF NOT accepted THEN
+        RETURN;
+    END IF;
+    INSERT INTO baton.ticks (resource, token, holder) VALUES (p_resource, p_token, p_holder);
+    WITH due AS (
+        SELECT j.job_id, j.scheduled_at FROM baton.jobs j
+         WHERE j.job_id > p_from ORDER BY j.job_id LIMIT greatest(p_limit, 0)
+    ), ran AS (
+        INSERT INTO baton.job_runs (job_id, scheduled_at, token, holder)
+        SELECT d.job_id, d.scheduled_at, p_token, p_holder FROM due d
+        ON CONFLICT DO NOTHING
+    )
+    SELECT coalesce(max(d.job_id), p_from), count(*) INTO new_position, jobs_run FROM due d;
+    INSERT INTO baton.fence_log (resource, token, holder, op, seq_lo, seq_hi)
+    VALUES (p_resource, p_token, p_holder, 'tick', p_from, new_position);
+END
+$$;
+
+-- Scheduler: publish the cursor. One row, whatever the size of the work-set: O(1).
+CREATE OR REPLACE FUNCTION baton.cursor_checkpoint(p_resource TEXT, p_token BIGINT, p_holder TEXT, p_position BIGINT,
+                                                   OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+      FROM baton.fence_check(p_resource, p_token, p_holder, 'checkpoint') f;
+    IF NOT accepted THEN
+        RETURN;
+    END IF;
+    UPDATE baton.workset_cursor c SET position = p_position, owner_token = p_token WHERE c.name = p_resource;
+    INSERT INTO baton.fence_log (resource, token, holder, op, seq_hi) VALUES (p_resource, p_token, p_holder, 'checkpoint', p_position);
+END
+$$;
+
+-- The application role may call the entry points, and nothing else: no table privileges at all.
+REVOKE ALL ON ALL TABLES IN SCHEMA baton FROM PUBLIC;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA baton FROM PUBLIC;
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA baton FROM PUBLIC;
+GRANT USAGE ON SCHEMA baton TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.fencing_enabled() TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.seq_claim(TEXT, BIGINT, TEXT) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.seq_commit(TEXT, BIGINT, TEXT, BIGINT, BIGINT) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.cursor_claim(TEXT, BIGINT, TEXT) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.sched_tick(TEXT, BIGINT, TEXT, BIGINT, INTEGER) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.cursor_checkpoint(TEXT, BIGINT, TEXT, BIGINT) TO baton_app;
