@@ -69,6 +69,10 @@ pub struct NodeConfig {
     pub admin_token: Option<String>,
     pub state_dir: PathBuf,
     pub etcd: EtcdConfig,
+    pub raft: RaftConfig,
+    pub redis: RedisConfig,
+    pub zk: ZkConfig,
+    pub pg_lease: PgLeaseConfig,
     pub resource: ResourceConfig,
     pub scheduler: SchedulerConfig,
     pub sequencer: SequencerConfig,
@@ -81,6 +85,76 @@ pub struct EtcdConfig {
     /// The election name; `etcdctl elect NAME` on the same name interoperates.
     pub election_name: String,
     pub request_timeout_ms: u64,
+}
+
+/// One member of a raft fleet.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSpec {
+    pub id: String,
+    /// `host:port` of the member's HTTP server (peer RPC goes to `/peer/...`).
+    pub addr: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Every member, this node included.
+    pub peers: Vec<PeerSpec>,
+    pub heartbeat_interval_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    pub url: String,
+    /// The lock key; the fenced variant keeps its token counter at `<key>:token`.
+    pub key: String,
+    pub request_timeout_ms: u64,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379/".into(),
+            key: "baton:leader".into(),
+            request_timeout_ms: 1000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ZkConfig {
+    /// `host:port,host:port,...`
+    pub connect: String,
+    pub election_path: String,
+}
+
+impl Default for ZkConfig {
+    fn default() -> Self {
+        ZkConfig {
+            connect: "127.0.0.1:2181".into(),
+            election_path: "/baton/election".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PgLeaseConfig {
+    /// May be the fenced resource's server, but the lease lives in its own table.
+    pub database_url: String,
+    pub lease_name: String,
+}
+
+impl Default for PgLeaseConfig {
+    fn default() -> Self {
+        PgLeaseConfig {
+            database_url: "postgres://postgres@127.0.0.1:5432/baton".into(),
+            lease_name: "baton".into(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -133,6 +207,10 @@ impl Default for NodeConfig {
             admin_token: None,
             state_dir: PathBuf::from("state/n1"),
             etcd: EtcdConfig::default(),
+            raft: RaftConfig::default(),
+            redis: RedisConfig::default(),
+            zk: ZkConfig::default(),
+            pg_lease: PgLeaseConfig::default(),
             resource: ResourceConfig::default(),
             scheduler: SchedulerConfig::default(),
             sequencer: SequencerConfig::default(),

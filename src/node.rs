@@ -176,6 +176,7 @@ impl NodeBuilder {
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
         let backend = backends::build(&cfg).await?;
+        let peer = backend.peer_rpc();
 
         let (leader_tx, leader_rx) = watch::channel(None);
         let shared = Arc::new(NodeShared {
@@ -206,6 +207,7 @@ impl NodeBuilder {
             prometheus,
             admin_token: cfg.admin_token.clone(),
             max_block: cfg.sequencer.max_block,
+            peer,
         });
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(http::serve(listener, app, async move {

@@ -176,6 +176,28 @@ pub trait Elector: Send + Sync + 'static {
 
     /// End the session: revoke the lease, withdraw any candidacy. Idempotent.
     async fn close(&self) -> ElectorResult<()>;
+
+    /// Node-to-node RPC served on the node's own HTTP port under `/peer/` (the raft backend's
+    /// transport). Backends that talk only to an external service return `None`.
+    fn peer_rpc(&self) -> Option<Arc<dyn PeerRpc>> {
+        None
+    }
+}
+
+/// Handles `POST /peer/<method>` with a JSON (or binary) body; the answer is the response body.
+#[async_trait]
+pub trait PeerRpc: Send + Sync + 'static {
+    async fn handle(&self, method: &str, body: bytes::Bytes) -> Result<bytes::Bytes, PeerRpcError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerRpcError {
+    #[error("unknown peer method {0}")]
+    UnknownMethod(String),
+    #[error("bad peer request: {0}")]
+    BadRequest(String),
+    #[error("peer request failed: {0}")]
+    Failed(String),
 }
 
 /// Builds the configured backend.

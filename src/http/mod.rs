@@ -28,6 +28,8 @@ pub struct HttpApp {
     pub prometheus: PrometheusHandle,
     pub admin_token: Option<String>,
     pub max_block: u32,
+    /// The backend's node-to-node RPC, when it has one (raft).
+    pub peer: Option<Arc<dyn crate::backends::PeerRpc>>,
 }
 
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.
