@@ -141,8 +141,26 @@ impl Elector for EtcdElector {
         };
         if session.keepalive.is_none() {
             let mut c = self.client.clone();
-            let pair = self.bounded(c.lease_keep_alive(session.lease_id)).await?;
-            session.keepalive = Some(pair);
+            match tokio::time::timeout(self.timeout, c.lease_keep_alive(session.lease_id)).await {
+                Ok(Ok(pair)) => session.keepalive = Some(pair),
+                // Opening the stream answers TTL 0 for a lease that is gone: that is a loss,
+                // not an outage (else a lapsed session is retried as "unavailable" forever).
+                Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg)))
+                    if msg.contains("lease not found") =>
+                {
+                    let id = session.lease_id;
+                    *guard = None;
+                    *self.leader_key.lock().await = None;
+                    return Err(ElectorError::LeaseLost(format!("etcd lease {id:x} expired")));
+                }
+                Ok(Err(e)) => return Err(unavailable(e)),
+                Err(_) => {
+                    return Err(ElectorError::Unavailable(format!(
+                        "keepalive not opened within {:?}",
+                        self.timeout
+                    )))
+                }
+            }
         }
         let (keeper, stream) = session.keepalive.as_mut().expect("opened above");
         let sent_at = Instant::now();
@@ -254,8 +272,10 @@ impl Elector for EtcdElector {
             return Ok(());
         };
         let mut c = self.client.clone();
-        self.bounded(c.lease_revoke(session.lease_id))
-            .await
-            .map(drop)
+        match self.bounded(c.lease_revoke(session.lease_id)).await {
+            // Already expired: nothing left to withdraw.
+            Err(ElectorError::Unavailable(msg)) if msg.contains("lease not found") => Ok(()),
+            other => other.map(drop),
+        }
     }
 }

@@ -16,6 +16,9 @@
 
 pub mod conformance;
 pub mod etcd;
+pub mod pg_lease;
+pub mod raft;
+pub mod redis;
 
 use std::fmt;
 use std::sync::Arc;
@@ -204,6 +207,10 @@ pub enum PeerRpcError {
 pub async fn build(cfg: &NodeConfig) -> ElectorResult<Arc<dyn Elector>> {
     match cfg.backend {
         BackendKind::Etcd => Ok(Arc::new(etcd::EtcdElector::connect(cfg).await?)),
+        BackendKind::Raft => Ok(Arc::new(raft::RaftElector::start(cfg).await?)),
+        BackendKind::RedisNaive => Ok(Arc::new(redis::RedisElector::connect(cfg, false).await?)),
+        BackendKind::Redis => Ok(Arc::new(redis::RedisElector::connect(cfg, true).await?)),
+        BackendKind::PgLease => Ok(Arc::new(pg_lease::PgLeaseElector::connect(cfg).await?)),
         other => Err(ElectorError::Config(format!(
             "backend {other} is specified (SPEC §3) but not built yet"
         ))),

@@ -2,6 +2,7 @@
 //! described by a state file (`fleet.json`) that `baton fleet status|down|kill|start` read.
 
 pub mod client;
+pub mod redis_server;
 pub mod servers;
 
 use std::fs;
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backends::BackendKind;
 use crate::config::{Fencing, NodeConfig};
+use redis_server::RedisServer;
 use servers::{free_ports, pid_alive, spawn_detached, stop_pid, EtcdCluster, PgServer};
 
 pub const STATE_FILE: &str = "fleet.json";
@@ -34,6 +36,9 @@ pub struct FleetState {
     pub fencing: Fencing,
     pub postgres: PgServer,
     pub etcd: Option<EtcdCluster>,
+    /// The private Redis of the `redis` / `redis-naive` backends (no persistence).
+    #[serde(default)]
+    pub redis: Option<RedisServer>,
     pub nodes: Vec<FleetNode>,
 }
 
@@ -114,6 +119,9 @@ impl FleetState {
         if let Some(etcd) = &self.etcd {
             etcd.stop();
         }
+        if let Some(redis) = &self.redis {
+            redis.stop();
+        }
         self.postgres.stop();
     }
 }
@@ -154,8 +162,8 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         tokio::task::spawn_blocking(move || PgServer::start(&pg_root, pg_port)).await??;
     // From here on, a failure stops what was already started.
     let servers = start_backend_servers(spec, &dir, &base, &postgres).await;
-    let etcd = match servers {
-        Ok(etcd) => etcd,
+    let (etcd, redis) = match servers {
+        Ok(s) => s,
         Err(e) => {
             postgres.stop();
             return Err(e);
@@ -177,6 +185,28 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         if let Some(e) = &etcd {
             cfg.etcd.endpoints = e.endpoints();
         }
+        if let Some(r) = &redis {
+            cfg.redis.url = r.url();
+        }
+        if spec.backend == BackendKind::Raft {
+            // Every member, this node included: the raft group is the fleet.
+            cfg.raft.peers = ports
+                .iter()
+                .enumerate()
+                .map(|(j, p)| crate::config::PeerSpec {
+                    id: format!("n{}", j + 1),
+                    addr: format!("127.0.0.1:{p}"),
+                })
+                .collect();
+        }
+        if spec.backend == BackendKind::PgLease {
+            // Its own role and schema: lease credentials cannot reach the fenced resource.
+            cfg.pg_lease.database_url = format!(
+                "postgres://{}@127.0.0.1:{}/baton",
+                crate::backends::pg_lease::LEASE_ROLE,
+                postgres.port
+            );
+        }
         let config = node_dir.join("config.toml");
         fs::write(&config, toml::to_string(&cfg)?)?;
         nodes.push(FleetNode {
@@ -193,6 +223,7 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         fencing: spec.fencing,
         postgres,
         etcd,
+        redis,
         nodes,
     };
     state.save()?;
@@ -208,7 +239,7 @@ async fn start_backend_servers(
     dir: &Path,
     base: &NodeConfig,
     postgres: &PgServer,
-) -> anyhow::Result<Option<EtcdCluster>> {
+) -> anyhow::Result<(Option<EtcdCluster>, Option<RedisServer>)> {
     crate::work::fence::migrate(&postgres.admin_url(), Some(spec.fencing == Fencing::On))
         .await
         .context("migrating the fenced resource")?;
@@ -221,10 +252,31 @@ async fn start_backend_servers(
             } else {
                 (100, 1000)
             };
-            Ok(Some(
-                tokio::task::spawn_blocking(move || EtcdCluster::start(&root, 3, hb, el)).await??,
+            Ok((
+                Some(
+                    tokio::task::spawn_blocking(move || EtcdCluster::start(&root, 3, hb, el))
+                        .await??,
+                ),
+                None,
             ))
         }
+        BackendKind::RedisNaive | BackendKind::Redis => {
+            let root = dir.join("redis");
+            let port = free_ports(1)?[0];
+            Ok((
+                None,
+                Some(tokio::task::spawn_blocking(move || RedisServer::start(&root, port)).await??),
+            ))
+        }
+        // The lease row lives in the fleet's PostgreSQL, already running.
+        BackendKind::PgLease => {
+            crate::backends::pg_lease::provision(&postgres.admin_url())
+                .await
+                .context("provisioning the pg-lease role")?;
+            Ok((None, None))
+        }
+        // Raft runs among the nodes themselves: no server to start.
+        BackendKind::Raft => Ok((None, None)),
         other => bail!("`baton fleet` cannot start the {other} backend yet"),
     }
 }

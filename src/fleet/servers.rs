@@ -65,16 +65,15 @@ pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 || pid > i32::MAX as u32 {
         return false; // kill(0, ..) would address our own process group
     }
-    // SAFETY: signal 0 only checks for existence/permission.
-    let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
-    // A zombie child of ours still "exists": reap it if so.
-    if alive {
-        let mut status = 0;
-        // SAFETY: WNOHANG never blocks; a pid that is not our child returns -1 harmlessly.
-        let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-        return r == 0 || r == -1 && unsafe { libc::kill(pid as i32, 0) } == 0;
+    // Reap it if it is our own exited child.
+    let mut status = 0;
+    // SAFETY: WNOHANG never blocks; a pid that is not our child just returns -1.
+    unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    // A zombie (killed, not yet reaped by its parent) is not alive: read its state from /proc.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
     }
-    false
 }
 
 /// Sends `sig`, then waits up to `grace` for the process to go, then SIGKILLs it.

@@ -1,0 +1,376 @@
+//! pg-lease: a lease row in PostgreSQL, expiry judged by the **database's** clock — the cheapest
+//! correct recipe (SPEC §3).
+//!
+//! One row per election in `baton_lease.leases(name PK, holder, info, epoch, valid_until)`, in its
+//! own schema (never the fenced resource's), created by the backend on first use.
+//!
+//! * **acquire** — one `INSERT .. ON CONFLICT (name) DO UPDATE .. WHERE leases.valid_until <
+//!   clock_timestamp() RETURNING epoch`: the holder changes and the epoch is bumped in the same
+//!   statement, and only when the database's own clock says the current lease has run out.
+//!   Concurrent acquirers serialize on the row lock; the losers re-check the `WHERE` against the
+//!   winner's row and return nothing. A row already holding *our* candidacy id (an acquisition
+//!   whose answer was lost with a failed or dropped campaign) is re-taken at once, with a new epoch.
+//! * **renew** — `UPDATE .. SET valid_until = clock_timestamp() + ttl WHERE name, holder, epoch`
+//!   match and the lease has not run out yet: the epoch is kept; no row means the lease is gone
+//!   (`LeaseLost`), whether or not someone else has taken it yet — a lapsed lease is never revived.
+//! * **resign / close** — `valid_until = '-infinity'` for our holder and epoch: the next poller wins.
+//! * **token** — the epoch. It strictly increases across holders (and across re-wins by the same
+//!   node) because it only ever grows in the row, and it survives database restarts with the row.
+//!
+//! The node's clock is never consulted for expiry: `valid_until` is written and compared with
+//! `clock_timestamp()` inside PostgreSQL. The node's own deadline counts from the moment its
+//! request was *sent*, which is before the database read its clock, so the node always believes
+//! in its lease for less time than the database grants it. Waiters poll with a jittered
+//! `retry_interval` (no queue: after a lapse, whichever poller comes first wins).
+
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Runtime, Timeouts};
+use rand::Rng;
+use tokio::sync::OnceCell;
+use tokio_postgres::NoTls;
+
+use super::{
+    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+};
+use crate::config::NodeConfig;
+
+/// Serializes the schema creation of concurrent first connections (CREATE .. IF NOT EXISTS races).
+const SCHEMA_LOCK_KEY: i64 = 0x6261_746f_6e4c;
+
+/// The schema check is explicit: `CREATE SCHEMA IF NOT EXISTS` needs CREATE on the database even
+/// when the schema exists, and the lease role (see [`provision`]) has no such right.
+const SCHEMA_SQL: &str = "
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'baton_lease') THEN
+    CREATE SCHEMA baton_lease;
+  END IF;
+END $$;
+CREATE TABLE IF NOT EXISTS baton_lease.leases (
+    name        TEXT PRIMARY KEY,
+    holder      TEXT NOT NULL,
+    info        TEXT NOT NULL,
+    epoch       BIGINT NOT NULL,
+    valid_until TIMESTAMPTZ NOT NULL
+);";
+
+const ACQUIRE_SQL: &str = "
+INSERT INTO baton_lease.leases AS l (name, holder, info, epoch, valid_until)
+VALUES ($1, $2, $3, 1, clock_timestamp() + $4::float8 * interval '1 millisecond')
+ON CONFLICT (name) DO UPDATE
+   SET holder = EXCLUDED.holder,
+       info = EXCLUDED.info,
+       epoch = l.epoch + 1,
+       valid_until = clock_timestamp() + $4::float8 * interval '1 millisecond'
+ WHERE l.valid_until < clock_timestamp() OR l.holder = EXCLUDED.holder
+RETURNING l.epoch";
+
+const RENEW_SQL: &str = "
+UPDATE baton_lease.leases
+   SET valid_until = clock_timestamp() + $4::float8 * interval '1 millisecond'
+ WHERE name = $1 AND holder = $2 AND epoch = $3 AND valid_until >= clock_timestamp()";
+
+const RELEASE_SQL: &str = "
+UPDATE baton_lease.leases SET valid_until = '-infinity'
+ WHERE name = $1 AND holder = $2 AND ($3::bigint IS NULL OR epoch = $3)";
+
+const LEADER_SQL: &str =
+    "SELECT info FROM baton_lease.leases WHERE name = $1 AND valid_until >= clock_timestamp()";
+
+/// The login role `baton fleet` gives pg-lease nodes: it owns the lease schema and nothing else,
+/// so a node's lease credentials cannot touch the fenced resource (only its app role can, through
+/// the fence functions).
+pub const LEASE_ROLE: &str = "baton_lease";
+
+/// Creates [`LEASE_ROLE`] and its schema (idempotent), connected as a superuser.
+pub async fn provision(admin_url: &str) -> ElectorResult<()> {
+    let (client, conn) = tokio_postgres::connect(admin_url, NoTls)
+        .await
+        .map_err(|e| unavailable(chain(&e)))?;
+    let conn_task = tokio::spawn(conn);
+    let sql = format!(
+        "BEGIN;
+         SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY});
+         DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{LEASE_ROLE}') THEN
+             CREATE ROLE {LEASE_ROLE} LOGIN;
+           END IF;
+         END $$;
+         CREATE SCHEMA IF NOT EXISTS baton_lease AUTHORIZATION {LEASE_ROLE};
+         COMMIT;"
+    );
+    let r = client
+        .batch_execute(&sql)
+        .await
+        .map_err(|e| unavailable(chain(&e)));
+    drop(client);
+    let _ = conn_task.await;
+    r
+}
+
+#[derive(Default)]
+struct State {
+    /// This candidacy's holder id (node id + random); set before an acquisition is sent.
+    holder: Option<String>,
+    /// The epoch we hold, while leading.
+    epoch: Option<i64>,
+}
+
+pub struct PgLeaseElector {
+    pool: Pool,
+    name: String,
+    node_id: String,
+    info: String,
+    ttl: Duration,
+    retry: Duration,
+    timeout: Duration,
+    schema: OnceCell<()>,
+    state: StdMutex<State>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ElectorError {
+    ElectorError::Unavailable(format!("pg-lease: {e}"))
+}
+
+/// An error with its sources (tokio-postgres says only "db error" at the top).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl PgLeaseElector {
+    /// Builds the pool; connects lazily (a database that is down at start shows up as failed,
+    /// retried campaigns). The schema is created on first use.
+    pub async fn connect(cfg: &NodeConfig) -> ElectorResult<PgLeaseElector> {
+        if cfg.pg_lease.lease_name.is_empty() {
+            return Err(ElectorError::Config("pg_lease.lease_name is empty".into()));
+        }
+        // A request must be answered well inside the lease, or its grant is worth little.
+        let timeout = Duration::from_millis((cfg.lease_ttl_ms / 3).clamp(200, 2000));
+        let mut pc = PoolConfig::new();
+        pc.url = Some(cfg.pg_lease.database_url.clone());
+        pc.options = Some(format!("-c statement_timeout={}", timeout.as_millis()));
+        pc.pool = Some(PoolSize {
+            max_size: 2,
+            timeouts: Timeouts {
+                wait: Some(timeout),
+                create: Some(timeout),
+                recycle: Some(timeout),
+            },
+            ..PoolSize::default()
+        });
+        let pool = pc
+            .create_pool(Some(Runtime::Tokio1), NoTls)
+            .map_err(|e| ElectorError::Config(format!("pg_lease.database_url: {e}")))?;
+        let me = LeaderInfo {
+            node_id: cfg.node_id.clone(),
+            http_addr: cfg.advertise_addr.clone(),
+        };
+        Ok(PgLeaseElector {
+            pool,
+            name: cfg.pg_lease.lease_name.clone(),
+            node_id: cfg.node_id.clone(),
+            info: String::from_utf8(me.encode()).expect("JSON is UTF-8"),
+            ttl: cfg.lease_ttl(),
+            retry: cfg.retry_interval(),
+            timeout,
+            schema: OnceCell::new(),
+            state: StdMutex::new(State::default()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn bounded<T, E: std::error::Error>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, E>>,
+    ) -> ElectorResult<T> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r.map_err(|e| unavailable(chain(&e))),
+            Err(_) => Err(ElectorError::Unavailable(format!(
+                "pg-lease: database did not answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    /// A pooled connection, with the lease schema in place.
+    async fn client(&self) -> ElectorResult<deadpool_postgres::Object> {
+        let client = self.bounded(self.pool.get()).await?;
+        if self.schema.initialized() {
+            return Ok(client);
+        }
+        let sql =
+            format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {SCHEMA_SQL} COMMIT;");
+        match self.bounded(client.batch_execute(&sql)).await {
+            Ok(()) => {
+                let _ = self.schema.set(());
+                Ok(client)
+            }
+            Err(e) => {
+                // Possibly mid-transaction: never hand this connection back to the pool.
+                let _ = deadpool_postgres::Object::take(client);
+                Err(e)
+            }
+        }
+    }
+
+    fn ttl_ms(&self) -> f64 {
+        self.ttl.as_secs_f64() * 1000.0
+    }
+
+    fn jittered_retry(&self) -> Duration {
+        let ms = self.retry.as_millis().max(2) as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
+    }
+
+    async fn release(&self, holder: &str, epoch: Option<i64>) -> ElectorResult<()> {
+        let client = self.client().await?;
+        self.bounded(client.execute(RELEASE_SQL, &[&self.name, &holder, &epoch]))
+            .await
+            .map(drop)
+    }
+}
+
+#[async_trait]
+impl Elector for PgLeaseElector {
+    fn kind(&self) -> BackendKind {
+        BackendKind::PgLease
+    }
+
+    async fn campaign(&self) -> ElectorResult<Win> {
+        let holder = {
+            let mut st = self.state();
+            if st.epoch.is_some() {
+                return Err(ElectorError::Unavailable(
+                    "campaign while already holding the lease".into(),
+                ));
+            }
+            // Reuse the holder id of a failed or dropped campaign: its INSERT may have landed, and
+            // close() must still be able to withdraw that lease.
+            st.holder
+                .get_or_insert_with(|| {
+                    format!("{}-{:016x}", self.node_id, rand::thread_rng().gen::<u64>())
+                })
+                .clone()
+        };
+        loop {
+            let client = self.client().await?;
+            let sent_at = Instant::now();
+            let row = self
+                .bounded(client.query_opt(
+                    ACQUIRE_SQL,
+                    &[&self.name, &holder, &self.info, &self.ttl_ms()],
+                ))
+                .await?;
+            drop(client);
+            if let Some(row) = row {
+                let epoch: i64 = row.get(0);
+                let ours = {
+                    let mut st = self.state();
+                    let ours = st.holder.as_deref() == Some(holder.as_str());
+                    if ours {
+                        st.epoch = Some(epoch);
+                    }
+                    ours
+                };
+                if !ours {
+                    // close() ran while the request was in flight; it will not see this lock.
+                    let _ = self.release(&holder, Some(epoch)).await;
+                    return Err(ElectorError::LeaseLost(
+                        "candidacy withdrawn during campaign".into(),
+                    ));
+                }
+                return Ok(Win {
+                    token: FenceToken(epoch),
+                    grant: Grant {
+                        sent_at,
+                        ttl: self.ttl,
+                    },
+                });
+            }
+            tokio::time::sleep(self.jittered_retry()).await;
+        }
+    }
+
+    async fn renew(&self) -> ElectorResult<Option<Grant>> {
+        let (holder, epoch) = {
+            let st = self.state();
+            match (&st.holder, st.epoch) {
+                (Some(h), Some(e)) => (h.clone(), e),
+                _ => return Ok(None), // waiting: the row is the only state, nothing to keep alive
+            }
+        };
+        let client = self.client().await?;
+        let sent_at = Instant::now();
+        let n = self
+            .bounded(client.execute(RENEW_SQL, &[&self.name, &holder, &epoch, &self.ttl_ms()]))
+            .await?;
+        if n == 1 {
+            return Ok(Some(Grant {
+                sent_at,
+                ttl: self.ttl,
+            }));
+        }
+        let mut st = self.state();
+        if st.epoch == Some(epoch) {
+            st.epoch = None;
+            st.holder = None;
+        }
+        Err(ElectorError::LeaseLost(format!(
+            "pg lease {:?} epoch {epoch} expired or taken over",
+            self.name
+        )))
+    }
+
+    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
+        if successor.is_some() {
+            return Err(ElectorError::Unsupported {
+                backend: BackendKind::PgLease,
+                what: "naming a successor",
+            });
+        }
+        let (holder, epoch) = {
+            let mut st = self.state();
+            let Some(epoch) = st.epoch.take() else {
+                return Ok(());
+            };
+            (st.holder.take(), epoch)
+        };
+        match holder {
+            Some(h) => self.release(&h, Some(epoch)).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
+        let client = self.client().await?;
+        let row = self
+            .bounded(client.query_opt(LEADER_SQL, &[&self.name]))
+            .await?;
+        Ok(row.map(|r| LeaderInfo::decode(r.get::<_, &str>(0).as_bytes())))
+    }
+
+    async fn close(&self) -> ElectorResult<()> {
+        let holder = {
+            let mut st = self.state();
+            st.epoch = None;
+            st.holder.take()
+        };
+        match holder {
+            // Any epoch: a dropped campaign's acquisition may have landed unseen.
+            Some(h) => self.release(&h, None).await,
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Raft transport over the nodes' own HTTP servers: `POST http://<addr>/peer/<method>` with a
+//! serde_json body, answered by [`RaftPeerRpc`] (routed there by `src/http/routes.rs`).
+//!
+//! | method            | request                          | answer                      |
+//! | ----------------- | -------------------------------- | --------------------------- |
+//! | `append`          | `AppendEntriesRequest`           | `AppendEntriesResponse`     |
+//! | `vote`            | `VoteRequest`                    | `VoteResponse`              |
+//! | `pre_vote`        | `VoteRequest`                    | `VoteResponse`              |
+//! | `snapshot`        | `{vote, meta}` (the data is empty) | `SnapshotResponse`        |
+//! | `transfer_leader` | `TransferLeaderRequest`          | `TransferLeaderResponse`    |
+//!
+//! Every request carries [`FROM_HEADER`] with the sender's node id (tests use it to cut a node off;
+//! it is informational, not authentication). Any transport failure or non-200 answer is reported to
+//! openraft as `Unreachable` (it backs off and retries).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
+use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::types::{Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
+use crate::backends::{PeerRpc, PeerRpcError};
+use crate::fleet::client::NodeClient;
+
+/// The sender's node id on every peer request.
+pub const FROM_HEADER: &str = "x-baton-peer-from";
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct SnapshotMsg {
+    pub vote: Vote,
+    pub meta: SnapshotMeta,
+}
+
+#[derive(Clone)]
+pub struct NetworkFactory {
+    client: NodeClient,
+    from: String,
+}
+
+impl NetworkFactory {
+    pub fn new(from: &str) -> NetworkFactory {
+        NetworkFactory {
+            // Each call is bounded by openraft's own per-RPC ttl below; this is only a backstop.
+            client: NodeClient::new(Duration::from_secs(30)),
+            from: from.to_owned(),
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerConn;
+
+    async fn new_client(&mut self, _target: u64, node: &BasicNode) -> PeerConn {
+        PeerConn {
+            client: self.client.clone(),
+            addr: node.addr.clone(),
+            from: self.from.clone(),
+        }
+    }
+}
+
+/// One connection (logically; the hyper pool shares sockets) to one peer.
+pub struct PeerConn {
+    client: NodeClient,
+    addr: String,
+    from: String,
+}
+
+impl PeerConn {
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: &str,
+        req: &Req,
+        ttl: Duration,
+    ) -> Result<Resp, String> {
+        let body = serde_json::to_vec(req).map_err(|e| format!("encode {method}: {e}"))?;
+        let path = format!("/peer/{method}");
+        let headers = [
+            (FROM_HEADER, self.from.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let send = self
+            .client
+            .send(Method::POST, &self.addr, &path, &headers, Bytes::from(body));
+        let reply = match tokio::time::timeout(ttl, send).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("{method} to {} timed out after {ttl:?}", self.addr)),
+        };
+        if reply.status != StatusCode::OK {
+            return Err(format!(
+                "{method} to {}: {} {}",
+                self.addr,
+                reply.status,
+                String::from_utf8_lossy(&reply.body)
+            ));
+        }
+        serde_json::from_slice(&reply.body).map_err(|e| format!("decode {method} answer: {e}"))
+    }
+}
+
+fn unreachable(e: String) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::from_string(e))
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerConn {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("append", &rpc, option.soft_ttl())
+            .await
+            .map_err(unreachable)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("vote", &rpc, option.soft_ttl())
+            .await
+            .map_err(unreachable)
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("pre_vote", &rpc, option.soft_ttl())
+            .await
+            .map_err(unreachable)
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let msg = SnapshotMsg {
+            vote,
+            meta: snapshot.meta,
+        };
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            r = self.call("snapshot", &msg, option.soft_ttl()) => {
+                r.map_err(|e| StreamingError::Unreachable(Unreachable::from_string(e)))
+            }
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call("transfer_leader", &req, option.soft_ttl())
+            .await
+            .map_err(unreachable)
+    }
+}
+
+/// Where the peer RPC server finds the node's current raft (none while it is shut down).
+pub(crate) trait RaftHandleSource: Send + Sync + 'static {
+    fn current(&self) -> Option<super::RaftHandle>;
+}
+
+/// The server half: decodes `/peer/<method>` bodies and hands them to the local raft.
+pub struct RaftPeerRpc {
+    pub(crate) source: Arc<dyn RaftHandleSource>,
+}
+
+fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, PeerRpcError> {
+    serde_json::from_slice(body).map_err(|e| PeerRpcError::BadRequest(e.to_string()))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Bytes, PeerRpcError> {
+    serde_json::to_vec(v)
+        .map(Bytes::from)
+        .map_err(|e| PeerRpcError::Failed(e.to_string()))
+}
+
+fn failed(e: impl std::fmt::Display) -> PeerRpcError {
+    PeerRpcError::Failed(e.to_string())
+}
+
+#[async_trait]
+impl PeerRpc for RaftPeerRpc {
+    async fn handle(&self, method: &str, body: Bytes) -> Result<Bytes, PeerRpcError> {
+        let known = matches!(
+            method,
+            "append" | "vote" | "pre_vote" | "snapshot" | "transfer_leader"
+        );
+        if !known {
+            return Err(PeerRpcError::UnknownMethod(method.to_owned()));
+        }
+        let raft = self
+            .source
+            .current()
+            .ok_or_else(|| PeerRpcError::Failed("raft is not running on this node".into()))?;
+        match method {
+            "append" => {
+                let req: AppendEntriesRequest<TypeConfig> = decode(&body)?;
+                encode(&raft.append_entries(req).await.map_err(failed)?)
+            }
+            "vote" => {
+                let req: VoteRequest<TypeConfig> = decode(&body)?;
+                encode(&raft.vote(req).await.map_err(failed)?)
+            }
+            "pre_vote" => {
+                let req: VoteRequest<TypeConfig> = decode(&body)?;
+                encode(&raft.pre_vote(req).await.map_err(failed)?)
+            }
+            "snapshot" => {
+                let msg: SnapshotMsg = decode(&body)?;
+                let snap = Snapshot {
+                    meta: msg.meta,
+                    snapshot: Vec::new(),
+                };
+                encode(
+                    &raft
+                        .install_full_snapshot(msg.vote, snap)
+                        .await
+                        .map_err(failed)?,
+                )
+            }
+            _ => {
+                let req: TransferLeaderRequest<TypeConfig> = decode(&body)?;
+                encode(&raft.handle_transfer_leader(req).await.map_err(failed)?)
+            }
+        }
+    }
+}

@@ -1,0 +1,361 @@
+//! Redis: a single lock key taken with `SET key value NX PX ttl`, kept by a compare-and-`PEXPIRE`
+//! renew, released by a compare-and-`DEL`, all by the candidacy's unique value. Two variants:
+//!
+//! * **`redis-naive`** — the lock alone: the instructive wrong default (SPEC §3). Redis gives the
+//!   holder nothing the protected resource could check, so this backend has **no fencing token**.
+//!   The `Elector` seam still needs a [`FenceToken`], so it presents what people reach for when they
+//!   have none: the acquiring node's **wall-clock milliseconds** (through the node's possibly
+//!   skewed [`NodeClock`](crate::clock::NodeClock)) — a timestamp-as-version. It is not derived from
+//!   the lock in any way: it orders holders only as well as the nodes' clocks agree, so under clock
+//!   skew a paused ex-leader whose clock runs ahead out-ranks its successor, the fence accepts the
+//!   stale writes and refuses the real leader's; and under a plain pause both nodes act as leader
+//!   (`leaders_acting` sums to 2) until the paused one's watchdog fires. The conformance suite's
+//!   token-order check is skipped for it, on purpose.
+//!
+//! * **`redis`** — the same lock plus a token: `INCR <key>:token`, taken in the **same Lua script**
+//!   as the lock (`GET`, then `SET .. PX` only if empty: the script's atomicity is the `NX`), so no
+//!   other acquisition can interleave. Tokens strictly increase for as long as
+//!   the counter survives. **A Redis restart without persistence** (`--save '' --appendonly no`, or a
+//!   failover to a replica that had not seen the last `INCR`) loses the counter: the next acquisition
+//!   gets token 1 again, i.e. the token *regresses*. The lock key is lost too, so the next candidate
+//!   wins at once while the old leader still believes it leads until its next renew says
+//!   `LeaseLost`. The fenced resource then refuses the new leader (its token is below the resource's
+//!   `max_token`, `src/work/fence.rs` logs every refusal with both tokens): **safety is kept,
+//!   liveness is lost** — no protected write succeeds until an operator raises the counter above
+//!   the resource's `max_token` (e.g. `SET <key>:token <max_token>`) or the resource is reset. Run
+//!   Redis with AOF `appendfsync always` if that matters; it is the price of a token kept in a cache.
+//!
+//! Neither variant queues waiters: they poll with a jittered `retry_interval`, so a release is seen
+//! within about one retry interval, and a lapsed lock by whoever polls first.
+//!
+//! Cancel safety: the candidacy value is recorded *before* the `SET` is sent, so `close()` can
+//! withdraw a lock whose acquisition answer was lost with a dropped campaign future.
+
+use std::sync::Mutex as StdMutex;
+use std::time::{Duration, Instant};
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::Script;
+use async_trait::async_trait;
+use rand::Rng;
+use serde::Serialize;
+
+use super::{
+    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+};
+use crate::clock::NodeClock;
+use crate::config::NodeConfig;
+
+/// Extends the key's expiry only if it still holds our candidacy value.
+const RENEW_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// Deletes the key only if it still holds our candidacy value.
+const RELEASE_LUA: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The fenced acquisition: lock and token in one atomic step (nil when the lock is taken). A lock
+/// that already holds our candidacy (an acquisition whose answer was lost) is re-taken with a new
+/// token.
+const ACQUIRE_FENCED_LUA: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return redis.call('INCR', KEYS[2])
+elseif cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return redis.call('INCR', KEYS[2])
+end
+return false
+";
+
+/// What the lock key holds: readable as a [`LeaderInfo`] (extra fields are ignored) and unique per
+/// candidacy, so compare-and-renew / compare-and-delete can never touch another's lock.
+#[derive(Serialize)]
+struct Candidacy<'a> {
+    node_id: &'a str,
+    http_addr: Option<&'a str>,
+    candidacy: String,
+}
+
+#[derive(Default)]
+struct State {
+    /// The value of the current (or last attempted) candidacy; set before the `SET` is sent.
+    candidacy: Option<String>,
+    /// Set while we hold the lock (as far as our last acquisition/renewal said).
+    leading: bool,
+}
+
+pub struct RedisElector {
+    kind: BackendKind,
+    conn: ConnectionManager,
+    key: String,
+    token_key: String,
+    node_id: String,
+    http_addr: Option<String>,
+    ttl: Duration,
+    retry: Duration,
+    timeout: Duration,
+    clock: NodeClock,
+    renew_script: Script,
+    release_script: Script,
+    acquire_script: Script,
+    state: StdMutex<State>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ElectorError {
+    ElectorError::Unavailable(format!("redis: {e}"))
+}
+
+impl RedisElector {
+    /// Builds the client; connects lazily (a Redis that is down at start shows up as failed
+    /// campaigns, retried, not as a crash). `fenced` selects `redis` over `redis-naive`.
+    pub async fn connect(cfg: &NodeConfig, fenced: bool) -> ElectorResult<RedisElector> {
+        let timeout = Duration::from_millis(cfg.redis.request_timeout_ms.max(1));
+        let client = ::redis::Client::open(cfg.redis.url.as_str())
+            .map_err(|e| ElectorError::Config(format!("redis url {:?}: {e}", cfg.redis.url)))?;
+        let mcfg = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(timeout);
+        let conn = ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?;
+        if cfg.redis.key.is_empty() {
+            return Err(ElectorError::Config("redis.key is empty".into()));
+        }
+        Ok(RedisElector {
+            kind: if fenced {
+                BackendKind::Redis
+            } else {
+                BackendKind::RedisNaive
+            },
+            conn,
+            key: cfg.redis.key.clone(),
+            token_key: format!("{}:token", cfg.redis.key),
+            node_id: cfg.node_id.clone(),
+            http_addr: cfg.advertise_addr.clone(),
+            ttl: cfg.lease_ttl(),
+            retry: cfg.retry_interval(),
+            timeout,
+            clock: NodeClock {
+                skew_ms: cfg.clock_skew_ms,
+                drift: cfg.clock_drift,
+            },
+            renew_script: Script::new(RENEW_LUA),
+            release_script: Script::new(RELEASE_LUA),
+            acquire_script: Script::new(ACQUIRE_FENCED_LUA),
+            state: StdMutex::new(State::default()),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn new_candidacy(&self) -> String {
+        let c = Candidacy {
+            node_id: &self.node_id,
+            http_addr: self.http_addr.as_deref(),
+            candidacy: format!("{}-{:016x}", self.node_id, rand::thread_rng().gen::<u64>()),
+        };
+        serde_json::to_string(&c).expect("candidacy serializes")
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = ::redis::RedisResult<T>>,
+    ) -> ElectorResult<T> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(r) => r.map_err(unavailable),
+            Err(_) => Err(ElectorError::Unavailable(format!(
+                "redis did not answer within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.ttl.as_millis().max(1) as u64
+    }
+
+    /// One acquisition attempt: the token when the lock is ours now, `None` when it is taken.
+    async fn try_acquire(&self, value: &str) -> ElectorResult<Option<FenceToken>> {
+        let mut conn = self.conn.clone();
+        match self.kind {
+            BackendKind::Redis => {
+                let mut inv = self.acquire_script.prepare_invoke();
+                inv.key(&self.key)
+                    .key(&self.token_key)
+                    .arg(value)
+                    .arg(self.ttl_ms());
+                let token: Option<i64> = self.bounded(inv.invoke_async(&mut conn)).await?;
+                Ok(token.map(FenceToken))
+            }
+            _ => {
+                let set: Option<String> = self
+                    .bounded(
+                        ::redis::cmd("SET")
+                            .arg(&self.key)
+                            .arg(value)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(self.ttl_ms())
+                            .query_async(&mut conn),
+                    )
+                    .await?;
+                // No fencing token (see the module doc): the wall clock at acquisition.
+                Ok(set.map(|_| FenceToken(self.clock.wall_ms())))
+            }
+        }
+    }
+
+    /// Compare-and-delete of `value`; true when the lock was ours and is now gone.
+    async fn release(&self, value: &str) -> ElectorResult<bool> {
+        let mut conn = self.conn.clone();
+        let mut inv = self.release_script.prepare_invoke();
+        inv.key(&self.key).arg(value);
+        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
+        Ok(n == 1)
+    }
+
+    fn jittered_retry(&self) -> Duration {
+        let ms = self.retry.as_millis().max(2) as u64;
+        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
+    }
+}
+
+#[async_trait]
+impl Elector for RedisElector {
+    fn kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    async fn campaign(&self) -> ElectorResult<Win> {
+        let value = {
+            let mut st = self.state();
+            if st.leading {
+                return Err(ElectorError::Unavailable(
+                    "campaign while already holding the lock".into(),
+                ));
+            }
+            // Reuse the candidacy of a campaign that failed or was dropped: its `SET` may have
+            // landed, and close() must still be able to withdraw that lock.
+            match &st.candidacy {
+                Some(v) => v.clone(),
+                None => {
+                    let v = self.new_candidacy();
+                    st.candidacy = Some(v.clone());
+                    v
+                }
+            }
+        };
+        loop {
+            let sent_at = Instant::now();
+            if let Some(token) = self.try_acquire(&value).await? {
+                let ours = {
+                    let mut st = self.state();
+                    let ours = st.candidacy.as_deref() == Some(value.as_str());
+                    if ours {
+                        st.leading = true;
+                    }
+                    ours
+                };
+                if !ours {
+                    // close() ran while the request was in flight; it will not see this lock.
+                    let _ = self.release(&value).await;
+                    return Err(ElectorError::LeaseLost(
+                        "candidacy withdrawn during campaign".into(),
+                    ));
+                }
+                return Ok(Win {
+                    token,
+                    grant: Grant {
+                        sent_at,
+                        ttl: self.ttl,
+                    },
+                });
+            }
+            tokio::time::sleep(self.jittered_retry()).await;
+        }
+    }
+
+    async fn renew(&self) -> ElectorResult<Option<Grant>> {
+        let value = {
+            let st = self.state();
+            if !st.leading {
+                return Ok(None); // no session while waiting: the lock is the only state
+            }
+            st.candidacy.clone().expect("leading implies a candidacy")
+        };
+        let mut conn = self.conn.clone();
+        let mut inv = self.renew_script.prepare_invoke();
+        inv.key(&self.key).arg(&value).arg(self.ttl_ms());
+        let sent_at = Instant::now();
+        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
+        if n == 1 {
+            return Ok(Some(Grant {
+                sent_at,
+                ttl: self.ttl,
+            }));
+        }
+        let mut st = self.state();
+        if st.candidacy.as_deref() == Some(value.as_str()) {
+            st.leading = false;
+            st.candidacy = None;
+        }
+        Err(ElectorError::LeaseLost(format!(
+            "redis key {} no longer holds our candidacy (expired or taken)",
+            self.key
+        )))
+    }
+
+    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
+        if successor.is_some() {
+            return Err(ElectorError::Unsupported {
+                backend: self.kind,
+                what: "naming a successor",
+            });
+        }
+        let value = {
+            let mut st = self.state();
+            if !st.leading {
+                return Ok(());
+            }
+            st.leading = false;
+            st.candidacy.take()
+        };
+        match value {
+            Some(v) => self.release(&v).await.map(drop),
+            None => Ok(()),
+        }
+    }
+
+    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
+        let mut conn = self.conn.clone();
+        let v: Option<Vec<u8>> = self
+            .bounded(::redis::cmd("GET").arg(&self.key).query_async(&mut conn))
+            .await?;
+        Ok(v.map(|raw| LeaderInfo::decode(&raw)))
+    }
+
+    async fn close(&self) -> ElectorResult<()> {
+        let value = {
+            let mut st = self.state();
+            st.leading = false;
+            st.candidacy.take()
+        };
+        match value {
+            Some(v) => self.release(&v).await.map(drop),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! A private Redis server on a loopback port, started by us in a directory of ours (never the
+//! machine's service). Deliberately **without persistence** (`--save '' --appendonly no`): a
+//! restart loses every key, which is exactly the hazard the `redis` backend documents (its token
+//! counter regresses). [`RedisServer::restart`] reproduces it on demand.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::servers::{pid_alive, spawn_detached, stop_pid, ServerError};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RedisServer {
+    pub port: u16,
+    pub root: PathBuf,
+    pub pid: u32,
+}
+
+fn redis_binary() -> Result<PathBuf, ServerError> {
+    let from_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("redis-server"))
+            .find(|f| f.is_file())
+    });
+    from_path
+        .or_else(|| {
+            let p = PathBuf::from("/usr/bin/redis-server");
+            p.is_file().then_some(p)
+        })
+        .ok_or(ServerError::Missing {
+            what: "redis-server (Debian package redis-server)".into(),
+            hint: "run scripts/ensure-deps.sh to install the Debian packages",
+        })
+}
+
+impl RedisServer {
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn log(&self) -> PathBuf {
+        self.root.join("redis.log")
+    }
+
+    /// Starts `redis-server` on `127.0.0.1:port` with no persistence; waits until it answers PING.
+    pub fn start(root: &Path, port: u16) -> Result<RedisServer, ServerError> {
+        fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
+        let mut server = RedisServer {
+            port,
+            root: root.to_owned(),
+            pid: 0,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), ServerError> {
+        let mut cmd = Command::new(redis_binary()?);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.root)
+            .args(["--logfile", ""])
+            .args(["--loglevel", "warning"]);
+        self.pid = spawn_detached(&mut cmd, &self.log())?;
+        self.wait_ready(Duration::from_secs(10))
+    }
+
+    /// True when the server answers `PING` with `+PONG`.
+    pub fn ping(&self) -> bool {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        if s.write_all(b"PING\r\n").is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 16];
+        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    }
+
+    fn wait_ready(&self, within: Duration) -> Result<(), ServerError> {
+        let until = Instant::now() + within;
+        loop {
+            if self.ping() {
+                return Ok(());
+            }
+            if !pid_alive(self.pid) || Instant::now() > until {
+                return Err(ServerError::NotReady(
+                    format!("redis-server on port {}", self.port),
+                    self.log(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        pid_alive(self.pid)
+    }
+
+    /// SIGTERM (no persistence, so it exits at once), SIGKILL after a grace period.
+    pub fn stop(&self) {
+        stop_pid(self.pid, libc::SIGTERM, Duration::from_secs(5));
+    }
+
+    /// Stop and start again on the same port. Without persistence every key is gone afterwards:
+    /// the lock, and the `redis` backend's token counter.
+    pub fn restart(&mut self) -> Result<(), ServerError> {
+        self.stop();
+        self.spawn()
+    }
+}

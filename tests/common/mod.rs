@@ -1,0 +1,144 @@
+//! Test harness: a real local fleet (private PostgreSQL + 3-member etcd + N `baton node`
+//! processes) started through the `baton` binary in a temp dir, and torn down on drop.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use baton::fleet::client::NodeClient;
+use baton::fleet::{FleetNode, FleetState};
+use tokio_postgres::NoTls;
+
+pub const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
+pub struct Fleet {
+    pub dir: tempfile::TempDir,
+    pub client: NodeClient,
+}
+
+pub fn baton(args: &[&str]) -> String {
+    let out = Command::new(BATON).args(args).env("RUST_LOG", "warn").output().expect("run baton");
+    assert!(out.status.success(), "baton {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Fleet {
+    /// `baton fleet up N --backend etcd` in a fresh temp dir, plus `extra` flags.
+    pub fn up(nodes: usize, extra: &[&str]) -> Fleet {
+        let dir = tempfile::Builder::new().prefix("baton-test-").tempdir().expect("tempdir");
+        let n = nodes.to_string();
+        let dir_arg = dir.path().to_str().unwrap().to_owned();
+        let mut args = vec!["fleet", "up", n.as_str(), "--backend", "etcd", "--dir", dir_arg.as_str()];
+        args.extend_from_slice(extra);
+        let fleet = Fleet { dir, client: NodeClient::new(Duration::from_secs(3)) };
+        let out = Command::new(BATON).args(&args).env("RUST_LOG", "warn").output().expect("run baton fleet up");
+        if !out.status.success() {
+            let _ = Command::new(BATON).args(["fleet", "down", "--dir", fleet.path().to_str().unwrap()]).output();
+            panic!("fleet up failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
+        fleet
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn state(&self) -> FleetState {
+        FleetState::load(self.path()).expect("fleet state")
+    }
+
+    pub fn node(&self, id: &str) -> FleetNode {
+        self.state().node(id).expect("node").clone()
+    }
+
+    pub fn kill9(&self, id: &str) {
+        baton(&["fleet", "kill", id, "--dir", self.path().to_str().unwrap()]);
+    }
+
+    pub fn start(&self, id: &str) {
+        baton(&["fleet", "start", id, "--dir", self.path().to_str().unwrap()]);
+    }
+
+    /// The node that says it leads, once every live node agrees on it; `(id, addr, token)`.
+    pub async fn leader(&self, within: Duration) -> (String, String, i64) {
+        let until = Instant::now() + within;
+        loop {
+            let rows = baton::fleet::status(&self.state()).await;
+            let leaders: Vec<_> = rows.iter().filter(|r| r.role.as_deref() == Some("leader")).collect();
+            if leaders.len() == 1 {
+                let l = leaders[0];
+                let agreed = rows.iter().filter(|r| r.alive).all(|r| r.leader.as_deref() == Some(l.id.as_str()));
+                if agreed {
+                    return (l.id.clone(), l.http_addr.clone(), l.token.expect("leader has a token"));
+                }
+            }
+            assert!(Instant::now() < until, "no agreed leader within {within:?}: {rows:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Like [`Fleet::leader`] but for a leader other than `not`, with a higher token than `above`.
+    pub async fn new_leader(&self, not: &str, above: i64, within: Duration) -> (String, String, i64) {
+        let until = Instant::now() + within;
+        loop {
+            let (id, addr, token) = self.leader(until.saturating_duration_since(Instant::now()).max(Duration::from_millis(200))).await;
+            if id != not && token > above {
+                return (id, addr, token);
+            }
+            assert!(Instant::now() < until, "no new leader (other than {not}, token > {above}) within {within:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Superuser connection to the fenced resource.
+    pub async fn admin_db(&self) -> tokio_postgres::Client {
+        connect(&self.state().postgres.admin_url()).await
+    }
+
+    /// Connection as the application role (may only call the fenced functions).
+    pub async fn app_db(&self) -> tokio_postgres::Client {
+        connect(&self.state().postgres.app_url()).await
+    }
+}
+
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the private PostgreSQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = Command::new(BATON).args(["fleet", "down", "--dir", self.path().to_str().unwrap()]).output();
+    }
+}
+
+/// One `POST /next` against whoever leads, following 409s; `(token, seq)` or why not.
+pub async fn next_anywhere(client: &NodeClient, nodes: &[FleetNode], hint: &mut Option<String>) -> Result<(i64, i64), String> {
+    let mut addrs: Vec<String> = hint.iter().cloned().collect();
+    addrs.extend(nodes.iter().map(|n| n.http_addr.clone()));
+    for addr in addrs {
+        match client.post(&addr, "/next").await {
+            Ok(r) if r.status == 200 => {
+                let v = r.json();
+                *hint = Some(addr);
+                return Ok((v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap()));
+            }
+            Ok(r) if r.status == 409 => {
+                if let Some(l) = r.leader_header {
+                    *hint = Some(l);
+                }
+            }
+            _ => {}
+        }
+    }
+    *hint = None;
+    Err("no node answered 200".into())
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}

@@ -1,0 +1,484 @@
+//! The raft backend against the real thing: three `RaftElector`s in-process, each behind its own
+//! tiny HTTP server that forwards `POST /peer/*` to the elector's `PeerRpc` — and can drop a node's
+//! traffic (both directions) to isolate it.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use baton::backends::raft::network::FROM_HEADER;
+use baton::backends::raft::RaftElector;
+use baton::backends::{Elector, ElectorError, FenceToken, PeerRpc, Win};
+use baton::config::{NodeConfig, PeerSpec};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use openraft::async_runtime::WatchReceiver;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// The tests are timing-sensitive (150-300 ms elections) on a 2-core machine: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+type Slot = Arc<RwLock<Option<Arc<dyn PeerRpc>>>>;
+type Blocked = Arc<Mutex<HashSet<String>>>;
+
+struct Cluster {
+    _dirs: Vec<tempfile::TempDir>,
+    cfgs: Vec<NodeConfig>,
+    electors: Vec<Arc<RaftElector>>,
+    slots: Vec<Slot>,
+    blocked: Blocked,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for s in &self.servers {
+            s.abort();
+        }
+    }
+}
+
+async fn peer_server(listener: TcpListener, node: String, slot: Slot, blocked: Blocked) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        let (node, slot, blocked) = (node.clone(), slot.clone(), blocked.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |req: Request<Incoming>| {
+                let (node, slot, blocked) = (node.clone(), slot.clone(), blocked.clone());
+                async move { Ok::<_, Infallible>(forward(req, &node, &slot, &blocked).await) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r
+}
+
+async fn forward(
+    req: Request<Incoming>,
+    node: &str,
+    slot: &Slot,
+    blocked: &Blocked,
+) -> Response<Full<Bytes>> {
+    let from = req
+        .headers()
+        .get(FROM_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let cut = {
+        let b = blocked.lock().unwrap();
+        b.contains(node) || b.contains(&from)
+    };
+    if cut {
+        return reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from_static(b"cut"));
+    }
+    let Some(method) = req.uri().path().strip_prefix("/peer/").map(str::to_owned) else {
+        return reply(StatusCode::NOT_FOUND, Bytes::new());
+    };
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return reply(StatusCode::BAD_REQUEST, Bytes::new()),
+    };
+    let rpc = slot.read().unwrap().clone();
+    let Some(rpc) = rpc else {
+        return reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from_static(b"down"));
+    };
+    match rpc.handle(&method, body).await {
+        Ok(b) => reply(StatusCode::OK, b),
+        Err(e) => reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(e.to_string())),
+    }
+}
+
+impl Cluster {
+    async fn start(n: usize) -> Cluster {
+        let mut listeners = Vec::new();
+        let mut peers = Vec::new();
+        for i in 0..n {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            peers.push(PeerSpec {
+                id: format!("n{}", i + 1),
+                addr: l.local_addr().unwrap().to_string(),
+            });
+            listeners.push(l);
+        }
+        let blocked: Blocked = Arc::default();
+        let mut c = Cluster {
+            _dirs: Vec::new(),
+            cfgs: Vec::new(),
+            electors: Vec::new(),
+            slots: Vec::new(),
+            blocked: blocked.clone(),
+            servers: Vec::new(),
+        };
+        for (i, l) in listeners.into_iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = NodeConfig {
+                node_id: peers[i].id.clone(),
+                state_dir: dir.path().to_owned(),
+                election_timeout_ms: "150-300".into(),
+                advertise_addr: Some(peers[i].addr.clone()),
+                // The grant is min(lease, 150 ms election minimum): renew well inside it.
+                renew_interval_ms: 40,
+                retry_interval_ms: 20,
+                deadline_margin_ms: 20,
+                ..NodeConfig::default()
+            };
+            cfg.backend = baton::backends::BackendKind::Raft;
+            cfg.raft.peers = peers.clone();
+            let slot: Slot = Arc::default();
+            c.servers.push(tokio::spawn(peer_server(
+                l,
+                cfg.node_id.clone(),
+                slot.clone(),
+                blocked.clone(),
+            )));
+            c._dirs.push(dir);
+            c.cfgs.push(cfg);
+            c.slots.push(slot);
+        }
+        for i in 0..n {
+            let e = c.open(i).await;
+            c.electors.push(e);
+        }
+        c
+    }
+
+    /// Starts (or restarts) node `i`'s elector from its state dir and plugs it into its server.
+    async fn open(&self, i: usize) -> Arc<RaftElector> {
+        let e = Arc::new(RaftElector::start(&self.cfgs[i]).await.unwrap());
+        *self.slots[i].write().unwrap() = e.peer_rpc();
+        e
+    }
+
+    async fn restart(&mut self, i: usize) {
+        self.electors[i].close().await.unwrap();
+        *self.slots[i].write().unwrap() = None;
+        self.electors[i] = self.open(i).await;
+    }
+
+    fn isolate(&self, i: usize, cut: bool) {
+        let id = self.cfgs[i].node_id.clone();
+        let mut b = self.blocked.lock().unwrap();
+        if cut {
+            b.insert(id);
+        } else {
+            b.remove(&id);
+        }
+    }
+
+    /// Campaigns on every listed node; wins arrive on the channel as `(index, win, at)`.
+    fn campaign(&self, which: &[usize]) -> Campaigns {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let tasks = which
+            .iter()
+            .map(|&i| {
+                let (e, tx) = (self.electors[i].clone(), tx.clone());
+                tokio::spawn(async move {
+                    let r = e.campaign().await;
+                    let _ = tx.send((i, r, Instant::now()));
+                })
+            })
+            .collect();
+        Campaigns { rx, tasks }
+    }
+}
+
+struct Campaigns {
+    rx: mpsc::UnboundedReceiver<(usize, Result<Win, ElectorError>, Instant)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Campaigns {
+    async fn next_win(&mut self, within: Duration) -> (usize, Win, Instant) {
+        let (i, r, at) = tokio::time::timeout(within, self.rx.recv())
+            .await
+            .expect("no campaign won in time")
+            .expect("campaign channel closed");
+        (
+            i,
+            r.unwrap_or_else(|e| panic!("campaign on n{} failed: {e}", i + 1)),
+            at,
+        )
+    }
+
+    /// Asserts no further campaign returns for `d`.
+    async fn none_for(&mut self, d: Duration) {
+        if let Ok(Some((i, r, _))) = tokio::time::timeout(d, self.rx.recv()).await {
+            panic!(
+                "a second campaign returned while the first winner leads: n{} {:?}",
+                i + 1,
+                r.map(|w| w.token)
+            );
+        }
+    }
+}
+
+impl Drop for Campaigns {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+const ELECT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_wins_and_failover_raises_the_token() {
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start(3).await;
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (first, win, _) = camp.next_win(ELECT).await;
+    assert!(win.token > FenceToken(0));
+    // Exactly one: the others keep waiting while the winner renews.
+    for _ in 0..10 {
+        let g = c.electors[first].renew().await.unwrap();
+        assert!(g.is_some(), "the winner must be able to renew");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    camp.none_for(Duration::from_millis(200)).await;
+    for e in &c.electors {
+        let l = e
+            .leader()
+            .await
+            .unwrap()
+            .expect("everyone knows the leader");
+        assert_eq!(l.node_id, c.cfgs[first].node_id);
+        assert_eq!(
+            l.http_addr.as_deref(),
+            c.cfgs[first].advertise_addr.as_deref()
+        );
+    }
+    for (i, e) in c.electors.iter().enumerate() {
+        if i != first {
+            assert!(
+                e.renew().await.unwrap().is_none(),
+                "a follower has no lease to renew"
+            );
+        }
+    }
+
+    // The leader goes away: another node wins, with a higher token.
+    c.electors[first].close().await.unwrap();
+    let (second, win2, _) = camp.next_win(ELECT).await;
+    assert_ne!(second, first);
+    assert!(
+        win2.token > win.token,
+        "failover token {} must exceed {}",
+        win2.token,
+        win.token
+    );
+    camp.none_for(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terms_persist_across_restarts() {
+    let _g = SERIAL.lock().await;
+    let mut c = Cluster::start(3).await;
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (first, win, _) = camp.next_win(ELECT).await;
+    drop(camp);
+
+    // Restart the leader alone from its state dir: whoever leads next has a higher term.
+    c.restart(first).await;
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (_, win2, _) = camp.next_win(ELECT).await;
+    assert!(win2.token > win.token, "{} !> {}", win2.token, win.token);
+    drop(camp);
+
+    // Whole-fleet restart: every node comes back from disk, and the term still only goes up.
+    for i in 0..3 {
+        c.restart(i).await;
+    }
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (_, win3, _) = camp.next_win(ELECT).await;
+    assert!(win3.token > win2.token, "{} !> {}", win3.token, win2.token);
+    eprintln!(
+        "tokens across restarts: {} -> {} -> {}",
+        win.token, win2.token, win3.token
+    );
+    for e in &c.electors {
+        e.close().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_leader_self_fences_within_the_lease() {
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start(3).await;
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (l, win, _) = camp.next_win(ELECT).await;
+    let leader = c.electors[l].clone();
+    let ttl = leader.lease_ttl();
+    assert!(
+        ttl <= Duration::from_millis(150),
+        "lease {ttl:?} must not exceed the min election timeout"
+    );
+
+    let mut last_ok = leader.renew().await.unwrap().expect("leader renews");
+    c.isolate(l, true);
+    let cut_at = Instant::now();
+    let failed = loop {
+        match leader.renew().await {
+            Ok(Some(g)) => last_ok = g,
+            Ok(None) => panic!("an isolated leader does not know it lost"),
+            Err(e) => break e,
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(2),
+            "renewals kept succeeding while cut off"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let failed_after = cut_at.elapsed();
+    eprintln!(
+        "isolated n{}: renew failed {failed_after:?} after the cut: {failed}",
+        l + 1
+    );
+    assert!(
+        matches!(
+            failed,
+            ElectorError::Unavailable(_) | ElectorError::LeaseLost(_)
+        ),
+        "{failed}"
+    );
+    // The renewal that failed was itself bounded by the lease (plus one renew spacing + slack).
+    assert!(
+        failed_after <= ttl + Duration::from_millis(20 + 150),
+        "renew failed only {failed_after:?} after the cut (lease {ttl:?})"
+    );
+    // The SPEC fact that makes the self-fence necessary: openraft still says Leader.
+    let raft = leader.raft().unwrap();
+    assert_eq!(
+        raft.metrics().borrow_watched().state,
+        openraft::ServerState::Leader,
+        "an isolated openraft leader keeps reporting Leader"
+    );
+
+    // The others elect a new leader — never before the old leader's last grant ran out.
+    let (l2, win2, won_at) = camp.next_win(ELECT).await;
+    assert_ne!(l2, l);
+    assert!(win2.token > win.token);
+    eprintln!(
+        "rival n{} won token {} {:?} after the last grant expired",
+        l2 + 1,
+        win2.token,
+        won_at.duration_since(last_ok.sent_at + last_ok.ttl)
+    );
+    assert!(
+        won_at >= last_ok.sent_at + last_ok.ttl,
+        "rival won {:?} before the isolated leader's grant expired",
+        (last_ok.sent_at + last_ok.ttl).duration_since(won_at)
+    );
+    // Still cut off: renew keeps failing, it never grants again.
+    assert!(leader.renew().await.is_err());
+
+    // Heal: the old leader learns the new term and reports the new leader.
+    c.isolate(l, false);
+    let deadline = Instant::now() + ELECT;
+    loop {
+        let info = leader.leader().await.unwrap();
+        if info.as_ref().map(|i| i.node_id.as_str()) == Some(c.cfgs[l2].node_id.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "old leader never learned the new one: {info:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(
+        leader.renew().await,
+        Ok(None) | Err(ElectorError::LeaseLost(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resign_transfers_to_the_named_successor() {
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start(3).await;
+    assert!(c.electors[0].supports_transfer());
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (l, win, _) = camp.next_win(ELECT).await;
+    // Name the follower with the *higher* raft id, so a hand-over to "whoever is first" would
+    // not pass by luck half the time.
+    let target = if l == 2 { 1 } else { 2 };
+    // Let the successor catch up with the leader's log before handing over.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let name = c.cfgs[target].node_id.clone();
+    let t0 = Instant::now();
+    c.electors[l].resign(Some(&name)).await.unwrap();
+    let (got, win2, at) = camp.next_win(ELECT).await;
+    assert_eq!(
+        got,
+        target,
+        "leadership went to n{} instead of {name}",
+        got + 1
+    );
+    assert!(win2.token > win.token);
+    let dark = at.duration_since(t0);
+    eprintln!(
+        "hand-over n{} -> {name}: token {} -> {}, {dark:?}",
+        l + 1,
+        win.token,
+        win2.token
+    );
+    // A transfer needs no election timeout: far below the 300 ms lease a timeout-based
+    // hand-over would wait out.
+    assert!(dark < Duration::from_millis(300), "hand-over took {dark:?}");
+    // The resigned node does not win again: the third node's campaign and a fresh one on the
+    // old leader both keep waiting while the successor leads.
+    camp.none_for(Duration::from_millis(300)).await;
+    let mut again = c.campaign(&[l]);
+    again.none_for(Duration::from_millis(300)).await;
+    assert!(c.electors[l].renew().await.unwrap().is_none());
+    let info = c.electors[l].leader().await.unwrap().unwrap();
+    assert_eq!(info.node_id, name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_successor_and_bad_config_are_errors() {
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start(3).await;
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (l, _, _) = camp.next_win(ELECT).await;
+    assert!(matches!(
+        c.electors[l].resign(Some("nobody")).await,
+        Err(ElectorError::Config(_))
+    ));
+    // A node that is not in its own peer list cannot start.
+    let mut cfg = c.cfgs[0].clone();
+    cfg.node_id = "n9".into();
+    assert!(matches!(
+        RaftElector::start(&cfg).await,
+        Err(ElectorError::Config(_))
+    ));
+    let mut cfg = c.cfgs[0].clone();
+    cfg.renew_interval_ms = 140; // the 150 ms grant minus its margin cannot fit this
+    assert!(matches!(
+        RaftElector::start(&cfg).await,
+        Err(ElectorError::Config(_))
+    ));
+    let mut cfg = c.cfgs[0].clone();
+    cfg.raft.heartbeat_interval_ms = 100; // > half of the 150 ms minimum election timeout
+    assert!(matches!(
+        RaftElector::start(&cfg).await,
+        Err(ElectorError::Config(_))
+    ));
+}
