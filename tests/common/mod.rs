@@ -26,10 +26,15 @@ pub fn baton(args: &[&str]) -> String {
 impl Fleet {
     /// `baton fleet up N --backend etcd` in a fresh temp dir, plus `extra` flags.
     pub fn up(nodes: usize, extra: &[&str]) -> Fleet {
+        Fleet::up_with("etcd", nodes, extra)
+    }
+
+    /// `baton fleet up N --backend BACKEND` in a fresh temp dir, plus `extra` flags.
+    pub fn up_with(backend: &str, nodes: usize, extra: &[&str]) -> Fleet {
         let dir = tempfile::Builder::new().prefix("baton-test-").tempdir().expect("tempdir");
         let n = nodes.to_string();
         let dir_arg = dir.path().to_str().unwrap().to_owned();
-        let mut args = vec!["fleet", "up", n.as_str(), "--backend", "etcd", "--dir", dir_arg.as_str()];
+        let mut args = vec!["fleet", "up", n.as_str(), "--backend", backend, "--dir", dir_arg.as_str()];
         args.extend_from_slice(extra);
         let fleet = Fleet { dir, client: NodeClient::new(Duration::from_secs(3)) };
         let out = Command::new(BATON).args(&args).env("RUST_LOG", "warn").output().expect("run baton fleet up");
