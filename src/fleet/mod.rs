@@ -72,6 +72,12 @@ impl FleetState {
         let tmp = path.with_extension("json.tmp");
         fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
         fs::rename(&tmp, &path)?;
+        // Prometheus file-based discovery (config/prometheus.yml reads it).
+        let targets = serde_json::json!([{
+            "targets": self.nodes.iter().map(|n| n.http_addr.clone()).collect::<Vec<_>>(),
+            "labels": { "backend": self.backend.as_str() },
+        }]);
+        fs::write(self.dir.join("prometheus-targets.json"), serde_json::to_vec_pretty(&targets)?)?;
         Ok(())
     }
 

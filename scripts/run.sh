@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Quick start, the main job: a local fleet on the embedded default backend (raft) with a private
+# PostgreSQL as the fenced resource, in the foreground until Ctrl-C (or `--for 20s`).
+#   scripts/run.sh [NODES] [more `baton fleet up` flags, e.g. --backend etcd --for 20s]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/ensure-deps.sh
+cargo build --release --quiet --bin baton
+nodes="${1:-3}"
+[ $# -gt 0 ] && shift
+dir="state/quickstart"
+target/release/baton fleet down --dir "$dir" >/dev/null 2>&1 || true
+rm -rf "$dir"
+exec target/release/baton fleet up "$nodes" --dir "$dir" --foreground "$@"
