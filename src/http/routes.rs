@@ -87,6 +87,24 @@ fn metrics(app: &HttpApp) -> Resp {
     r
 }
 
+/// Reads a whole body of at most `limit` bytes: 413 past it, 400 if the stream breaks.
+async fn collect_limited(body: Incoming, limit: usize) -> Result<Bytes, Resp> {
+    match Limited::new(body, limit).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("body over {limit} bytes"),
+            ))
+        }
+        Err(e) => Err(error(StatusCode::BAD_REQUEST, "bad_body", e.to_string())),
+    }
+}
+
 /// Reads a small body: 413 past the limit, 415 unless JSON, 400 unless it parses. An empty body
 /// is `T::default()`.
 async fn read_json<T: for<'de> Deserialize<'de> + Default>(
@@ -110,23 +128,7 @@ async fn read_json<T: for<'de> Deserialize<'de> + Default>(
         .headers()
         .get(CONTENT_TYPE)
         .map(|v| v.to_str().unwrap_or("?").to_owned());
-    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return Err(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("body over {MAX_BODY_BYTES} bytes"),
-            ));
-        }
-        Err(e) => return Err(error(StatusCode::BAD_REQUEST, "bad_body", e.to_string())),
-    };
+    let body = collect_limited(req.into_body(), MAX_BODY_BYTES).await?;
     if body.is_empty() {
         return Ok(T::default());
     }
@@ -293,22 +295,9 @@ async fn peer(app: &HttpApp, req: Request<Incoming>) -> Resp {
         return error(StatusCode::NOT_FOUND, "not_found", "no peer rpc");
     };
     let method = req.uri().path().trim_start_matches("/peer/").to_owned();
-    let body = match Limited::new(req.into_body(), MAX_PEER_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "peer body over 64 MiB",
-            );
-        }
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_body", e.to_string()),
+    let body = match collect_limited(req.into_body(), MAX_PEER_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(r) => return r,
     };
     match rpc.handle(&method, body).await {
         Ok(bytes) => {
