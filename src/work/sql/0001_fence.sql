@@ -147,17 +147,24 @@ BEGIN
     IF p_seq_lo IS NULL OR p_seq_hi IS NULL OR p_seq_lo > p_seq_hi THEN
         RAISE EXCEPTION 'bad range [%, %]', p_seq_lo, p_seq_hi USING ERRCODE = '22023';
     END IF;
+    SELECT s.fencing INTO v_fencing FROM baton.settings s;
+    -- Lock order everywhere: fenced_resource, then sequence (seq_claim does the same).
+    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (p_resource, 0, '')
+        ON CONFLICT (name) DO NOTHING;
+    SELECT r.max_token, r.holder INTO max_token, max_holder
+      FROM baton.fenced_resource r WHERE r.name = p_resource FOR UPDATE;
+    SELECT s.last_seq INTO v_last FROM baton.sequence s WHERE s.name = p_resource FOR UPDATE;
+    -- The forward check comes before the fence, so a refused range never moves the fence either.
+    IF v_fencing AND p_seq_lo <= coalesce(v_last, 0) THEN
+        INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
+        VALUES (p_resource, p_token, max_token, p_holder, max_holder, 'next',
+                CASE WHEN p_token < max_token THEN 'stale-token' ELSE 'seq-not-forward' END);
+        accepted := FALSE;
+        RETURN;
+    END IF;
     SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
       FROM baton.fence_check(p_resource, p_token, p_holder, 'next') f;
     IF NOT accepted THEN
-        RETURN;
-    END IF;
-    SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    SELECT s.last_seq INTO v_last FROM baton.sequence s WHERE s.name = p_resource FOR UPDATE;
-    IF v_fencing AND p_seq_lo <= coalesce(v_last, 0) THEN
-        INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
-        VALUES (p_resource, p_token, max_token, p_holder, max_holder, 'next', 'seq-not-forward');
-        accepted := FALSE;
         RETURN;
     END IF;
     INSERT INTO baton.sequence (name, last_seq, owner_token) VALUES (p_resource, p_seq_hi, p_token)
