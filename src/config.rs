@@ -129,6 +129,8 @@ pub struct ZkConfig {
     /// `host:port,host:port,...`
     pub connect: String,
     pub election_path: String,
+    /// Bound on each request (and 3× on establishing a session).
+    pub request_timeout_ms: u64,
 }
 
 impl Default for ZkConfig {
@@ -136,6 +138,7 @@ impl Default for ZkConfig {
         ZkConfig {
             connect: "127.0.0.1:2181".into(),
             election_path: "/baton/election".into(),
+            request_timeout_ms: 1000,
         }
     }
 }

@@ -12,6 +12,9 @@
 //! work/              leader-only work: the fence client + SQL, Sequencer, Scheduler
 //! http/              hyper 1 server: /status /next /metrics /stepdown /healthz
 //! fleet/             private servers (PostgreSQL, etcd) and local fleets for `baton fleet`
+//! load/              open-loop load on POST /next: the client history + HDR latency (`baton load`)
+//! check/             the history checker: one invariant per file over the ledger + histories (`baton check`)
+//! bench/             `baton bench failover`: kill -9 / step-down trials, failover from fence_log
 //! metrics.rs         metric names and the Prometheus recorder
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
@@ -30,10 +33,13 @@
 
 pub mod actors;
 pub mod backends;
+pub mod check;
+pub mod bench;
 pub mod clock;
 pub mod config;
 pub mod fleet;
 pub mod http;
+pub mod load;
 pub mod metrics;
 pub mod node;
 pub mod trace;

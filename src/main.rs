@@ -29,6 +29,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: FleetCmd,
     },
+    /// Benchmarks against a local fleet (e.g. `baton bench failover --backend raft --trials 20`).
+    Bench {
+        #[command(subcommand)]
+        cmd: baton::bench::BenchCmd,
+    },
+    /// Open-loop load on POST /next of whichever node leads; writes a history for `baton check`.
+    Load(baton::load::LoadArgs),
+    /// Check the fence ledger and client histories against the invariants; non-zero exit on a violation.
+    Check(baton::check::CheckArgs),
     /// Apply the fenced resource's roles and schema (as a superuser); optionally flip its fencing switch.
     Migrate {
         #[arg(long)]
@@ -84,7 +93,7 @@ enum FleetCmd {
     /// Start N nodes and the servers their backend needs.
     Up {
         nodes: usize,
-        #[arg(long, value_enum, default_value = "etcd")]
+        #[arg(long, value_enum, default_value = "raft")]
         backend: BackendKind,
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
@@ -224,6 +233,9 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
+        Cmd::Load(args) => baton::load::cli_main(args).await,
+        Cmd::Check(args) => std::process::exit(baton::check::cli_main(args).await?),
+        Cmd::Bench { cmd } => baton::bench::run(cmd).await,
     }
 }
 

@@ -100,6 +100,10 @@ fn describe() {
     );
     describe_counter!(SCHED_TICKS, "Scheduler ticks accepted by the resource");
     describe_counter!(SCHED_JOBS, "Work-set jobs run by the scheduler");
+    describe_counter!(
+        crate::backends::BACKEND_REQUESTS,
+        "Requests this node's elector sent to its backend service, by backend and operation"
+    );
     describe_histogram!(
         DEMOTION_SECONDS,
         Unit::Seconds,

@@ -1,10 +1,13 @@
 //! The backend conformance suite (`baton::backends::conformance`) against REAL servers started by
 //! each test in its own temp dir (never the machine's services): a 3-member etcd cluster, a private
-//! PostgreSQL, a private Redis without persistence. Every server is stopped when the test ends,
+//! PostgreSQL, a private Redis without persistence, a 3-server ZooKeeper ensemble. Every server is stopped when the test ends,
 //! also when it fails (a drop guard).
 //!
 //! The tests run one at a time (a process-wide lock): the checks measure lease timing, and three
 //! clusters at once on a 2-core machine would measure the scheduler instead.
+
+// The serializing guard is held across awaits on purpose: each test has its own runtime.
+#![allow(clippy::await_holding_lock)]
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -17,6 +20,7 @@ use baton::backends::{
 use baton::config::{NodeConfig, ResourceConfig};
 use baton::fleet::redis_server::RedisServer;
 use baton::fleet::servers::{free_ports, EtcdCluster, PgServer};
+use baton::fleet::zk_server::ZkEnsemble;
 use baton::work::fence::{self, Fence, FenceError};
 
 /// etcd leases are whole seconds, and at least 1.5 × the election timeout (1 s here).
@@ -33,6 +37,7 @@ struct Servers {
     etcd: Option<EtcdCluster>,
     pg: Option<PgServer>,
     redis: Option<RedisServer>,
+    zk: Option<ZkEnsemble>,
     dir: tempfile::TempDir,
 }
 
@@ -42,6 +47,7 @@ impl Servers {
             etcd: None,
             pg: None,
             redis: None,
+            zk: None,
             dir: tempfile::Builder::new()
                 .prefix("baton-conformance-")
                 .tempdir()
@@ -62,6 +68,11 @@ impl Servers {
         self.pg = Some(PgServer::start(&self.root("postgres"), port).expect("start postgres"));
     }
 
+    fn start_zk(&mut self) {
+        let tick = ZkEnsemble::tick_for_ttl(Duration::from_millis(TTL_MS));
+        self.zk = Some(ZkEnsemble::start(&self.root("zk"), 3, tick).expect("start zookeeper"));
+    }
+
     fn start_redis(&mut self) {
         let port = free_ports(1).expect("free port")[0];
         self.redis = Some(RedisServer::start(&self.root("redis"), port).expect("start redis"));
@@ -72,6 +83,9 @@ impl Drop for Servers {
     fn drop(&mut self) {
         if let Some(r) = &self.redis {
             r.stop();
+        }
+        if let Some(z) = &self.zk {
+            z.stop();
         }
         if let Some(e) = &self.etcd {
             e.stop();
@@ -108,6 +122,7 @@ fn factory(
         cfg.etcd.election_name = election.to_owned();
         cfg.redis.key = election.to_owned();
         cfg.pg_lease.lease_name = election.to_owned();
+        cfg.zk.election_path = format!("/baton/{election}");
         Box::pin(async move { build(&cfg).await })
     }
 }
@@ -160,6 +175,92 @@ async fn pg_lease_backend_passes_the_conformance_suite() {
         pg.port
     );
     run_suite(base, opts(), &Check::ALL).await;
+}
+
+/// The ZooKeeper recipe on a real 3-server ensemble (tickTime = TTL / 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_backend_passes_the_conformance_suite() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    servers.start_zk();
+    let mut base = base_config(BackendKind::Zk);
+    base.zk.connect = servers.zk.as_ref().unwrap().connect_string();
+    run_suite(base, opts(), &Check::ALL).await;
+}
+
+/// ZooKeeper unreachable (every server paused with SIGSTOP) while a candidate leads: `renew()`
+/// never grants again, and once the last grant has run out it reports `LeaseLost` (the session is
+/// given up locally: SUSPENDED beyond the safe bound demotes). After the ensemble resumes, another
+/// candidate wins with a higher token (czxid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_unreachable_beyond_the_grant_surfaces_as_lease_lost() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    servers.start_zk();
+    let zk = servers.zk.clone().unwrap();
+    let mut base = base_config(BackendKind::Zk);
+    base.zk.connect = zk.connect_string();
+    let make = factory(base);
+    let a = make("suspend", "a").await.unwrap();
+    let b = make("suspend", "b").await.unwrap();
+    let won = a.campaign().await.expect("a wins");
+    let g = a.renew().await.unwrap().expect("a grant");
+    let signal = |sig| {
+        for m in &zk.members {
+            // SAFETY: kill(2) on the servers this test started.
+            unsafe { libc::kill(m.pid as i32, sig) };
+        }
+    };
+    signal(libc::SIGSTOP);
+    let paused_at = Instant::now();
+    let expires = g.sent_at + g.ttl;
+    let lost = loop {
+        let sent = Instant::now();
+        match a.renew().await {
+            Ok(Some(g)) => {
+                signal(libc::SIGCONT);
+                panic!("a renewal succeeded with every ZooKeeper server paused: {g:?}");
+            }
+            Err(ElectorError::LeaseLost(why)) => break (sent, why),
+            other => {
+                if Instant::now() > expires + Duration::from_secs(5) {
+                    signal(libc::SIGCONT);
+                    panic!("still no LeaseLost 5 s after the last grant ran out: {other:?}");
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    signal(libc::SIGCONT);
+    eprintln!(
+        "renew said LeaseLost {:.1?} after the pause ({:.1?} after the grant ran out): {}",
+        paused_at.elapsed(),
+        lost.0.saturating_duration_since(expires),
+        lost.1
+    );
+    assert!(
+        lost.0 + Duration::from_millis(250) >= expires,
+        "LeaseLost long before the grant ran out"
+    );
+    let _ = a.close().await;
+    let next = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match b.campaign().await {
+                Ok(w) => return w,
+                Err(e) => {
+                    eprintln!("b campaign while the ensemble resumes: {e}");
+                    let _ = b.close().await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    })
+    .await
+    .expect("b wins after the ensemble resumes");
+    assert!(next.token > won.token, "{} then {}", won.token, next.token);
+    for e in [&a, &b] {
+        let _ = e.close().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,8 @@ use etcd_client::{
 use tokio::sync::Mutex;
 
 use super::{
-    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 
@@ -91,6 +92,7 @@ impl EtcdElector {
         }
         let sent_at = Instant::now();
         let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "lease-grant");
         let resp = self.bounded(c.lease_grant(self.ttl_secs, None)).await?;
         let grant = Grant {
             sent_at,
@@ -115,6 +117,7 @@ impl Elector for EtcdElector {
         let (lease_id, _) = self.ensure_session().await?;
         let mut c = self.client.clone();
         // Unbounded by design: campaign returns when every older candidacy is gone.
+        count_request(BackendKind::Etcd, "campaign");
         let mut resp = c
             .campaign(self.name.as_str(), self.value.clone(), lease_id)
             .await
@@ -141,6 +144,7 @@ impl Elector for EtcdElector {
         };
         if session.keepalive.is_none() {
             let mut c = self.client.clone();
+            count_request(BackendKind::Etcd, "keepalive-open");
             match tokio::time::timeout(self.timeout, c.lease_keep_alive(session.lease_id)).await {
                 Ok(Ok(pair)) => session.keepalive = Some(pair),
                 // Opening the stream answers TTL 0 for a lease that is gone: that is a loss,
@@ -164,6 +168,7 @@ impl Elector for EtcdElector {
         }
         let (keeper, stream) = session.keepalive.as_mut().expect("opened above");
         let sent_at = Instant::now();
+        count_request(BackendKind::Etcd, "keepalive");
         let answer = tokio::time::timeout(self.timeout, async {
             keeper.keep_alive().await?;
             stream.message().await
@@ -215,6 +220,7 @@ impl Elector for EtcdElector {
             return Ok(());
         };
         let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "resign");
         self.bounded(c.resign(Some(ResignOptions::new().with_leader(key))))
             .await
             .map(drop)
@@ -222,6 +228,7 @@ impl Elector for EtcdElector {
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
         let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "leader");
         match self.bounded(c.leader(self.name.as_str())).await {
             Ok(resp) => Ok(resp.kv().map(|kv| LeaderInfo::decode(kv.value()))),
             Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => Ok(None),
@@ -238,6 +245,7 @@ impl Elector for EtcdElector {
                 tx.send_replace(info);
             }
             let mut c = self.client.clone();
+            count_request(BackendKind::Etcd, "observe");
             if let Ok(mut stream) = c.observe(self.name.as_str()).await {
                 loop {
                     match tokio::time::timeout(every * 8, stream.message()).await {
@@ -272,6 +280,7 @@ impl Elector for EtcdElector {
             return Ok(());
         };
         let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "lease-revoke");
         match self.bounded(c.lease_revoke(session.lease_id)).await {
             // Already expired: nothing left to withdraw.
             Err(ElectorError::Unavailable(msg)) if msg.contains("lease not found") => Ok(()),

@@ -19,6 +19,7 @@ pub mod etcd;
 pub mod pg_lease;
 pub mod raft;
 pub mod redis;
+pub mod zk;
 
 use std::fmt;
 use std::sync::Arc;
@@ -203,6 +204,15 @@ pub enum PeerRpcError {
     Failed(String),
 }
 
+/// Requests an elector sent to its backend service (labels `backend`, `op`): how much a backend
+/// costs while nodes wait, renew and watch. Incremented by every backend at each request it sends.
+pub const BACKEND_REQUESTS: &str = "baton_backend_requests_total";
+
+/// Counts one request to the backend service (see [`BACKEND_REQUESTS`]).
+pub fn count_request(backend: BackendKind, op: &'static str) {
+    metrics::counter!(BACKEND_REQUESTS, "backend" => backend.as_str(), "op" => op).increment(1);
+}
+
 /// Builds the configured backend.
 pub async fn build(cfg: &NodeConfig) -> ElectorResult<Arc<dyn Elector>> {
     match cfg.backend {
@@ -211,8 +221,6 @@ pub async fn build(cfg: &NodeConfig) -> ElectorResult<Arc<dyn Elector>> {
         BackendKind::RedisNaive => Ok(Arc::new(redis::RedisElector::connect(cfg, false).await?)),
         BackendKind::Redis => Ok(Arc::new(redis::RedisElector::connect(cfg, true).await?)),
         BackendKind::PgLease => Ok(Arc::new(pg_lease::PgLeaseElector::connect(cfg).await?)),
-        other => Err(ElectorError::Config(format!(
-            "backend {other} is specified (SPEC §3) but not built yet"
-        ))),
+        BackendKind::Zk => Ok(Arc::new(zk::ZkElector::connect(cfg).await?)),
     }
 }

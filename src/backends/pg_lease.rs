@@ -33,7 +33,8 @@ use tokio::sync::OnceCell;
 use tokio_postgres::NoTls;
 
 use super::{
-    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 
@@ -236,6 +237,7 @@ impl PgLeaseElector {
 
     async fn release(&self, holder: &str, epoch: Option<i64>) -> ElectorResult<()> {
         let client = self.client().await?;
+        count_request(BackendKind::PgLease, "release");
         self.bounded(client.execute(RELEASE_SQL, &[&self.name, &holder, &epoch]))
             .await
             .map(drop)
@@ -267,6 +269,7 @@ impl Elector for PgLeaseElector {
         loop {
             let client = self.client().await?;
             let sent_at = Instant::now();
+            count_request(BackendKind::PgLease, "acquire");
             let row = self
                 .bounded(client.query_opt(
                     ACQUIRE_SQL,
@@ -313,6 +316,7 @@ impl Elector for PgLeaseElector {
         };
         let client = self.client().await?;
         let sent_at = Instant::now();
+        count_request(BackendKind::PgLease, "renew");
         let n = self
             .bounded(client.execute(RENEW_SQL, &[&self.name, &holder, &epoch, &self.ttl_ms()]))
             .await?;
@@ -355,6 +359,7 @@ impl Elector for PgLeaseElector {
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
         let client = self.client().await?;
+        count_request(BackendKind::PgLease, "leader");
         let row = self
             .bounded(client.query_opt(LEADER_SQL, &[&self.name]))
             .await?;

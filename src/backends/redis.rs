@@ -20,10 +20,15 @@
 //!   gets token 1 again, i.e. the token *regresses*. The lock key is lost too, so the next candidate
 //!   wins at once while the old leader still believes it leads until its next renew says
 //!   `LeaseLost`. The fenced resource then refuses the new leader (its token is below the resource's
-//!   `max_token`, `src/work/fence.rs` logs every refusal with both tokens): **safety is kept,
-//!   liveness is lost** — no protected write succeeds until an operator raises the counter above
-//!   the resource's `max_token` (e.g. `SET <key>:token <max_token>`) or the resource is reset. Run
-//!   Redis with AOF `appendfsync always` if that matters; it is the price of a token kept in a cache.
+//!   `max_token`, `src/work/fence.rs` logs every refusal with both tokens and records it in
+//!   `baton.fence_rejections`): **safety is kept, liveness is lost** — no protected write succeeds
+//!   while the counter is at or below `max_token`. Each refused term ends in a demotion and a new
+//!   acquisition whose `INCR` is one higher, so the counter climbs back by one per refused term:
+//!   the fleet serves again after about `max_token` refused terms (milliseconds for a young
+//!   resource, see `tests/backends_fleet.rs`; effectively never for one at token 10⁶), or at once
+//!   when an operator sets the counter above the resource's `max_token` (`SET <key>:token
+//!   <max_token>`). Run Redis with AOF `appendfsync always` if that matters; it is the price of a
+//!   token kept in a cache.
 //!
 //! Neither variant queues waiters: they poll with a jittered `retry_interval`, so a release is seen
 //! within about one retry interval, and a lapsed lock by whoever polls first.
@@ -41,7 +46,8 @@ use rand::Rng;
 use serde::Serialize;
 
 use super::{
-    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
 };
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
@@ -189,6 +195,7 @@ impl RedisElector {
 
     /// One acquisition attempt: the token when the lock is ours now, `None` when it is taken.
     async fn try_acquire(&self, value: &str) -> ElectorResult<Option<FenceToken>> {
+        count_request(self.kind, "acquire");
         let mut conn = self.conn.clone();
         match self.kind {
             BackendKind::Redis => {
@@ -220,6 +227,7 @@ impl RedisElector {
 
     /// Compare-and-delete of `value`; true when the lock was ours and is now gone.
     async fn release(&self, value: &str) -> ElectorResult<bool> {
+        count_request(self.kind, "release");
         let mut conn = self.conn.clone();
         let mut inv = self.release_script.prepare_invoke();
         inv.key(&self.key).arg(value);
@@ -299,6 +307,7 @@ impl Elector for RedisElector {
         let mut conn = self.conn.clone();
         let mut inv = self.renew_script.prepare_invoke();
         inv.key(&self.key).arg(&value).arg(self.ttl_ms());
+        count_request(self.kind, "renew");
         let sent_at = Instant::now();
         let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
         if n == 1 {
@@ -340,6 +349,7 @@ impl Elector for RedisElector {
     }
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
+        count_request(self.kind, "leader");
         let mut conn = self.conn.clone();
         let v: Option<Vec<u8>> = self
             .bounded(::redis::cmd("GET").arg(&self.key).query_async(&mut conn))

@@ -4,6 +4,7 @@
 pub mod client;
 pub mod redis_server;
 pub mod servers;
+pub mod zk_server;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use crate::backends::BackendKind;
 use crate::config::{Fencing, NodeConfig};
 use redis_server::RedisServer;
 use servers::{free_ports, pid_alive, spawn_detached, stop_pid, EtcdCluster, PgServer};
+use zk_server::ZkEnsemble;
 
 pub const STATE_FILE: &str = "fleet.json";
 
@@ -39,6 +41,9 @@ pub struct FleetState {
     /// The private Redis of the `redis` / `redis-naive` backends (no persistence).
     #[serde(default)]
     pub redis: Option<RedisServer>,
+    /// The private 3-server ZooKeeper ensemble of the `zk` backend.
+    #[serde(default)]
+    pub zk: Option<ZkEnsemble>,
     pub nodes: Vec<FleetNode>,
 }
 
@@ -128,6 +133,9 @@ impl FleetState {
         if let Some(redis) = &self.redis {
             redis.stop();
         }
+        if let Some(zk) = &self.zk {
+            zk.stop();
+        }
         self.postgres.stop();
     }
 }
@@ -168,7 +176,7 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         tokio::task::spawn_blocking(move || PgServer::start(&pg_root, pg_port)).await??;
     // From here on, a failure stops what was already started.
     let servers = start_backend_servers(spec, &dir, &base, &postgres).await;
-    let (etcd, redis) = match servers {
+    let (etcd, redis, zk) = match servers {
         Ok(s) => s,
         Err(e) => {
             postgres.stop();
@@ -193,6 +201,9 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         }
         if let Some(r) = &redis {
             cfg.redis.url = r.url();
+        }
+        if let Some(z) = &zk {
+            cfg.zk.connect = z.connect_string();
         }
         if spec.backend == BackendKind::Raft {
             // Every member, this node included: the raft group is the fleet.
@@ -230,6 +241,7 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         postgres,
         etcd,
         redis,
+        zk,
         nodes,
     };
     state.save()?;
@@ -245,7 +257,7 @@ async fn start_backend_servers(
     dir: &Path,
     base: &NodeConfig,
     postgres: &PgServer,
-) -> anyhow::Result<(Option<EtcdCluster>, Option<RedisServer>)> {
+) -> anyhow::Result<(Option<EtcdCluster>, Option<RedisServer>, Option<ZkEnsemble>)> {
     crate::work::fence::migrate(&postgres.admin_url(), Some(spec.fencing == Fencing::On))
         .await
         .context("migrating the fenced resource")?;
@@ -264,6 +276,7 @@ async fn start_backend_servers(
                         .await??,
                 ),
                 None,
+                None,
             ))
         }
         BackendKind::RedisNaive | BackendKind::Redis => {
@@ -272,6 +285,7 @@ async fn start_backend_servers(
             Ok((
                 None,
                 Some(tokio::task::spawn_blocking(move || RedisServer::start(&root, port)).await??),
+                None,
             ))
         }
         // The lease row lives in the fleet's PostgreSQL, already running.
@@ -279,11 +293,23 @@ async fn start_backend_servers(
             crate::backends::pg_lease::provision(&postgres.admin_url())
                 .await
                 .context("provisioning the pg-lease role")?;
-            Ok((None, None))
+            Ok((None, None, None))
         }
         // Raft runs among the nodes themselves: no server to start.
-        BackendKind::Raft => Ok((None, None)),
-        other => bail!("`baton fleet` cannot start the {other} backend yet"),
+        BackendKind::Raft => Ok((None, None, None)),
+        BackendKind::Zk => {
+            // tickTime = TTL / 10: the TTL sits inside ZooKeeper's [2, 20] × tickTime bounds.
+            let root = dir.join("zk");
+            let tick = ZkEnsemble::tick_for_ttl(base.lease_ttl());
+            Ok((
+                None,
+                None,
+                Some(
+                    tokio::task::spawn_blocking(move || ZkEnsemble::start(&root, 3, tick))
+                        .await??,
+                ),
+            ))
+        }
     }
 }
 

@@ -172,6 +172,15 @@ impl Fence {
         .map(drop)
     }
 
+    /// One ID allocated and committed inside the database, one round trip per ID (the baseline
+    /// `baton bench next` compares group commit against).
+    pub async fn seq_next(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
+        let row = self
+            .call(resource, "next", token, "SELECT * FROM baton.seq_next($1, $2, $3)", &[&resource, &token.0, &self.holder])
+            .await?;
+        Ok(row.get(3))
+    }
+
     /// A new leader claims the work-set cursor; returns the published position.
     pub async fn cursor_claim(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
         let row = self

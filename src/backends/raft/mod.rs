@@ -70,6 +70,13 @@
 //! * In the node every member always campaigns, so the raft leader is always a candidate.
 //! * openraft 0.10 is edition 2024: building needs Rust ≥ 1.85.
 //!
+//! # Fault injection (test/chaos hook)
+//!
+//! `touch <state_dir>/faults/isolate-peers` cuts this node's raft peer traffic both ways (outgoing
+//! RPCs dropped, incoming `/peer/*` refused) while clients and PostgreSQL stay reachable; removing
+//! the file heals it. Checked at most every 50 ms. See [`faults`]; `tests/raft_fleet.rs` uses it
+//! to isolate a leader in a real fleet.
+//!
 //! # Durability
 //!
 //! Vote, log and snapshot live in `<state_dir>/raft/` and are fsync'ed before openraft proceeds
@@ -79,6 +86,7 @@
 //! wiped is a *new* voter with amnesia; raft's safety does not cover that (don't do it to a
 //! majority).
 
+pub mod faults;
 pub mod network;
 pub mod storage;
 pub mod types;
@@ -113,6 +121,8 @@ struct Shared {
     config: Arc<openraft::Config>,
     log: LogStore,
     sm: StateMachine,
+    /// The `isolate-peers` test/chaos hook (see [`faults`]).
+    faults: Arc<faults::PeerFaults>,
     raft: RwLock<Option<RaftHandle>>,
     /// Serialises start and shutdown.
     lifecycle: tokio::sync::Mutex<()>,
@@ -218,6 +228,7 @@ impl RaftElector {
             config: Arc::new(config),
             log,
             sm,
+            faults: Arc::new(faults::PeerFaults::new(&cfg.node_id, &cfg.state_dir)),
             raft: RwLock::new(None),
             lifecycle: tokio::sync::Mutex::new(()),
             won_term: Mutex::new(None),
@@ -270,7 +281,7 @@ impl RaftElector {
         let raft = openraft::Raft::new(
             s.me,
             s.config.clone(),
-            NetworkFactory::new(&s.node_id),
+            NetworkFactory::new(&s.node_id, s.peers.clone(), s.faults.clone()),
             s.log.clone(),
             s.sm.clone(),
         )
@@ -487,6 +498,7 @@ impl Elector for RaftElector {
     fn peer_rpc(&self) -> Option<Arc<dyn PeerRpc>> {
         Some(Arc::new(RaftPeerRpc {
             source: self.shared.clone(),
+            faults: self.shared.faults.clone(),
         }))
     }
 }

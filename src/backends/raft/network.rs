@@ -12,6 +12,9 @@
 //! Every request carries [`FROM_HEADER`] with the sender's node id (tests use it to cut a node off;
 //! it is informational, not authentication). Any transport failure or non-200 answer is reported to
 //! openraft as `Unreachable` (it backs off and retries).
+//!
+//! Both halves honour the `isolate-peers` fault file (see [`super::faults`]): while it exists,
+//! outgoing RPCs are dropped (they time out after their deadline) and incoming ones are refused.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +32,8 @@ use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::types::{Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
+use super::faults::PeerFaults;
+use super::types::{PeerMap, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
 use crate::backends::{PeerRpc, PeerRpcError};
 use crate::fleet::client::NodeClient;
 
@@ -46,14 +50,20 @@ pub(crate) struct SnapshotMsg {
 pub struct NetworkFactory {
     client: NodeClient,
     from: String,
+    /// This node's configured peers: their addresses win over the ones stored in the membership
+    /// (a fleet re-created in the same directory keeps its raft state but gets new ports).
+    peers: PeerMap,
+    faults: Arc<PeerFaults>,
 }
 
 impl NetworkFactory {
-    pub fn new(from: &str) -> NetworkFactory {
+    pub fn new(from: &str, peers: PeerMap, faults: Arc<PeerFaults>) -> NetworkFactory {
         NetworkFactory {
             // Each call is bounded by openraft's own per-RPC ttl below; this is only a backstop.
             client: NodeClient::new(Duration::from_secs(30)),
             from: from.to_owned(),
+            peers,
+            faults,
         }
     }
 }
@@ -61,11 +71,16 @@ impl NetworkFactory {
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerConn;
 
-    async fn new_client(&mut self, _target: u64, node: &BasicNode) -> PeerConn {
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerConn {
+        let addr = match self.peers.peer(target) {
+            Some(p) => p.addr.clone(),
+            None => node.addr.clone(),
+        };
         PeerConn {
             client: self.client.clone(),
-            addr: node.addr.clone(),
+            addr,
             from: self.from.clone(),
+            faults: self.faults.clone(),
         }
     }
 }
@@ -75,6 +90,7 @@ pub struct PeerConn {
     client: NodeClient,
     addr: String,
     from: String,
+    faults: Arc<PeerFaults>,
 }
 
 impl PeerConn {
@@ -84,6 +100,14 @@ impl PeerConn {
         req: &Req,
         ttl: Duration,
     ) -> Result<Resp, String> {
+        if self.faults.isolated() {
+            // Dropped on the floor: the caller learns nothing until its deadline passes.
+            tokio::time::sleep(ttl).await;
+            return Err(format!(
+                "{method} to {} dropped (isolate-peers fault)",
+                self.addr
+            ));
+        }
         let body = serde_json::to_vec(req).map_err(|e| format!("encode {method}: {e}"))?;
         let path = format!("/peer/{method}");
         let headers = [
@@ -185,6 +209,7 @@ pub(crate) trait RaftHandleSource: Send + Sync + 'static {
 /// The server half: decodes `/peer/<method>` bodies and hands them to the local raft.
 pub struct RaftPeerRpc {
     pub(crate) source: Arc<dyn RaftHandleSource>,
+    pub(crate) faults: Arc<PeerFaults>,
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, PeerRpcError> {
@@ -210,6 +235,11 @@ impl PeerRpc for RaftPeerRpc {
         );
         if !known {
             return Err(PeerRpcError::UnknownMethod(method.to_owned()));
+        }
+        if self.faults.isolated() {
+            return Err(PeerRpcError::Failed(
+                "peer traffic refused (isolate-peers fault)".into(),
+            ));
         }
         let raft = self
             .source

@@ -174,6 +174,26 @@ BEGIN
 END
 $$;
 
+-- One fenced ID per round trip, allocated inside the database: what a sequencer without a leader
+-- (or without group commit) does. `baton bench next` measures it side by side as the baseline.
+CREATE OR REPLACE FUNCTION baton.seq_next(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                          OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
+                                          OUT seq BIGINT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+      FROM baton.fence_check(p_resource, p_token, p_holder, 'next') f;
+    IF NOT accepted THEN
+        RETURN;
+    END IF;
+    INSERT INTO baton.sequence (name, last_seq, owner_token) VALUES (p_resource, 1, p_token)
+        ON CONFLICT (name) DO UPDATE SET last_seq = baton.sequence.last_seq + 1, owner_token = p_token
+        RETURNING baton.sequence.last_seq INTO seq;
+    INSERT INTO baton.fence_log (resource, token, holder, op, seq_lo, seq_hi)
+    VALUES (p_resource, p_token, p_holder, 'next', seq, seq);
+END
+$$;
+
 -- Scheduler: a new leader claims the work-set cursor.
 CREATE OR REPLACE FUNCTION baton.cursor_claim(p_resource TEXT, p_token BIGINT, p_holder TEXT,
                                               OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
@@ -243,6 +263,7 @@ GRANT USAGE ON SCHEMA baton TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.fencing_enabled() TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.seq_claim(TEXT, BIGINT, TEXT) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.seq_commit(TEXT, BIGINT, TEXT, BIGINT, BIGINT) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.seq_next(TEXT, BIGINT, TEXT) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.cursor_claim(TEXT, BIGINT, TEXT) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.sched_tick(TEXT, BIGINT, TEXT, BIGINT, INTEGER) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.cursor_checkpoint(TEXT, BIGINT, TEXT, BIGINT) TO baton_app;

@@ -1,0 +1,844 @@
+//! ZooKeeper: the recipe from ZooKeeper's own documentation ("Leader Election"), with
+//! zookeeper-client.
+//!
+//! * **candidacy** — an `EPHEMERAL_SEQUENTIAL` znode `<election_path>/c_<session>_<seq>` holding
+//!   this node's [`LeaderInfo`] JSON, created in the candidacy session (parents created on first
+//!   use). The `<session>` part names our own nodes, so a create whose answer was lost (a timeout,
+//!   a dropped campaign) is found and adopted instead of queueing a second candidacy.
+//! * **leader** — the child with the lowest sequence number. A waiter watches **only its
+//!   predecessor** (`exists` watch on the next-lower child), so a release wakes exactly one
+//!   waiter: no herd. When the predecessor goes, the waiter re-lists: it leads if it is now the
+//!   lowest, else it watches its new predecessor (a waiter in the middle of the queue may go).
+//! * **token** — our znode's `czxid`, the zxid of its creation. zxids only grow, the leader is
+//!   always the oldest live candidacy, so each holder's czxid is above every earlier holder's.
+//! * **resign** — delete our znode (the successor's watch fires at once). **close** — delete it
+//!   and close the session.
+//!
+//! **Liveness is what `renew()` renews.** ZooKeeper's client pings keep a session alive on their
+//! own, so a node whose elector stopped renewing (wedged) would keep its candidacy forever. To give
+//! the seam's contract, each session has a local watchdog: when no renewal succeeded within the
+//! last grant, the session is closed (its znode goes with it) and the next `renew()` reports
+//! `LeaseLost`. The same covers a connection that is SUSPENDED (disconnected) for longer than
+//! the safe bound: no renewal succeeds while disconnected, so the last grant runs out, the node's
+//! watchdog demotes, and the session is dropped even if the server would still keep it.
+//!
+//! **The grant.** `renew()` is `sync` + `exists(our znode)`, pipelined: `sync` is answered only
+//! after a round trip to the ensemble's leader, so a partitioned follower cannot keep answering.
+//! The grant is **2/3 of the negotiated session timeout** from the send time, not the whole
+//! timeout: a follower relays its clients' session touches to the ZooKeeper leader only on its
+//! next learner ping (every tickTime / 2), and the client pings only every 3/20 of the timeout, so
+//! the leader's idea of our last touch can lag our send by up to about `tick/2 + 0.15 × timeout`
+//! (0.2 × timeout with the fleet's `tickTime = TTL / 10`). A node killed with `kill -9` is expired
+//! by the servers after the full session timeout (rounded up to whole ticks), which is what
+//! failover takes.
+//!
+//! Reads for [`Elector::leader`] and the observe watch use a second, read-only session, so the
+//! candidacy session's end never blinds the node to who leads.
+
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use zookeeper_client as zkc;
+use zookeeper_client::{Acls, CreateMode, SessionState};
+
+use super::{
+    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
+};
+use crate::config::NodeConfig;
+
+/// Our candidacy znodes are `c_<session id, 16 hex digits>_<10-digit sequence>`.
+const PREFIX: &str = "c_";
+
+/// The fraction of the negotiated session timeout a renewal grants (see the module doc).
+const GRANT_NUM: u32 = 2;
+const GRANT_DEN: u32 = 3;
+
+#[derive(Clone, Debug)]
+struct Node {
+    name: String,
+    path: String,
+    czxid: i64,
+}
+
+struct Session {
+    gen: u64,
+    client: zkc::Client,
+    id: i64,
+    timeout: Duration,
+    grant_ttl: Duration,
+    last_grant: Grant,
+    node: Option<Node>,
+    /// A create was sent whose answer we may not have seen: look for our node before creating.
+    create_unconfirmed: bool,
+    leading: bool,
+}
+
+#[derive(Default)]
+struct State {
+    session: Option<Session>,
+    /// Why the previous candidacy session ended, when nobody was told yet (reported by `renew`).
+    lost: Option<String>,
+    next_gen: u64,
+}
+
+struct Inner {
+    connect: String,
+    path: String,
+    value: Vec<u8>,
+    requested_timeout: Duration,
+    timeout: Duration,
+    connect_timeout: Duration,
+    state: StdMutex<State>,
+    reader: tokio::sync::Mutex<Option<zkc::Client>>,
+}
+
+pub struct ZkElector {
+    inner: Arc<Inner>,
+}
+
+fn count(op: &'static str) {
+    count_request(BackendKind::Zk, op);
+}
+
+fn session_over(e: &zkc::Error) -> bool {
+    matches!(
+        e,
+        zkc::Error::SessionExpired
+            | zkc::Error::ClientClosed
+            | zkc::Error::SessionMoved
+            | zkc::Error::AuthFailed
+    )
+}
+
+/// The sequence number at the end of a child's name (any recipe's: `..._0000000012`).
+fn sequence_of(name: &str) -> Option<i64> {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 {
+        return None;
+    }
+    name[name.len() - digits..].parse().ok()
+}
+
+/// Children ordered by sequence: the queue, leader first.
+fn queue(children: Vec<String>) -> Vec<(i64, String)> {
+    let mut q: Vec<(i64, String)> = children
+        .into_iter()
+        .filter_map(|c| sequence_of(&c).map(|s| (s, c)))
+        .collect();
+    q.sort();
+    q
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn child(&self, name: &str) -> String {
+        format!("{}/{}", self.path, name)
+    }
+
+    fn own_prefix(id: i64) -> String {
+        format!("{PREFIX}{:016x}_", id as u64)
+    }
+
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, zkc::Error>>,
+    ) -> Result<T, ZkFailure> {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if session_over(&e) => Err(ZkFailure::SessionOver(e.to_string())),
+            Ok(Err(e)) => Err(ZkFailure::Other(e)),
+            Err(_) => Err(ZkFailure::Timeout(self.timeout)),
+        }
+    }
+
+    async fn new_client(&self) -> ElectorResult<zkc::Client> {
+        count("connect");
+        let connecting = zkc::Client::connector()
+            .with_session_timeout(self.requested_timeout)
+            .with_fail_eagerly()
+            .connect(&self.connect);
+        // It retries a closed port forever without a bound of our own.
+        match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(ElectorError::Unavailable(format!(
+                "zookeeper {}: {e}",
+                self.connect
+            ))),
+            Err(_) => Err(ElectorError::Unavailable(format!(
+                "zookeeper {}: no session within {:?}",
+                self.connect, self.connect_timeout
+            ))),
+        }
+    }
+
+    /// The candidacy session: the live one, or a new one (with its local watchdog).
+    async fn candidacy_session(self: &Arc<Self>) -> ElectorResult<(zkc::Client, u64)> {
+        {
+            let mut st = self.state();
+            if let Some(s) = &st.session {
+                if !s.client.state().is_terminated() {
+                    return Ok((s.client.clone(), s.gen));
+                }
+                st.session = None;
+            }
+        }
+        let sent_at = Instant::now();
+        let client = self.new_client().await?;
+        let timeout = client.session_timeout();
+        let grant_ttl = timeout * GRANT_NUM / GRANT_DEN;
+        let mut st = self.state();
+        if let Some(s) = &st.session {
+            // A concurrent call made one first: use it, drop ours (closes it).
+            return Ok((s.client.clone(), s.gen));
+        }
+        st.next_gen += 1;
+        let gen = st.next_gen;
+        st.lost = None;
+        st.session = Some(Session {
+            gen,
+            id: client.session_id().0,
+            client: client.clone(),
+            timeout,
+            grant_ttl,
+            last_grant: Grant {
+                sent_at,
+                ttl: grant_ttl,
+            },
+            node: None,
+            create_unconfirmed: false,
+            leading: false,
+        });
+        drop(st);
+        tracing::debug!(session = %client.session_id(), ?timeout, "zookeeper candidacy session");
+        spawn_watchdog(Arc::downgrade(self), gen);
+        Ok((client, gen))
+    }
+
+    /// Ends the candidacy session `gen` (if still current); `lost` is kept for the next `renew`.
+    fn end_session(&self, gen: u64, lost: Option<String>) -> Option<zkc::Client> {
+        let mut st = self.state();
+        if st.session.as_ref().is_some_and(|s| s.gen == gen) {
+            let s = st.session.take().expect("checked");
+            st.lost = lost;
+            Some(s.client)
+        } else {
+            None
+        }
+    }
+
+    fn note_grant(&self, gen: u64, g: Grant) {
+        let mut st = self.state();
+        if let Some(s) = st.session.as_mut().filter(|s| s.gen == gen) {
+            if g.sent_at > s.last_grant.sent_at {
+                s.last_grant = g;
+            }
+        }
+    }
+
+    /// Ensures the election path exists (`mkdir -p`).
+    async fn ensure_path(&self, client: &zkc::Client) -> Result<(), ZkFailure> {
+        count("create");
+        let opts = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        self.bounded(client.mkdir(&self.path, &opts)).await
+    }
+
+    /// Our candidacy znode in session `gen`: the recorded one, an adopted one whose create answer
+    /// was lost, or a new one.
+    async fn ensure_node(&self, client: &zkc::Client, gen: u64) -> ElectorResult<Node> {
+        let (id, existing, unconfirmed) = {
+            let st = self.state();
+            match st.session.as_ref().filter(|s| s.gen == gen) {
+                Some(s) => (s.id, s.node.clone(), s.create_unconfirmed),
+                None => return Err(ElectorError::LeaseLost("session ended".into())),
+            }
+        };
+        if let Some(n) = existing {
+            return Ok(n);
+        }
+        let prefix = Self::own_prefix(id);
+        if unconfirmed {
+            if let Some(n) = self
+                .adopt(client, &prefix)
+                .await
+                .map_err(|e| e.into_err())?
+            {
+                return self.record_node(gen, n);
+            }
+        }
+        {
+            let mut st = self.state();
+            match st.session.as_mut().filter(|s| s.gen == gen) {
+                Some(s) => s.create_unconfirmed = true,
+                None => return Err(ElectorError::LeaseLost("session ended".into())),
+            }
+        }
+        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let base = self.child(&prefix);
+        for attempt in 0..2 {
+            count("create");
+            match self.bounded(client.create(&base, &self.value, &opts)).await {
+                Ok((stat, seq)) => {
+                    let name = format!("{prefix}{seq}");
+                    let node = Node {
+                        path: self.child(&name),
+                        name,
+                        czxid: stat.czxid,
+                    };
+                    return self.record_node(gen, node);
+                }
+                Err(ZkFailure::Other(zkc::Error::NoNode)) if attempt == 0 => {
+                    self.ensure_path(client).await.map_err(|e| e.into_err())?;
+                }
+                Err(e) => return Err(e.into_err()),
+            }
+        }
+        Err(ElectorError::Unavailable(format!(
+            "zookeeper: cannot create candidacy under {}",
+            self.path
+        )))
+    }
+
+    /// Finds our own znode(s) by the session prefix; keeps the lowest, deletes any others.
+    async fn adopt(&self, client: &zkc::Client, prefix: &str) -> Result<Option<Node>, ZkFailure> {
+        count("campaign-list");
+        let children = match self.bounded(client.list_children(&self.path)).await {
+            Ok(c) => c,
+            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let ours: Vec<(i64, String)> = queue(children)
+            .into_iter()
+            .filter(|(_, n)| n.starts_with(prefix))
+            .collect();
+        let Some((_, first)) = ours.first().cloned() else {
+            return Ok(None);
+        };
+        for (_, extra) in &ours[1..] {
+            count("delete");
+            let _ = self.bounded(client.delete(&self.child(extra), None)).await;
+        }
+        count("campaign-exists");
+        match self.bounded(client.check_stat(&self.child(&first))).await? {
+            Some(stat) => Ok(Some(Node {
+                path: self.child(&first),
+                name: first,
+                czxid: stat.czxid,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    fn record_node(&self, gen: u64, node: Node) -> ElectorResult<Node> {
+        let mut st = self.state();
+        match st.session.as_mut().filter(|s| s.gen == gen) {
+            Some(s) => {
+                s.node = Some(node.clone());
+                s.create_unconfirmed = false;
+                Ok(node)
+            }
+            None => Err(ElectorError::LeaseLost(
+                "session ended while creating the candidacy".into(),
+            )),
+        }
+    }
+
+    /// The read-only session, (re)connected when needed.
+    async fn reader(&self) -> ElectorResult<zkc::Client> {
+        let mut guard = self.reader.lock().await;
+        if let Some(c) = guard.as_ref() {
+            if !c.state().is_terminated() {
+                return Ok(c.clone());
+            }
+        }
+        let c = self.new_client().await?;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn reset_reader(&self) {
+        *self.reader.lock().await = None;
+    }
+
+    /// The lowest child and its data (with a watch on it when `watch`). `None`: no candidate.
+    async fn lowest(
+        &self,
+        client: &zkc::Client,
+        watch: bool,
+    ) -> Result<Option<(LeaderInfo, Option<zkc::OneshotWatcher>)>, ZkFailure> {
+        for _ in 0..5 {
+            count("read-list");
+            let children = match self.bounded(client.list_children(&self.path)).await {
+                Ok(c) => c,
+                Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let Some((_, first)) = queue(children).into_iter().next() else {
+                return Ok(None);
+            };
+            count("read-get");
+            let path = self.child(&first);
+            let got = if watch {
+                self.bounded(client.get_and_watch_data(&path))
+                    .await
+                    .map(|(d, _, w)| (d, Some(w)))
+            } else {
+                self.bounded(client.get_data(&path))
+                    .await
+                    .map(|(d, _)| (d, None))
+            };
+            match got {
+                Ok((data, w)) => return Ok(Some((LeaderInfo::decode(&data), w))),
+                // Gone between the list and the read: look again.
+                Err(ZkFailure::Other(zkc::Error::NoNode)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ZkFailure::Other(zkc::Error::UnexpectedError(
+            "the election's lowest child keeps vanishing".into(),
+        )))
+    }
+}
+
+/// A failed request, before it becomes an [`ElectorError`].
+enum ZkFailure {
+    SessionOver(String),
+    Other(zkc::Error),
+    Timeout(Duration),
+}
+
+impl ZkFailure {
+    fn into_err(self) -> ElectorError {
+        match self {
+            ZkFailure::SessionOver(e) => {
+                ElectorError::LeaseLost(format!("zookeeper session ended: {e}"))
+            }
+            ZkFailure::Other(e) => ElectorError::Unavailable(format!("zookeeper: {e}")),
+            ZkFailure::Timeout(t) => {
+                ElectorError::Unavailable(format!("zookeeper did not answer within {t:?}"))
+            }
+        }
+    }
+}
+
+/// Closes candidacy session `gen` when no renewal succeeded within its last grant.
+fn spawn_watchdog(inner: Weak<Inner>, gen: u64) {
+    tokio::spawn(async move {
+        loop {
+            let deadline = {
+                let Some(inner) = inner.upgrade() else { return };
+                let st = inner.state();
+                match st.session.as_ref().filter(|s| s.gen == gen) {
+                    Some(s) => s.last_grant.sent_at + s.last_grant.ttl,
+                    None => return,
+                }
+            };
+            tokio::time::sleep_until(deadline.into()).await;
+            let Some(inner) = inner.upgrade() else { return };
+            let expired = {
+                let st = inner.state();
+                match st.session.as_ref().filter(|s| s.gen == gen) {
+                    Some(s) => {
+                        let end = s.last_grant.sent_at + s.last_grant.ttl;
+                        (Instant::now() >= end).then_some((s.id, s.timeout, s.leading))
+                    }
+                    None => return,
+                }
+            };
+            if let Some((id, timeout, leading)) = expired {
+                let why = format!(
+                    "no renewal of zookeeper session {id:#x} succeeded within its grant \
+                     (2/3 of the {timeout:?} session timeout): session closed"
+                );
+                tracing::warn!(leading, "{why}");
+                // Dropping the last client handle closes the session; its znode goes with it.
+                drop(inner.end_session(gen, Some(why)));
+                return;
+            }
+        }
+    });
+}
+
+impl ZkElector {
+    pub async fn connect(cfg: &NodeConfig) -> ElectorResult<ZkElector> {
+        let path = cfg.zk.election_path.trim_end_matches('/').to_owned();
+        if !path.starts_with('/') || path.len() < 2 {
+            return Err(ElectorError::Config(format!(
+                "zk.election_path {:?} must be an absolute znode path below /",
+                cfg.zk.election_path
+            )));
+        }
+        if cfg.zk.connect.trim().is_empty() {
+            return Err(ElectorError::Config("zk.connect is empty".into()));
+        }
+        let timeout = Duration::from_millis(cfg.zk.request_timeout_ms.max(1));
+        let me = LeaderInfo {
+            node_id: cfg.node_id.clone(),
+            http_addr: cfg.advertise_addr.clone(),
+        };
+        Ok(ZkElector {
+            inner: Arc::new(Inner {
+                connect: cfg.zk.connect.clone(),
+                path,
+                value: me.encode(),
+                requested_timeout: cfg.lease_ttl(),
+                timeout,
+                connect_timeout: (timeout * 3).max(Duration::from_secs(2)),
+                state: StdMutex::new(State::default()),
+                reader: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl Elector for ZkElector {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Zk
+    }
+
+    async fn campaign(&self) -> ElectorResult<Win> {
+        let inner = &self.inner;
+        let (client, gen) = inner.candidacy_session().await?;
+        {
+            let st = inner.state();
+            if st
+                .session
+                .as_ref()
+                .is_some_and(|s| s.gen == gen && s.leading)
+            {
+                return Err(ElectorError::Unavailable(
+                    "campaign while already leading".into(),
+                ));
+            }
+        }
+        drop(client);
+        loop {
+            // Never hold a client handle while waiting: dropping the session must close it.
+            let client = {
+                let st = inner.state();
+                match st.session.as_ref().filter(|s| s.gen == gen) {
+                    Some(s) if !s.client.state().is_terminated() => s.client.clone(),
+                    _ => {
+                        return Err(ElectorError::LeaseLost(
+                            "zookeeper session ended while campaigning".into(),
+                        ))
+                    }
+                }
+            };
+            let node = inner.ensure_node(&client, gen).await?;
+            // `sync` first: the listing (and the grant) then reflect the ensemble's leader.
+            let sent_at = Instant::now();
+            count("campaign-sync");
+            count("campaign-list");
+            let sync = client.sync(&inner.path);
+            let list = client.list_children(&inner.path);
+            let (synced, listed) =
+                match tokio::time::timeout(inner.timeout, async { (sync.await, list.await) }).await
+                {
+                    Ok(r) => r,
+                    Err(_) => return Err(ZkFailure::Timeout(inner.timeout).into_err()),
+                };
+            let children = match synced.and(listed) {
+                Ok(c) => c,
+                Err(e) if session_over(&e) => {
+                    return Err(ZkFailure::SessionOver(e.to_string()).into_err())
+                }
+                Err(e) => return Err(ZkFailure::Other(e).into_err()),
+            };
+            let q = queue(children);
+            match q.iter().position(|(_, n)| *n == node.name) {
+                None => {
+                    // Our znode is gone while the session lives (deleted by someone else):
+                    // queue again with a new one.
+                    let mut st = inner.state();
+                    if let Some(s) = st.session.as_mut().filter(|s| s.gen == gen) {
+                        s.node = None;
+                    }
+                    continue;
+                }
+                Some(0) => {
+                    let grant = {
+                        let mut st = inner.state();
+                        let Some(s) = st.session.as_mut().filter(|s| s.gen == gen) else {
+                            return Err(ElectorError::LeaseLost(
+                                "zookeeper session ended while campaigning".into(),
+                            ));
+                        };
+                        let g = Grant {
+                            sent_at,
+                            ttl: s.grant_ttl,
+                        };
+                        if g.sent_at > s.last_grant.sent_at {
+                            s.last_grant = g;
+                        }
+                        s.leading = true;
+                        s.last_grant
+                    };
+                    return Ok(Win {
+                        token: FenceToken(node.czxid),
+                        grant,
+                    });
+                }
+                Some(i) => {
+                    let pred = inner.child(&q[i - 1].1);
+                    count("watch-predecessor");
+                    let watched = inner.bounded(client.check_and_watch_stat(&pred)).await;
+                    drop(client);
+                    match watched {
+                        Ok((None, _)) => continue, // already gone: look again
+                        Ok((Some(_), watcher)) => {
+                            // Fires on the predecessor's deletion, or when our session ends.
+                            let _ = watcher.changed().await;
+                        }
+                        Err(e) => return Err(e.into_err()),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn renew(&self) -> ElectorResult<Option<Grant>> {
+        let inner = &self.inner;
+        let (client, gen, node, grant_ttl) = {
+            let mut st = inner.state();
+            match st.session.as_ref() {
+                None => {
+                    return match st.lost.take() {
+                        Some(why) => Err(ElectorError::LeaseLost(why)),
+                        None => Ok(None),
+                    }
+                }
+                Some(s) if s.client.state().is_terminated() => {
+                    let why = format!(
+                        "zookeeper session {:#x} is {}",
+                        s.id,
+                        match s.client.state() {
+                            SessionState::Expired => "expired",
+                            SessionState::AuthFailed => "refused (auth failed)",
+                            _ => "closed",
+                        }
+                    );
+                    st.session = None;
+                    st.lost = None;
+                    return Err(ElectorError::LeaseLost(why));
+                }
+                Some(s) => (
+                    s.client.clone(),
+                    s.gen,
+                    s.node.as_ref().map(|n| n.path.clone()),
+                    s.grant_ttl,
+                ),
+            }
+        };
+        let sent_at = Instant::now();
+        count("renew-sync");
+        let sync = client.sync(&inner.path);
+        let exists = node.as_ref().map(|p| {
+            count("renew-exists");
+            client.check_stat(p)
+        });
+        let answer = tokio::time::timeout(inner.timeout, async {
+            let s = sync.await;
+            let e = match exists {
+                Some(f) => Some(f.await),
+                None => None,
+            };
+            (s, e)
+        })
+        .await;
+        let (synced, existed) = match answer {
+            Ok(r) => r,
+            Err(_) => return Err(ZkFailure::Timeout(inner.timeout).into_err()),
+        };
+        let failure = match (synced, existed) {
+            (Err(zkc::Error::NoNode), None) => None, // election path not created yet: still a round trip
+            (Err(e), _) | (Ok(()), Some(Err(e))) => Some(e),
+            (Ok(()), Some(Ok(None))) => {
+                let why = format!(
+                    "our candidacy znode {} is gone while the session lives",
+                    node.unwrap_or_default()
+                );
+                drop(client);
+                drop(inner.end_session(gen, None));
+                return Err(ElectorError::LeaseLost(why));
+            }
+            (Ok(()), _) => None,
+        };
+        if let Some(e) = failure {
+            if session_over(&e) {
+                drop(client);
+                drop(inner.end_session(gen, None));
+                return Err(ElectorError::LeaseLost(format!(
+                    "zookeeper session ended: {e}"
+                )));
+            }
+            return Err(ElectorError::Unavailable(format!("zookeeper: {e}")));
+        }
+        let grant = Grant {
+            sent_at,
+            ttl: grant_ttl,
+        };
+        // A grant that arrives after the local watchdog gave the session up revives nothing.
+        let st = inner.state();
+        if st.session.as_ref().is_none_or(|s| s.gen != gen) {
+            return Err(ElectorError::LeaseLost(
+                "zookeeper session closed: no renewal within the grant".into(),
+            ));
+        }
+        drop(st);
+        inner.note_grant(gen, grant);
+        Ok(Some(grant))
+    }
+
+    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
+        if successor.is_some() {
+            return Err(ElectorError::Unsupported {
+                backend: BackendKind::Zk,
+                what: "naming a successor",
+            });
+        }
+        let inner = &self.inner;
+        let (client, gen, node) = {
+            let mut st = inner.state();
+            match st.session.as_mut() {
+                Some(s) if s.leading => {
+                    s.leading = false;
+                    (s.client.clone(), s.gen, s.node.take())
+                }
+                _ => return Ok(()),
+            }
+        };
+        let Some(node) = node else { return Ok(()) };
+        count("delete");
+        match inner.bounded(client.delete(&node.path, None)).await {
+            Ok(()) | Err(ZkFailure::Other(zkc::Error::NoNode)) => Ok(()),
+            Err(e) => {
+                // The znode may still lead the queue: give the whole session up instead (its
+                // ephemeral znode goes with it), or everyone would wait behind it.
+                drop(client);
+                drop(inner.end_session(gen, None));
+                Err(e.into_err())
+            }
+        }
+    }
+
+    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
+        let inner = &self.inner;
+        let client = inner.reader().await?;
+        match inner.lowest(&client, false).await {
+            Ok(found) => Ok(found.map(|(info, _)| info)),
+            Err(e) => {
+                if matches!(e, ZkFailure::SessionOver(_)) {
+                    inner.reset_reader().await;
+                }
+                Err(e.into_err())
+            }
+        }
+    }
+
+    /// A native watch: the lowest child's data with a watch on it (fires when it goes), or the
+    /// children with a watch when nobody is a candidate. Re-checked every `30 × every` when quiet (a ZooKeeper watch fires or the session ends).
+    async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
+        let inner = &self.inner;
+        while !tx.is_closed() {
+            let client = match inner.reader().await {
+                Ok(c) => c,
+                Err(_) => {
+                    tokio::time::sleep(every).await;
+                    continue;
+                }
+            };
+            let watcher = match inner.lowest(&client, true).await {
+                Ok(Some((info, w))) => {
+                    tx.send_if_modified(|cur| {
+                        let changed = cur.as_ref() != Some(&info);
+                        *cur = Some(info.clone());
+                        changed
+                    });
+                    w
+                }
+                Ok(None) => {
+                    tx.send_if_modified(|cur| cur.take().is_some());
+                    count("read-watch-children");
+                    match inner
+                        .bounded(client.list_and_watch_children(&inner.path))
+                        .await
+                    {
+                        Ok((_, w)) => Some(w),
+                        Err(_) => None, // no election path yet: poll
+                    }
+                }
+                Err(e) => {
+                    if matches!(e, ZkFailure::SessionOver(_)) {
+                        inner.reset_reader().await;
+                    }
+                    None
+                }
+            };
+            drop(client);
+            match watcher {
+                Some(w) => {
+                    let _ = tokio::time::timeout(every * 30, w.changed()).await;
+                }
+                None => tokio::time::sleep(every).await,
+            }
+        }
+    }
+
+    async fn close(&self) -> ElectorResult<()> {
+        let inner = &self.inner;
+        let session = {
+            let mut st = inner.state();
+            st.lost = None;
+            st.session.take()
+        };
+        let Some(s) = session else { return Ok(()) };
+        if let Some(node) = &s.node {
+            count("delete");
+            let _ = inner.bounded(s.client.delete(&node.path, None)).await;
+        }
+        // Dropping the last handle sends closeSession; wait (bounded) until it is done, so no
+        // candidacy of ours outlives close().
+        let mut watcher = s.client.state_watcher();
+        drop(s);
+        let _ = tokio::time::timeout(inner.timeout, async {
+            let mut state = watcher.state();
+            while !state.is_terminated() {
+                state = watcher.changed().await;
+            }
+        })
+        .await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_orders_by_trailing_sequence_of_any_recipe() {
+        let q = queue(vec![
+            "c_00000000000000ab_0000000012".into(),
+            "_c_2f1e-latch-0000000003".into(),
+            "c_00000000000000aa_0000000007".into(),
+            "not-a-candidate".into(),
+        ]);
+        let names: Vec<&str> = q.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "_c_2f1e-latch-0000000003",
+                "c_00000000000000aa_0000000007",
+                "c_00000000000000ab_0000000012"
+            ]
+        );
+        assert_eq!(sequence_of("c_00000000000000ab_0000000012"), Some(12));
+        assert_eq!(sequence_of("x"), None);
+    }
+}
