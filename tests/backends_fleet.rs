@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use baton::fleet::client::NodeClient;
 use baton::fleet::FleetNode;
-use common::{next_anywhere, repo_path, Fleet};
+use common::{next_anywhere, Fleet};
 
 const SETTLE: Duration = Duration::from_secs(40);
 
@@ -482,60 +482,3 @@ fn strip_ansi(text: &str) -> String {
     out
 }
 
-/// Five kills per backend; writes `experiments/results/failover/<backend>-requests.json`.
-/// `BACKENDS=zk,etcd cargo test --test backends_fleet measure -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (~1 min per backend), run by hand"]
-async fn measure_requests_per_election() {
-    let _serial = serial();
-    let list =
-        std::env::var("BACKENDS").unwrap_or_else(|_| "etcd,redis,redis-naive,pg-lease,zk".into());
-    for backend in list.split(',').map(str::trim).filter(|b| !b.is_empty()) {
-        let fleet = Fleet::up_with(backend, 3, &[]);
-        fleet.leader(SETTLE).await;
-        let load = Load::start(&fleet);
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        let mut kills = Vec::new();
-        for trial in 0..5 {
-            let k = kill_leader(&fleet, backend).await;
-            eprintln!(
-                "{backend} trial {}: failover {:.0} ms, {} requests {:?} {:?}",
-                trial + 1,
-                k.failover_ms,
-                k.requests_total,
-                k.requests_by_kind,
-                k.requests
-            );
-            fleet.start(&k.old_leader);
-            tokio::time::sleep(Duration::from_millis(2000)).await;
-            kills.push(k);
-        }
-        let got = load.finish().await;
-        check_seq(&fleet, backend, &got).await;
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
-        let report = serde_json::json!({
-            "backend": backend,
-            "measure": "requests = increase of baton_backend_requests_total summed over the surviving nodes, from the kill -9 of the leader until a new leader is observed on /status (polled every 100 ms); failover_ms from baton.fence_log as in `baton bench failover`",
-            "config": format!("config/{backend}.toml"),
-            "median": {
-                "failover_ms": median(kills.iter().map(|k| k.failover_ms).collect()),
-                "requests_total": median(kills.iter().map(|k| k.requests_total as f64).collect()),
-                "campaign": median(kills.iter().map(|k| *k.requests_by_kind.get("campaign").unwrap_or(&0) as f64).collect()),
-                "renew": median(kills.iter().map(|k| *k.requests_by_kind.get("renew").unwrap_or(&0) as f64).collect()),
-                "read": median(kills.iter().map(|k| *k.requests_by_kind.get("read").unwrap_or(&0) as f64).collect()),
-                "observed_ms": median(kills.iter().map(|k| k.observed_ms).collect()),
-            },
-            "trials": kills,
-            "ids_served": got.len(),
-        });
-        let out = repo_path(&format!(
-            "experiments/results/failover/{backend}-requests.json"
-        ));
-        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
-        std::fs::write(&out, serde_json::to_vec_pretty(&report).unwrap()).unwrap();
-        eprintln!("{backend}: {}", report["median"]);
-    }
-}

@@ -115,6 +115,9 @@ pub struct Trial {
     pub client_gap_ms: f64,
     /// The client's monotonic clock: kill / step-down request sent → first 200 from the new leader.
     pub detect_ms: f64,
+    /// Requests the surviving nodes sent to the election backend from just before the kill until
+    /// the new leader served (`baton_backend_requests_total`; raft counts none: no external service).
+    pub backend_requests_per_election: Option<u64>,
     /// The step-down report (`--stepdown` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stepdown: Option<serde_json::Value>,
@@ -405,6 +408,8 @@ async fn run_trials(
             .map(|(_, a)| a.clone())
             .ok_or_else(|| anyhow!("unknown node {}", old.node))?;
         let old_pid = state.node(&old.node)?.pid;
+        let waiters: Vec<String> = nodes.iter().filter(|(id, _)| *id != old.node).map(|(_, a)| a.clone()).collect();
+        let requests_before = backend_requests(&client, &waiters).await;
 
         let trigger_at = Instant::now();
         let mut stepdown = None;
@@ -451,6 +456,11 @@ async fn run_trials(
             .map(|(from, to)| (to.clone(), ms(to.at.saturating_duration_since(from.at))))
             .unwrap_or((new, f64::NAN));
         let detect_ms = ms(new.at.saturating_duration_since(trigger_at));
+        // Calls the waiting nodes made to the backend while the old lease ran out and one of them won.
+        let backend_requests_per_election = match (requests_before, backend_requests(&client, &waiters).await) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
 
         if !args.stepdown {
             // Restart the killed node with its state dir, so the fleet stays at N.
@@ -500,13 +510,14 @@ async fn run_trials(
         n += 1;
         refused = 0;
         println!(
-            "trial {n:>3}: {} (token {}) -> {} (token {}): {} {failover_ms:>8.1} ms (client gap {client_gap_ms:.1} ms, served {detect_ms:.1} ms after the {})",
+            "trial {n:>3}: {} (token {}) -> {} (token {}): {} {failover_ms:>8.1} ms (client gap {client_gap_ms:.1} ms, served {detect_ms:.1} ms after the {}; backend requests {})",
             old.node,
             old.token,
             new_holder,
             new_token,
             if args.stepdown { "dark" } else { "failover" },
             if args.stepdown { "step-down request" } else { "kill" },
+            backend_requests_per_election.map(|r| r.to_string()).unwrap_or_else(|| "?".into()),
         );
         trials.push(Trial {
             trial: n,
@@ -517,10 +528,25 @@ async fn run_trials(
             failover_ms,
             client_gap_ms,
             detect_ms,
+            backend_requests_per_election,
             stepdown,
         });
     }
     Ok(())
+}
+
+/// Sum of `baton_backend_requests_total` over the given nodes (None if one does not answer).
+async fn backend_requests(client: &NodeClient, addrs: &[String]) -> Option<u64> {
+    let mut total = 0.0;
+    for addr in addrs {
+        let reply = client.get(addr, "/metrics").await.ok()?;
+        total += String::from_utf8_lossy(&reply.body)
+            .lines()
+            .filter(|l| l.starts_with(crate::backends::BACKEND_REQUESTS) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Some(total as u64)
 }
 
 async fn wait_served(
