@@ -74,6 +74,11 @@ impl NodeShared {
         }
     }
 
+    /// Whether this node currently holds a term (the cheap check on the `/next` hot path).
+    pub fn is_leading(&self) -> bool {
+        self.term.read().map(|t| t.token.is_some()).unwrap_or(false)
+    }
+
     pub fn status(&self) -> Status {
         let t = self.term.read().map(|g| *g).unwrap_or_default();
         let leader = self.leader.borrow().clone();

@@ -1,7 +1,7 @@
 //! Request routing and the handlers. Every refusal is a precise status with a JSON body
 //! `{"error": "...", ...}`, and a refused request changes nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -208,7 +208,6 @@ fn not_leader(app: &HttpApp) -> Resp {
 }
 
 async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
-    let started = Instant::now();
     let mut n: Option<u32> = None;
     match query_pairs(&req, &["n"]) {
         Ok(pairs) => {
@@ -248,11 +247,10 @@ async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
             format!("n must be an integer in 1..={}", app.max_block),
         );
     }
-    if app.shared.status().fence_token.is_none() {
+    if !app.shared.is_leading() {
         return not_leader(app);
     }
     let res = app.sequencer.next(n, NEXT_TIMEOUT).await;
-    let _ = started;
     match res {
         Ok(block) if n == 1 => json_resp(
             StatusCode::OK,
@@ -263,7 +261,7 @@ async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
             json!({ "token": block.token, "seq": block.first, "first": block.first, "last": block.last, "n": n }),
         ),
         Err(NextCallError::NotRunning) | Err(NextCallError::Next(NextError::Demoting)) => {
-            if app.shared.status().fence_token.is_none() {
+            if !app.shared.is_leading() {
                 not_leader(app)
             } else {
                 error(
