@@ -15,6 +15,8 @@
 //! load/              open-loop load on POST /next: the client history + HDR latency (`baton load`)
 //! check/             the history checker: one invariant per file over the ledger + histories (`baton check`)
 //! bench/             `baton bench failover`: kill -9 / step-down trials, failover from fence_log
+//! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
+//! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
 //! metrics.rs         metric names and the Prometheus recorder
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
@@ -35,8 +37,10 @@ pub mod actors;
 pub mod backends;
 pub mod check;
 pub mod bench;
+pub mod chaos;
 pub mod clock;
 pub mod config;
+pub mod exp;
 pub mod fleet;
 pub mod http;
 pub mod load;

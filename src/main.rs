@@ -38,6 +38,10 @@ enum Cmd {
     Load(baton::load::LoadArgs),
     /// Check the fence ledger and client histories against the invariants; non-zero exit on a violation.
     Check(baton::check::CheckArgs),
+    /// Faults against a running fleet: kill-leader, partition-leader, gc-pause-leader, skew, heal.
+    Chaos(baton::chaos::ChaosArgs),
+    /// Run an experiment (`experiments/NAME.toml`) and write `experiments/results/NAME/`.
+    Exp(baton::exp::ExpArgs),
     /// Apply the fenced resource's roles and schema (as a superuser); optionally flip its fencing switch.
     Migrate {
         #[arg(long)]
@@ -110,6 +114,10 @@ enum FleetCmd {
         /// With --foreground: stop by itself after this long (e.g. 20s).
         #[arg(long = "for", value_parser = parse_duration_ms)]
         run_for: Option<u64>,
+        /// One network namespace per node behind a bridge (needs root): for `baton chaos
+        /// partition-leader`. Removed again by `fleet down`.
+        #[arg(long)]
+        netns: bool,
     },
     /// Print each node's id, pid, HTTP address, role and token.
     Status {
@@ -236,6 +244,8 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Load(args) => baton::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton::check::cli_main(args).await?),
         Cmd::Bench { cmd } => baton::bench::run(cmd).await,
+        Cmd::Exp(args) => std::process::exit(baton::exp::cli_main(args).await?),
+        Cmd::Chaos(args) => baton::chaos::cli_main(args).await,
     }
 }
 
@@ -250,6 +260,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             lease_ttl,
             foreground,
             run_for,
+            netns,
         } => {
             let base_config = config.or_else(|| {
                 let p = PathBuf::from(format!("config/{}.toml", backend.as_str()));
@@ -264,7 +275,11 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 lease_ttl_ms: lease_ttl,
                 node_args: Vec::new(),
             };
-            let state = fleet::up(&spec).await?;
+            let state = if netns {
+                baton::chaos::netns::up_interruptible(&spec).await?
+            } else {
+                fleet::up(&spec).await?
+            };
             println!(
                 "fleet up in {}: {} nodes on {}, PostgreSQL on 127.0.0.1:{}",
                 state.dir.display(),
@@ -272,6 +287,17 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 backend,
                 state.postgres.port
             );
+            if let Some(n) = &state.netns {
+                println!(
+                    "network namespaces {}-n1..n{} on bridge {} ({}): PostgreSQL via {}, election backend via {}",
+                    n.bridge,
+                    n.nodes.len(),
+                    n.bridge,
+                    n.subnet,
+                    n.gateway,
+                    n.election
+                );
+            }
             let rows = wait_for_leader(&state, Duration::from_secs(30)).await;
             fleet::print_status(&rows);
             if foreground {

@@ -182,7 +182,10 @@ pub fn probe_all(
         .collect();
     handles
         .into_iter()
-        .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("probe thread panicked"))))
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow!("probe thread panicked")))
+        })
         .collect()
 }
 
@@ -312,13 +315,28 @@ impl NetnsFleet {
     fn build(&self) -> anyhow::Result<()> {
         let br = self.bridge.as_str();
         run(&["ip", "link", "add", br, "type", "bridge"])?;
-        run(&["ip", "addr", "add", &format!("{}/24", self.gateway), "dev", br])?;
-        run(&["ip", "addr", "add", &format!("{}/24", self.election), "dev", br])?;
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", self.gateway),
+            "dev",
+            br,
+        ])?;
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", self.election),
+            "dev",
+            br,
+        ])?;
         run(&["ip", "link", "set", br, "up"])?;
         for n in &self.nodes {
             run(&["ip", "netns", "add", &n.ns])?;
             run(&[
-                "ip", "link", "add", &n.veth, "type", "veth", "peer", "name", "eth0", "netns", &n.ns,
+                "ip", "link", "add", &n.veth, "type", "veth", "peer", "name", "eth0", "netns",
+                &n.ns,
             ])?;
             run(&["ip", "link", "set", &n.veth, "master", br])?;
             run(&["ip", "link", "set", &n.veth, "up"])?;
@@ -349,7 +367,10 @@ impl NetnsFleet {
             if existing.contains(&n.ns) {
                 // Only our node processes can be inside; a stopped one needs SIGCONT to die fast.
                 let pids = run(&["ip", "netns", "pids", &n.ns]).unwrap_or_default();
-                for pid in pids.split_whitespace().filter_map(|p| p.parse::<u32>().ok()) {
+                for pid in pids
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok())
+                {
                     // SAFETY: kill(2) on a process inside a namespace we created.
                     unsafe {
                         libc::kill(pid as i32, libc::SIGCONT);
@@ -468,8 +489,10 @@ impl NetnsFleet {
         let port = http_ports[index];
         cfg.http_listen = SocketAddr::from((me.ip, port));
         cfg.advertise_addr = Some(format!("{}:{port}", me.ip));
-        cfg.resource.database_url =
-            format!("postgres://baton_app@{}:{}/baton", self.gateway, postgres.port);
+        cfg.resource.database_url = format!(
+            "postgres://baton_app@{}:{}/baton",
+            self.gateway, postgres.port
+        );
         if let Some(e) = etcd {
             cfg.etcd.endpoints = e
                 .members
@@ -589,20 +612,28 @@ pub fn cleanup_dir(dir: &Path) -> anyhow::Result<Vec<String>> {
     Ok(left)
 }
 
-/// `fleet up --netns` for the CLI: on Ctrl-C the half-built fleet is stopped and its namespaces
-/// removed (dropping the `up` future drops its [`NetnsGuard`]).
+/// `fleet up --netns` for the CLI. On Ctrl-C it lets the start-up finish (so every server it
+/// started is recorded), then stops the whole fleet and removes its namespaces. (A library caller
+/// that drops the `up` future still gets the namespaces removed, by [`NetnsGuard`].)
 pub async fn up_interruptible(spec: &FleetSpec) -> anyhow::Result<FleetState> {
+    let up = crate::fleet::up_netns(spec);
+    tokio::pin!(up);
     tokio::select! {
-        r = crate::fleet::up_netns(spec) => r,
+        r = &mut up => r,
         _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted: finishing start-up, then stopping everything it started...");
+            let started = up.await;
             let dir = spec.dir.clone();
-            tokio::task::spawn_blocking(move || {
-                if let Ok(state) = FleetState::load(&dir) {
+            let left = tokio::task::spawn_blocking(move || {
+                if let Ok(state) = started {
                     state.down();
                 }
                 cleanup_dir(&dir)
             })
             .await??;
+            if !left.is_empty() {
+                bail!("interrupted; could not remove {left:?}");
+            }
             bail!("interrupted: the fleet was stopped and its namespaces removed")
         }
     }

@@ -268,6 +268,17 @@ pub async fn partition_leader(
     length: Duration,
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
-    let _ = (state, length, scheduled_ms);
-    bail!("partition-leader needs the chaos module (network namespaces)")
+    let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let (_, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
+    let r = crate::chaos::partition_leader(&snapshot, length).await?;
+    Ok(FaultRecord {
+        kind: FaultKind::PartitionLeader,
+        node: r.node.clone(),
+        token_before: Some(token),
+        scheduled_ms,
+        applied_at_mono_ns: r.applied_at_mono_ns,
+        healed_at_mono_ns: (r.healed_at_mono_ns > 0).then_some(r.healed_at_mono_ns),
+        verified: r.verified,
+        detail: r.detail,
+    })
 }

@@ -45,6 +45,9 @@ pub struct FleetState {
     #[serde(default)]
     pub zk: Option<ZkEnsemble>,
     pub nodes: Vec<FleetNode>,
+    /// `fleet up --netns`: the bridge and per-node namespaces (`crate::chaos::netns`).
+    #[serde(default)]
+    pub netns: Option<crate::chaos::netns::NetnsFleet>,
 }
 
 /// What `baton fleet up` was asked for.
@@ -104,7 +107,10 @@ impl FleetState {
         if pid_alive(node.pid) {
             bail!("node {id} is already running as pid {}", node.pid);
         }
-        let mut cmd = Command::new(exe);
+        let mut cmd = match self.netns.as_ref().and_then(|n| n.ns_of(id)) {
+            Some(ns) => crate::chaos::netns::command_in(ns, &exe),
+            None => Command::new(exe),
+        };
         cmd.arg("node").arg("--config").arg(&node.config);
         node.pid = spawn_detached(&mut cmd, &node.log)?;
         let pid = node.pid;
@@ -137,11 +143,29 @@ impl FleetState {
             zk.stop();
         }
         self.postgres.stop();
+        if let Some(net) = &self.netns {
+            let left = net.teardown();
+            if left.is_empty() {
+                let _ = fs::remove_file(self.dir.join(crate::chaos::netns::NETNS_FILE));
+            } else {
+                eprintln!("fleet down: could not remove {left:?}");
+            }
+        }
     }
 }
 
 /// Starts the servers the backend needs, migrates the resource, and starts the nodes.
 pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
+    up_opts(spec, false).await
+}
+
+/// [`up`] with each node in its own network namespace behind a bridge (`crate::chaos::netns`),
+/// so `baton chaos partition-leader` can cut one node's paths. Needs root.
+pub async fn up_netns(spec: &FleetSpec) -> anyhow::Result<FleetState> {
+    up_opts(spec, true).await
+}
+
+async fn up_opts(spec: &FleetSpec, netns: bool) -> anyhow::Result<FleetState> {
     if spec.nodes == 0 {
         bail!("a fleet needs at least one node");
     }
@@ -169,13 +193,24 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         base.lease_ttl_ms = ttl;
     }
     base.validate().context("fleet node config")?;
+    // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
+    let mut net = crate::chaos::netns::NetnsGuard::new(
+        &dir,
+        if netns {
+            Some(crate::chaos::netns::NetnsFleet::create(&dir, spec.nodes)?)
+        } else {
+            None
+        },
+    );
 
     let pg_port = free_ports(1)?[0];
     let pg_root = dir.join("postgres");
+    let pg_listen = net.pg_listen();
     let postgres =
-        tokio::task::spawn_blocking(move || PgServer::start(&pg_root, pg_port)).await??;
+        tokio::task::spawn_blocking(move || PgServer::start_on(&pg_root, pg_port, &pg_listen))
+            .await??;
     // From here on, a failure stops what was already started.
-    let servers = start_backend_servers(spec, &dir, &base, &postgres).await;
+    let servers = start_backend_servers(spec, &dir, &base, &postgres, net.election_ip()).await;
     let (etcd, redis, zk) = match servers {
         Ok(s) => s,
         Err(e) => {
@@ -183,6 +218,12 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
             return Err(e);
         }
     };
+    if let Err(e) = net.attach_servers(redis.as_ref(), zk.as_ref()) {
+        redis.iter().for_each(RedisServer::stop);
+        zk.iter().for_each(ZkEnsemble::stop);
+        postgres.stop();
+        return Err(e);
+    }
 
     let ports = free_ports(spec.nodes)?;
     let mut nodes = Vec::new();
@@ -224,12 +265,19 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
                 postgres.port
             );
         }
+        if let Some(n) = net.get() {
+            let (e, r, z) = (etcd.as_ref(), redis.as_ref(), zk.as_ref());
+            n.node_config(i, &mut cfg, &ports, &postgres, e, r, z)?;
+        }
         let config = node_dir.join("config.toml");
         fs::write(&config, toml::to_string(&cfg)?)?;
         nodes.push(FleetNode {
             id,
             pid: 0,
-            http_addr: format!("127.0.0.1:{port}"),
+            http_addr: cfg
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| format!("127.0.0.1:{port}")),
             config,
             log: node_dir.join("node.log"),
         });
@@ -243,12 +291,14 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
         redis,
         zk,
         nodes,
+        netns: net.get().cloned(),
     };
     state.save()?;
     let ids: Vec<String> = state.nodes.iter().map(|n| n.id.clone()).collect();
     for id in ids {
         state.start_node(&id)?;
     }
+    net.disarm();
     Ok(state)
 }
 
@@ -257,6 +307,7 @@ async fn start_backend_servers(
     dir: &Path,
     base: &NodeConfig,
     postgres: &PgServer,
+    election_ip: Option<std::net::IpAddr>,
 ) -> anyhow::Result<(Option<EtcdCluster>, Option<RedisServer>, Option<ZkEnsemble>)> {
     crate::work::fence::migrate(&postgres.admin_url(), Some(spec.fencing == Fencing::On))
         .await
@@ -272,7 +323,9 @@ async fn start_backend_servers(
             };
             Ok((
                 Some(
-                    tokio::task::spawn_blocking(move || EtcdCluster::start(&root, 3, hb, el))
+                    tokio::task::spawn_blocking(move || {
+                        EtcdCluster::start_on(&root, 3, hb, el, election_ip)
+                    })
                         .await??,
                 ),
                 None,

@@ -202,6 +202,16 @@ impl PgServer {
 
     /// initdb (first time only) and start, then create the `baton` database.
     pub fn start(root: &Path, port: u16) -> Result<PgServer, ServerError> {
+        PgServer::start_on(root, port, &[])
+    }
+
+    /// [`PgServer::start`], also listening on `extra_listen` (a `--netns` fleet's bridge
+    /// addresses), with trust auth for clients on each one's /24 (our namespaces).
+    pub fn start_on(
+        root: &Path,
+        port: u16,
+        extra_listen: &[std::net::IpAddr],
+    ) -> Result<PgServer, ServerError> {
         let pg = PgServer {
             port,
             root: root.to_owned(),
@@ -238,8 +248,26 @@ impl PgServer {
                 });
             }
         }
+        let listen: Vec<String> = std::iter::once("127.0.0.1".to_string())
+            .chain(extra_listen.iter().map(|a| a.to_string()))
+            .collect();
+        let hba = pg.data_dir().join("pg_hba.conf");
+        for a in extra_listen {
+            let line = match a {
+                std::net::IpAddr::V4(v4) => {
+                    let o = v4.octets();
+                    format!("host all all {}.{}.{}.0/24 trust", o[0], o[1], o[2])
+                }
+                std::net::IpAddr::V6(v6) => format!("host all all {v6}/128 trust"),
+            };
+            let cur = fs::read_to_string(&hba).map_err(io("pg_hba.conf"))?;
+            if !cur.lines().any(|l| l.trim() == line) {
+                fs::write(&hba, format!("{cur}\n{line}\n")).map_err(io("pg_hba.conf"))?;
+            }
+        }
         let conf = format!(
-            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 200\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
+            "listen_addresses = '{}'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 200\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
+            listen.join(","),
             root.join("sock").display()
         );
         fs::write(pg.data_dir().join("postgresql.auto.conf"), conf)
@@ -363,6 +391,18 @@ impl EtcdCluster {
         heartbeat_ms: u64,
         election_ms: u64,
     ) -> Result<EtcdCluster, ServerError> {
+        EtcdCluster::start_on(root, n, heartbeat_ms, election_ms, None)
+    }
+
+    /// [`EtcdCluster::start`] with the client ports also listening on `extra_listen` (a
+    /// `--netns` fleet's election address); peers and advertised URLs stay on loopback.
+    pub fn start_on(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+        extra_listen: Option<std::net::IpAddr>,
+    ) -> Result<EtcdCluster, ServerError> {
         let etcd = which("etcd").ok_or(ServerError::Missing {
             what: "etcd (Debian package etcd-server)".into(),
             hint: INSTALL_HINT,
@@ -389,7 +429,10 @@ impl EtcdCluster {
                 .arg("--data-dir")
                 .arg(root.join(name))
                 .arg("--listen-client-urls")
-                .arg(format!("http://127.0.0.1:{cp}"))
+                .arg(match extra_listen {
+                    Some(ip) => format!("http://127.0.0.1:{cp},http://{ip}:{cp}"),
+                    None => format!("http://127.0.0.1:{cp}"),
+                })
                 .arg("--advertise-client-urls")
                 .arg(format!("http://127.0.0.1:{cp}"))
                 .arg("--listen-peer-urls")

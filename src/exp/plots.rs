@@ -1,0 +1,307 @@
+//! SVG plots (plotters, SVG backend only; text is laid out with plotters' built-in metrics, so no
+//! system fonts are needed). Each function writes one file and returns an error only on I/O.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::anyhow;
+use plotters::prelude::*;
+
+/// A fault drawn as a shaded span `[from, to]` (run time, s) with a label.
+pub struct FaultSpan {
+    pub from: f64,
+    pub to: f64,
+    pub label: String,
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("plotting: {e:?}")
+}
+
+/// A stable color per series name (backends get fixed colors, anything else the palette).
+pub fn color_for(name: &str, i: usize) -> RGBColor {
+    let base = name.split('-').next().unwrap_or(name);
+    match name {
+        n if n.starts_with("redis-naive") => RGBColor(214, 39, 40),
+        _ => match base {
+            "etcd" => RGBColor(31, 119, 180),
+            "raft" => RGBColor(44, 160, 44),
+            "redis" => RGBColor(255, 127, 14),
+            "zk" => RGBColor(148, 103, 189),
+            "pg" => RGBColor(140, 86, 75),
+            _ => {
+                let c = Palette99::pick(i).to_rgba();
+                RGBColor(c.0, c.1, c.2)
+            }
+        },
+    }
+}
+
+fn fault_style(kind: &str) -> RGBColor {
+    match kind {
+        k if k.starts_with("kill") => RED,
+        k if k.starts_with("pause") => RGBColor(255, 160, 0),
+        k if k.starts_with("partition") => MAGENTA,
+        _ => BLUE,
+    }
+}
+
+/// Leaders acting by effect (from the ledger) over run time, with the faults shaded.
+pub fn acting(
+    path: &Path,
+    title: &str,
+    steps: &[(f64, i32)],
+    faults: &[FaultSpan],
+    x_max: f64,
+) -> anyhow::Result<()> {
+    let root = SVGBackend::new(path, (900, 320)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let y_max = steps.iter().map(|s| s.1).max().unwrap_or(1).max(2) as f64 + 0.5;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0f64..x_max.max(1.0), 0f64..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("run time (s), resource clock")
+        .y_desc("leaders acting (by effect)")
+        .y_labels(4)
+        .draw()
+        .map_err(err)?;
+    for f in faults {
+        let c = fault_style(&f.label);
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(f.from, 0.0), (f.to.max(f.from + x_max / 400.0), y_max)],
+                c.mix(0.25).filled(),
+            )))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(Text::new(
+                f.label.clone(),
+                (f.from, y_max - 0.15),
+                ("sans-serif", 11).into_font().color(&c),
+            )))
+            .map_err(err)?;
+    }
+    // A step function: hold each count until the next change.
+    let mut pts = vec![(0.0, 0.0)];
+    let mut cur = 0.0;
+    for &(t, n) in steps {
+        pts.push((t, cur));
+        cur = n as f64;
+        pts.push((t, cur));
+    }
+    pts.push((x_max, cur));
+    chart
+        .draw_series(LineSeries::new(pts, BLACK.stroke_width(2)))
+        .map_err(err)?;
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            vec![(0.0, 1.0), (x_max, 1.0)],
+            GREEN.mix(0.6),
+        )))
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// `seq` against run time (resource clock), one color per leadership (token).
+pub fn seq(
+    path: &Path,
+    title: &str,
+    points: &[(f64, i64, i64)],
+    faults: &[FaultSpan],
+    x_max: f64,
+) -> anyhow::Result<()> {
+    let root = SVGBackend::new(path, (900, 380)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let y_max = points.iter().map(|p| p.1).max().unwrap_or(1).max(1) as f64 * 1.05;
+    let y_min = points.iter().map(|p| p.1).min().unwrap_or(0) as f64 * 0.95;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..x_max.max(1.0), y_min..y_max.max(y_min + 1.0))
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("run time (s), fence_log.committed_at")
+        .y_desc("seq (last of each committed batch)")
+        .draw()
+        .map_err(err)?;
+    for f in faults {
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(f.from, y_min), (f.to.max(f.from + x_max / 400.0), y_max)],
+                fault_style(&f.label).mix(0.2).filled(),
+            )))
+            .map_err(err)?;
+    }
+    let mut tokens: Vec<i64> = points.iter().map(|p| p.2).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    for (i, tok) in tokens.iter().enumerate() {
+        let c = Palette99::pick(i).to_rgba();
+        let color = RGBColor(c.0, c.1, c.2);
+        chart
+            .draw_series(
+                points
+                    .iter()
+                    .filter(|p| p.2 == *tok)
+                    .map(|p| Circle::new((p.0, p.1 as f64), 2, color.filled())),
+            )
+            .map_err(err)?
+            .label(format!("token {tok}"))
+            .legend(move |(x, y)| Circle::new((x + 8, y), 3, color.filled()));
+    }
+    if tokens.len() <= 12 {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Failover time against lease TTL, per backend (log-log): median line, max as crosses, and the
+/// lease bound TTL + 200 ms dashed.
+pub fn failover_vs_ttl(
+    path: &Path,
+    title: &str,
+    series: &BTreeMap<String, Vec<(f64, f64, f64)>>,
+) -> anyhow::Result<()> {
+    let all: Vec<&(f64, f64, f64)> = series.values().flatten().collect();
+    if all.is_empty() {
+        return Ok(());
+    }
+    let x_min = all.iter().map(|p| p.0).fold(f64::MAX, f64::min).min(1.0) * 0.7;
+    let x_max = all.iter().map(|p| p.0).fold(0.0, f64::max) * 1.4;
+    let y_max = all
+        .iter()
+        .map(|p| p.2.max(p.0 * 1000.0 + 200.0))
+        .fold(0.0, f64::max)
+        * 1.5;
+    let y_min = all.iter().map(|p| p.1).fold(f64::MAX, f64::min).max(1.0) * 0.5;
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x_min..x_max).log_scale(), (y_min..y_max).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("lease TTL (s) — raft: its lease (≤ min election timeout)")
+        .y_desc("failover ms, kill -9 → first new write (resource clock)")
+        .draw()
+        .map_err(err)?;
+    let bound: Vec<(f64, f64)> = (0..=40)
+        .map(|i| {
+            let x = x_min * (x_max / x_min).powf(i as f64 / 40.0);
+            (x, x * 1000.0 + 200.0)
+        })
+        .collect();
+    chart
+        .draw_series(DashedLineSeries::new(bound, 6, 4, BLACK.mix(0.5).into()))
+        .map_err(err)?
+        .label("bound: TTL + 200 ms")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = color_for(name, i);
+        let mut pts = pts.clone();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(
+                pts.iter().map(|p| (p.0, p.1)),
+                color.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(format!("{name} (median; × = max)"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 4, color.filled())))
+            .map_err(err)?;
+        chart
+            .draw_series(pts.iter().map(|p| Cross::new((p.0, p.2), 5, color.stroke_width(2))))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Empirical CDFs, one per series (values in ms).
+pub fn cdf(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    series: &BTreeMap<String, Vec<f64>>,
+) -> anyhow::Result<()> {
+    let x_max = series
+        .values()
+        .flatten()
+        .copied()
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.05;
+    let root = SVGBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0f64..x_max, 0f64..1.02)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("fraction ≤ x")
+        .draw()
+        .map_err(err)?;
+    for (i, (name, vals)) in series.iter().enumerate() {
+        if vals.is_empty() {
+            continue;
+        }
+        let mut v = vals.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len() as f64;
+        let mut pts = vec![(0.0, 0.0)];
+        for (k, x) in v.iter().enumerate() {
+            pts.push((*x, k as f64 / n));
+            pts.push((*x, (k + 1) as f64 / n));
+        }
+        let color = color_for(name, i);
+        chart
+            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("{name} (n={})", v.len()))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
