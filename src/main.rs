@@ -79,6 +79,9 @@ struct NodeArgs {
     /// Raft election timeout range in ms, MIN-MAX.
     #[arg(long)]
     election_timeout: Option<String>,
+    /// Raft heartbeat interval, e.g. 50ms (must be well under the election timeout's minimum).
+    #[arg(long, value_parser = parse_duration_ms)]
+    heartbeat_interval: Option<u64>,
     #[arg(long, value_enum)]
     fencing: Option<Fencing>,
     /// Comma-separated etcd endpoints.
@@ -179,6 +182,9 @@ fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
     }
     if let Some(v) = a.election_timeout {
         c.election_timeout_ms = v;
+    }
+    if let Some(v) = a.heartbeat_interval {
+        c.raft.heartbeat_interval_ms = v;
     }
     if let Some(v) = a.fencing {
         c.fencing = v;
