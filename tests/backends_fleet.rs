@@ -350,7 +350,7 @@ async fn redis_restart_without_persistence_regressed_token_is_refused_and_record
     let db = fleet.admin_db().await;
     let max_before: i64 = db
         .query_one(
-            "SELECT max_token FROM baton.fenced_resource WHERE name = 'sequence'",
+            "SELECT max_token FROM baton.fenced_resource WHERE name = 'leadership'",
             &[],
         )
         .await

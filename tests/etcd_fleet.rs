@@ -257,7 +257,7 @@ async fn bad_input_gets_a_precise_4xx_and_changes_nothing() {
         let r = db
             .query_one(
                 "SELECT (SELECT count(*) FROM baton.fence_log WHERE op = 'next'), (SELECT last_seq FROM baton.sequence WHERE name = 'sequence'),
-                        (SELECT count(*) FROM baton.fence_rejections), (SELECT max_token FROM baton.fenced_resource WHERE name = 'sequence')",
+                        (SELECT count(*) FROM baton.fence_rejections), (SELECT max_token FROM baton.fenced_resource WHERE name = 'leadership')",
                 &[],
             )
             .await

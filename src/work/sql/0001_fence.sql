@@ -79,8 +79,15 @@ CREATE TABLE IF NOT EXISTS baton.workset_cursor (
     owner_token BIGINT NOT NULL DEFAULT 0
 );
 
--- The rule, written once. Locks the resource row for the rest of the calling transaction, so
--- concurrent writers to one resource serialize and the check and the write are atomic.
+-- One fence for all of a fleet's protected resources (the row 'leadership'): the first accepted
+-- write of a new term, on any resource, fences the old term out of every resource at once, so two
+-- leaders' effects never interleave even across resources. `p_resource` names what was written,
+-- in fence_log and fence_rejections.
+CREATE OR REPLACE FUNCTION baton.fence_domain() RETURNS TEXT
+LANGUAGE sql IMMUTABLE AS $$ SELECT 'leadership'::text $$;
+
+-- The rule, written once. Locks the fence row for the rest of the calling transaction, so
+-- concurrent writers serialize and the check and the write are atomic.
 -- accept iff fencing is off, or token > max_token, or token = max_token and the holder matches.
 CREATE OR REPLACE FUNCTION baton.fence_check(p_resource TEXT, p_token BIGINT, p_holder TEXT, p_op TEXT,
                                              OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
@@ -89,17 +96,17 @@ DECLARE
     v_fencing BOOLEAN;
 BEGIN
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (p_resource, 0, '')
+    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
         ON CONFLICT (name) DO NOTHING;
     SELECT r.max_token, r.holder INTO max_token, max_holder
-        FROM baton.fenced_resource r WHERE r.name = p_resource FOR UPDATE;
+        FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
     accepted := (NOT v_fencing)
              OR p_token > max_token
              OR (p_token = max_token AND p_holder = max_holder);
     IF accepted THEN
         IF p_token >= max_token THEN
             UPDATE baton.fenced_resource SET max_token = p_token, holder = p_holder, updated_at = clock_timestamp()
-             WHERE name = p_resource;
+             WHERE name = baton.fence_domain();
         END IF;
     ELSE
         INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
@@ -149,10 +156,10 @@ BEGIN
     END IF;
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
     -- Lock order everywhere: fenced_resource, then sequence (seq_claim does the same).
-    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (p_resource, 0, '')
+    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
         ON CONFLICT (name) DO NOTHING;
     SELECT r.max_token, r.holder INTO max_token, max_holder
-      FROM baton.fenced_resource r WHERE r.name = p_resource FOR UPDATE;
+      FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
     SELECT s.last_seq INTO v_last FROM baton.sequence s WHERE s.name = p_resource FOR UPDATE;
     -- The forward check comes before the fence, so a refused range never moves the fence either.
     IF v_fencing AND p_seq_lo <= coalesce(v_last, 0) THEN
