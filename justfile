@@ -32,6 +32,11 @@ kill-leader:
 bench-failover backend="raft" trials="20": build
     {{baton}} bench failover --backend {{backend}} --trials {{trials}}
 
+# An experiment from experiments/NAME.toml into experiments/results/NAME/: `just exp gc-pause`,
+# `just exp churn --backends etcd --duration 90s`, `just exp clean-kill --quick`.
+exp name *args: build
+    {{baton}} exp {{name}} {{args}}
+
 # The full test suite (what CI runs).
 test:
     bash scripts/test.sh

@@ -120,11 +120,22 @@ fn attribute(ts: &mut [Transition], faults: &[FaultRecord], clock: &Clock0) {
     }
 }
 
-/// Transitions that no kill or step-down asked for: a pause / partition (shorter than the lease
-/// when the experiment says so) or nothing at all.
-pub fn false_failovers(ts: &[Transition]) -> usize {
+/// Transitions nothing justified: after no fault at all, or after a pause / partition shorter
+/// than the lease TTL (which the lease is there to ride out). A kill, a step-down, or a pause /
+/// partition of at least the TTL is *meant* to move leadership.
+pub fn false_failovers(ts: &[Transition], faults: &[FaultRecord], ttl_ms: u64) -> usize {
     ts.iter()
-        .filter(|t| !t.cause_kind.is_some_and(FaultKind::forces_change))
+        .filter(|t| match t.cause.and_then(|i| faults.get(i)) {
+            None => true,
+            Some(f) if f.kind.forces_change() => false,
+            Some(f) => {
+                let len_ns = f
+                    .healed_at_mono_ns
+                    .map(|h| h.saturating_sub(f.applied_at_mono_ns))
+                    .unwrap_or(0);
+                len_ns < ttl_ms * 1_000_000
+            }
+        })
         .count()
 }
 
@@ -204,7 +215,9 @@ pub fn elections(events: &[TraceEvent], faults: &[FaultRecord], clock: &Clock0) 
         let at = clock.mono_s(f.applied_at_mono_ns);
         if let Some(el) = out
             .iter_mut()
-            .find(|el| el.won_s > at && el.after_fault.is_none() && el.node != f.node)
+            // The killed node itself may win again once restarted (a backend without a queue):
+            // that is a new process and a real election.
+            .find(|el| el.won_s > at && el.after_fault.is_none())
         {
             el.after_fault = Some(i);
             el.after_fault_ms = Some((el.won_s - at) * 1000.0);
@@ -229,7 +242,10 @@ pub fn winners_per_round(
     let mut out = BTreeMap::new();
     for (i, s) in starts.iter().enumerate() {
         let end = starts.get(i + 1).copied().unwrap_or(f64::INFINITY);
-        let n = els.iter().filter(|e| e.won_s > *s && e.won_s <= end).count();
+        let n = els
+            .iter()
+            .filter(|e| e.won_s > *s && e.won_s <= end)
+            .count();
         *out.entry(n).or_default() += 1;
     }
     out
@@ -271,6 +287,20 @@ impl RejectionBrief {
     }
 }
 
+/// A stale leader's write the resource accepted (fencing off).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AcceptedStale {
+    pub pos: i64,
+    pub resource: String,
+    pub op: String,
+    pub seq_lo: Option<i64>,
+    pub seq_hi: Option<i64>,
+    /// The highest `seq_hi` this resource had committed before this row.
+    pub prior_max: Option<i64>,
+    pub backward: bool,
+    pub at_s: f64,
+}
+
 /// What became of a paused / partitioned leader.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StaleEvidence {
@@ -285,8 +315,17 @@ pub struct StaleEvidence {
     pub rejected: Vec<RejectionBrief>,
     /// This node's token's rows accepted after the successor's first write (must be 0 with fencing).
     pub accepted_after_successor: usize,
+    /// The first few of them: what the stale leader got through, and whether it moved its
+    /// resource backward (a `seq_hi` below the highest one that resource had already committed:
+    /// reused seq, or a work-set cursor set back).
+    pub accepted: Vec<AcceptedStale>,
     /// This node's first demotion step after the fault: event and run time.
     pub demotion: Option<(String, f64)>,
+    /// The first `won` of another node after the fault (actor traces), run time.
+    pub successor_won_s: Option<f64>,
+    /// How long both believed they led: this node's demotion − the successor's `won`, ms
+    /// (≤ 0: the old leader had stepped back before the new one won).
+    pub belief_overlap_ms: Option<f64>,
     pub outcome: String,
 }
 
@@ -305,10 +344,17 @@ pub fn stale_evidence(
         let healed = f.healed_at_mono_ns.map(|h| clock.mono_s(h));
         let token = f.token_before;
         let mine = |r: &LedgerRow| Some(r.token) == token && r.holder == f.node;
+        // A successor must show up before the next fault (a later kill's successor is not one).
+        let window_end = faults
+            .iter()
+            .map(|g| clock.mono_s(g.applied_at_mono_ns))
+            .filter(|t| *t > applied)
+            .fold(f64::INFINITY, f64::min);
         let successor = input
             .ledger
             .iter()
             .filter(|r| clock.wall_s(r.committed_us) >= applied && !mine(r))
+            .filter(|r| clock.wall_s(r.committed_us) < window_end)
             .min_by_key(|r| r.pos)
             .map(|r| (r.token, r.holder.clone(), clock.wall_s(r.committed_us)));
         let rejected: Vec<RejectionBrief> = input
@@ -326,6 +372,40 @@ pub fn stale_evidence(
                 .count(),
             None => 0,
         };
+        let accepted: Vec<AcceptedStale> = match &successor {
+            Some((_, _, at)) => input
+                .ledger
+                .iter()
+                .filter(|r| mine(r) && clock.wall_s(r.committed_us) > *at)
+                .take(5)
+                .map(|r| {
+                    let prior_max = input
+                        .ledger
+                        .iter()
+                        .filter(|p| p.pos < r.pos && p.resource == r.resource)
+                        .filter_map(|p| p.seq_hi)
+                        .max();
+                    let low = r.seq_lo.or(r.seq_hi);
+                    AcceptedStale {
+                        pos: r.pos,
+                        resource: r.resource.clone(),
+                        op: r.op.clone(),
+                        seq_lo: r.seq_lo,
+                        seq_hi: r.seq_hi,
+                        prior_max,
+                        // `next`: a seq at or below one already committed is reused; a tick or
+                        // checkpoint starting below the committed position sets the cursor back.
+                        backward: match (low, prior_max) {
+                            (Some(l), Some(m)) if r.op == "next" => l <= m,
+                            (Some(l), Some(m)) if r.op != "claim" => l < m,
+                            _ => false,
+                        },
+                        at_s: clock.wall_s(r.committed_us),
+                    }
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let demotion = events
             .iter()
             .filter(|e| e.node == f.node && clock.mono_s(e.mono_ns) >= applied)
@@ -336,18 +416,51 @@ pub fn stale_evidence(
                 )
             })
             .map(|e| (format!("{}/{}", e.actor, e.event), clock.mono_s(e.mono_ns)));
+        let successor_won_s = events
+            .iter()
+            .filter(|e| e.node != f.node && e.actor == "elector" && e.event == "won")
+            .map(|e| clock.mono_s(e.mono_ns))
+            .find(|t| *t >= applied);
+        let belief_overlap_ms = match (&demotion, successor_won_s) {
+            (Some((_, d)), Some(w)) => Some((d - w) * 1000.0),
+            _ => None,
+        };
         let resume = healed.unwrap_or(applied);
+        let what = if f.kind == FaultKind::PauseLeader {
+            "resume"
+        } else {
+            "heal"
+        };
         let tok = token.map(|t| t.to_string()).unwrap_or_else(|| "?".into());
         let outcome = if accepted_after_successor > 0 {
+            let back: Vec<String> = accepted
+                .iter()
+                .filter(|a| a.backward)
+                .map(|a| {
+                    format!(
+                        "{} {} [{}, {}] below committed {}",
+                        a.resource,
+                        a.op,
+                        a.seq_lo.map(|v| v.to_string()).unwrap_or_default(),
+                        a.seq_hi.map(|v| v.to_string()).unwrap_or_default(),
+                        a.prior_max.unwrap_or_default()
+                    )
+                })
+                .collect();
             format!(
-                "STALE WRITES ACCEPTED: {accepted_after_successor} rows under token {tok} ({}) after token {} ({}) started",
+                "STALE WRITES ACCEPTED: {accepted_after_successor} rows under token {tok} ({}) after token {} ({}) started{}",
                 f.node,
                 successor.as_ref().map(|s| s.0).unwrap_or_default(),
-                successor.as_ref().map(|s| s.1.as_str()).unwrap_or("?")
+                successor.as_ref().map(|s| s.1.as_str()).unwrap_or("?"),
+                if back.is_empty() {
+                    String::new()
+                } else {
+                    format!("; BACKWARD: {}", back.join("; "))
+                }
             )
         } else if let Some(r) = rejected.first() {
             format!(
-                "stale write fenced out: {} with token {tok} ({}) refused at max_token {} ({}), reason {}, {:+.0} ms after resume; {} refused in all",
+                "stale write fenced out: {} with token {tok} ({}) refused at max_token {} ({}), reason {}, {:+.0} ms after {what}; {} refused in all",
                 r.op,
                 f.node,
                 r.max_token,
@@ -357,10 +470,12 @@ pub fn stale_evidence(
                 rejected.len()
             )
         } else if successor.is_none() {
-            "no successor wrote: the lease outlived the fault".into()
+            "rode it out: kept its lease, no successor wrote before the next fault, nothing refused"
+                .into()
         } else if let Some((ev, at)) = &demotion {
             format!(
-                "demoted itself before writing: {ev} {:+.0} ms after resume, no write attempted under token {tok}",
+                "demoted itself before writing: {ev} {:+.0} ms after the fault began ({:+.0} ms from {what}), no write attempted under token {tok}",
+                (at - applied) * 1000.0,
                 (at - resume) * 1000.0
             )
         } else {
@@ -375,7 +490,10 @@ pub fn stale_evidence(
             successor,
             rejected,
             accepted_after_successor,
+            accepted,
             demotion,
+            successor_won_s,
+            belief_overlap_ms,
             outcome,
         });
     }
@@ -457,18 +575,20 @@ mod tests {
     fn transitions_are_attributed_to_the_fault_before_them_once() {
         let input = healthy(); // token 5 (n1) at 1..3 ms, token 7 (n2) from 4 ms (pos = ms)
         let kill = fault(FaultKind::KillLeader, "n1", 5, 3, 0);
-        let ts = transitions(&input.ledger, &[kill], &clock());
+        let ts = transitions(&input.ledger, &[kill.clone()], &clock());
         assert_eq!(ts.len(), 1);
         let t = &ts[0];
         assert_eq!((t.from_token, t.to_token), (5, 7));
         assert!((t.gap_ms - 2.0).abs() < 1e-9, "{t:?}"); // last next of 5 at 3 ms, first of 7 at 5 ms
         assert_eq!(t.cause, Some(0));
         assert!((t.from_fault_ms.unwrap() - 2.0).abs() < 1e-6);
-        assert_eq!(false_failovers(&ts), 0);
-        // The same change after only a pause is a false failover.
+        assert_eq!(false_failovers(&ts, &[kill.clone()], 3), 0);
+        // The same change after a pause shorter than the TTL is a false failover...
         let pause = fault(FaultKind::PauseLeader, "n1", 5, 3, 1);
-        let ts = transitions(&input.ledger, &[pause], &clock());
-        assert_eq!(false_failovers(&ts), 1);
+        let ts = transitions(&input.ledger, &[pause.clone()], &clock());
+        assert_eq!(false_failovers(&ts, &[pause.clone()], 3), 1);
+        // ...and after one past the TTL, the point of the exercise.
+        assert_eq!(false_failovers(&ts, &[pause], 1), 0);
     }
 
     #[test]
@@ -491,7 +611,9 @@ mod tests {
         assert_eq!(ev[0].rejected.len(), 1);
         assert_eq!(ev[0].accepted_after_successor, 0);
         assert!(
-            ev[0].outcome.starts_with("stale write fenced out: next with token 5 (n1) refused at max_token 7"),
+            ev[0].outcome.starts_with(
+                "stale write fenced out: next with token 5 (n1) refused at max_token 7"
+            ),
             "{}",
             ev[0].outcome
         );

@@ -83,10 +83,7 @@ pub fn schedule(
 }
 
 /// The node that leads now (the highest token among those that say so), waiting up to `within`.
-pub async fn current_leader(
-    state: &FleetState,
-    within: Duration,
-) -> anyhow::Result<(String, i64)> {
+pub async fn current_leader(state: &FleetState, within: Duration) -> anyhow::Result<(String, i64)> {
     let until = Instant::now() + within;
     loop {
         let rows = fleet::status(state).await;
@@ -194,7 +191,8 @@ pub async fn pause_leader(
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let target = Instant::now() + length.saturating_sub(Duration::from_nanos(monotonic_ns() - applied));
+    let target =
+        Instant::now() + length.saturating_sub(Duration::from_nanos(monotonic_ns() - applied));
     tokio::time::sleep_until(target).await;
     drop(guard);
     let healed = monotonic_ns();

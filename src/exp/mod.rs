@@ -66,6 +66,10 @@ pub struct ExpArgs {
     /// Keep each run's fleet directory (logs, actor traces) instead of removing it.
     #[arg(long)]
     pub keep: bool,
+    /// Run nothing: regenerate `summary.md`, `runs.csv` and the cross-run plots from the
+    /// `LABEL.json` files already in the results directory.
+    #[arg(long)]
+    pub report_only: bool,
 }
 
 fn command_out(cmd: &str, args: &[&str]) -> Option<String> {
@@ -105,6 +109,10 @@ pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| PathBuf::from("experiments/results").join(&spec.name));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if a.report_only {
+        println!("{}", write_experiment(&out, &spec)?);
+        return Ok(0);
+    }
     let opts = RunOpts {
         state_root: a.state_dir.join(&spec.name),
         keep: a.keep,
@@ -174,7 +182,11 @@ fn brief(r: &RunResult) -> String {
         "   {} [expected {:?}: {}]",
         r.verdict.line,
         r.expect,
-        if r.expectation_met { "ok" } else { "UNEXPECTED" }
+        if r.expectation_met {
+            "ok"
+        } else {
+            "UNEXPECTED"
+        }
     );
     let _ = writeln!(
         s,
@@ -203,7 +215,21 @@ fn brief(r: &RunResult) -> String {
         );
     }
     for st in &r.stale {
-        let _ = writeln!(s, "   {} (pause of {}): {}", st.node, r.label, st.outcome);
+        let kind = r
+            .faults
+            .get(st.fault)
+            .map(|f| f.record.kind.as_str())
+            .unwrap_or("?");
+        let _ = writeln!(
+            s,
+            "   {} ({kind}, token {}): {}{}",
+            st.node,
+            st.token.map(|t| t.to_string()).unwrap_or_default(),
+            st.outcome,
+            st.belief_overlap_ms
+                .map(|b| format!("; believed-leader overlap with the successor {b:+.0} ms"))
+                .unwrap_or_default()
+        );
     }
     if let Some(e) = &r.error {
         let _ = writeln!(s, "   fault errors: {e}");
@@ -256,7 +282,9 @@ fn write_run(out: &Path, r: &RunResult, meta: &Value) -> anyhow::Result<()> {
             iv.last_s,
             iv.writes,
             iv.rejected,
-            iv.dark_after_ms.map(|d| format!("{d:.3}")).unwrap_or_default()
+            iv.dark_after_ms
+                .map(|d| format!("{d:.3}"))
+                .unwrap_or_default()
         );
     }
     std::fs::write(out.join(format!("{}-timeline.csv", r.label)), csv)?;
@@ -272,45 +300,102 @@ fn write_run(out: &Path, r: &RunResult, meta: &Value) -> anyhow::Result<()> {
     }
     std::fs::write(out.join(format!("{}-seq.csv", r.label)), csv)?;
 
-    let spans: Vec<plots::FaultSpan> = r
-        .faults
+    draw_run(out, &v)
+}
+
+fn read_csv(path: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect()
+}
+
+/// Draws a run's `LABEL-acting.svg` and `LABEL-seq.svg` from its JSON and its CSVs (so
+/// `--report-only` redraws them exactly as a run does).
+fn draw_run(out: &Path, v: &Value) -> anyhow::Result<()> {
+    let Some(label) = v["label"].as_str() else {
+        return Ok(());
+    };
+    if v["verdict"].is_null() {
+        return Ok(());
+    }
+    let experiment = v["experiment"].as_str().unwrap_or("?");
+    let spans: Vec<plots::FaultSpan> = v["faults"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
         .iter()
-        .map(|f| plots::FaultSpan {
-            from: f.applied_s,
-            to: f.healed_s.unwrap_or(f.applied_s),
-            label: format!("{} {}", f.record.kind.as_str(), f.record.node),
+        .map(|fi| {
+            let from = f(&fi["applied_s"]).unwrap_or(0.0);
+            plots::FaultSpan {
+                from,
+                to: f(&fi["healed_s"]).unwrap_or(from),
+                label: format!(
+                    "{} {}",
+                    fi["kind"].as_str().unwrap_or("?"),
+                    fi["node"].as_str().unwrap_or("?")
+                ),
+            }
         })
         .collect();
-    let x_max = r
-        .series
-        .seq
+    let seq: Vec<(f64, i64, i64)> = read_csv(&out.join(format!("{label}-seq.csv")))
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.first()?.parse().ok()?,
+                r.get(1)?.parse().ok()?,
+                r.get(2)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    // Leaders acting by effect from the timeline's intervals: +1 at a first write, -1 after a last.
+    let mut ev: Vec<(f64, i32)> = Vec::new();
+    for r in read_csv(&out.join(format!("{label}-timeline.csv"))) {
+        if let (Some(a), Some(b)) = (
+            r.get(2).and_then(|x| x.parse::<f64>().ok()),
+            r.get(3).and_then(|x| x.parse::<f64>().ok()),
+        ) {
+            ev.push((a, 1));
+            ev.push((b, -1));
+        }
+    }
+    ev.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut steps = Vec::new();
+    let mut n = 0;
+    let mut initial = 0;
+    for (t, d) in ev {
+        n += d;
+        if t < 0.0 {
+            initial = n;
+        } else {
+            steps.push((t, n));
+        }
+    }
+    let x_max = seq
         .iter()
         .map(|p| p.0)
-        .chain(r.series.acting.iter().map(|p| p.0))
-        .fold(r.duration_s, f64::max)
+        .chain(steps.iter().map(|p| p.0))
+        .fold(f(&v["duration_s"]).unwrap_or(1.0), f64::max)
         + 0.5;
-    let title = format!(
-        "{} / {}: leaders acting by effect (fence_log) — {}",
-        r.experiment,
-        r.label,
-        if r.verdict.pass { "PASS" } else { "FAIL" }
-    );
-    let acting: Vec<(f64, i32)> = r.series.acting.iter().filter(|p| p.0 >= 0.0).copied().collect();
+    let pass = v["verdict"]["pass"].as_bool().unwrap_or(false);
     plots::acting(
-        &out.join(format!("{}-acting.svg", r.label)),
-        &title,
-        &acting,
+        &out.join(format!("{label}-acting.svg")),
+        &format!(
+            "{experiment} / {label}: leaders acting by effect (fence_log) — {}",
+            if pass { "PASS" } else { "FAIL" }
+        ),
+        initial,
+        &steps,
         &spans,
         x_max,
     )?;
-    let seq_pts: Vec<(f64, i64, i64)> = downsample(&r.series.seq, 800)
-        .into_iter()
-        .filter(|p| p.0 >= 0.0)
-        .collect();
+    let seq: Vec<(f64, i64, i64)> = seq.into_iter().filter(|p| p.0 >= 0.0).collect();
     plots::seq(
-        &out.join(format!("{}-seq.svg", r.label)),
-        &format!("{} / {}: seq vs time, colored by token", r.experiment, r.label),
-        &seq_pts,
+        &out.join(format!("{label}-seq.svg")),
+        &format!("{experiment} / {label}: seq vs time, colored by token"),
+        &seq,
         &spans,
         x_max,
     )?;
@@ -319,6 +404,61 @@ fn write_run(out: &Path, r: &RunResult, meta: &Value) -> anyhow::Result<()> {
 
 fn f(v: &Value) -> Option<f64> {
     v.as_f64()
+}
+
+/// Kill / step-down → the next `won`, ms, recomputed from a run's JSON (the rule of
+/// [`analysis::elections`]).
+fn fault_to_won_of(v: &Value) -> Vec<f64> {
+    let els: Vec<f64> = v["elections"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| f(&e["won_s"]))
+        .collect();
+    let mut used = vec![false; els.len()];
+    let mut out = Vec::new();
+    for fi in v["faults"].as_array().cloned().unwrap_or_default() {
+        if !matches!(fi["kind"].as_str(), Some("kill-leader") | Some("stepdown")) {
+            continue;
+        }
+        let at = f(&fi["applied_s"]).unwrap_or(0.0);
+        if let Some(k) = (0..els.len()).find(|&k| !used[k] && els[k] > at) {
+            used[k] = true;
+            out.push((els[k] - at) * 1000.0);
+        }
+    }
+    out
+}
+
+/// False failovers recomputed from a run's JSON (the same rule as [`analysis::false_failovers`],
+/// so results written by an older binary are counted alike).
+fn false_failovers_of(v: &Value) -> u64 {
+    let ttl_s = v["lease_ttl_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+    let faults = v["faults"].as_array().cloned().unwrap_or_default();
+    v["transitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| {
+            let Some(fi) = t["cause"].as_u64().and_then(|i| faults.get(i as usize)) else {
+                return true;
+            };
+            match fi["kind"].as_str() {
+                Some("kill-leader") | Some("stepdown") => false,
+                _ => {
+                    let len =
+                        f(&fi["healed_s"]).unwrap_or(0.0) - f(&fi["applied_s"]).unwrap_or(0.0);
+                    len < ttl_s
+                }
+            }
+        })
+        .count() as u64
+}
+
+fn ms_value(s: Value) -> String {
+    ms_cell(&s)
 }
 
 fn ms_cell(s: &Value) -> String {
@@ -347,6 +487,9 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
                 }
             }
         }
+    }
+    for v in &runs {
+        draw_run(out, v)?;
     }
     runs.sort_by(|a, b| {
         let key = |v: &Value| {
@@ -377,7 +520,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
             ));
         }
         let els = v["elections"].as_array().cloned().unwrap_or_default();
-        let k2w: Vec<f64> = els.iter().filter_map(|e| f(&e["after_fault_ms"])).collect();
+        let k2w = fault_to_won_of(v);
         if !k2w.is_empty() {
             election.insert(label.clone(), k2w);
         }
@@ -412,7 +555,10 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     if !election.is_empty() {
         plots::cdf(
             &out.join("election-cdf.svg"),
-            &format!("{}: election latency, leader killed / stepped down → successor won", spec.name),
+            &format!(
+                "{}: election latency, leader killed / stepped down → successor won",
+                spec.name
+            ),
             "ms (actor traces, CLOCK_MONOTONIC)",
             &limit(election),
         )?;
@@ -421,7 +567,10 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     if !campaign.is_empty() {
         plots::cdf(
             &out.join("campaign-cdf.svg"),
-            &format!("{}: campaign → won per win (baton_campaign_duration_seconds)", spec.name),
+            &format!(
+                "{}: campaign → won per win (baton_campaign_duration_seconds)",
+                spec.name
+            ),
             "ms (actor traces)",
             &limit(campaign),
         )?;
@@ -442,11 +591,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         "label,backend,lease_ttl_ms,fencing,workset_rows,seed,pass,expect,expectation_met,writes,tokens,acked,rejections,faults,false_failovers,failover_median_ms,failover_p99_ms,failover_max_ms,dark_median_ms,dark_min_ms,kill_to_won_p99_ms,campaign_p99_ms,seq_not_increasing,token_backward,error\n",
     );
     for v in &runs {
-        let g = |k: &str, q: &str| {
-            f(&v[k][q])
-                .map(|x| format!("{x:.1}"))
-                .unwrap_or_default()
-        };
+        let g = |k: &str, q: &str| f(&v[k][q]).map(|x| format!("{x:.1}")).unwrap_or_default();
         let _ = writeln!(
             csv,
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
@@ -464,13 +609,15 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
             v["verdict"]["acked"],
             v["rejections_total"],
             v["faults"].as_array().map(|a| a.len()).unwrap_or(0),
-            v["false_failovers"],
+            false_failovers_of(v),
             g("failover_ms", "median"),
             g("failover_ms", "p99"),
             g("failover_ms", "max"),
             g("stepdown_dark_ms", "median"),
             g("stepdown_dark_ms", "min"),
-            g("kill_to_won_ms", "p99"),
+            crate::bench::Summary::of(&fault_to_won_of(v))
+                .map(|s| format!("{:.1}", s.p99))
+                .unwrap_or_default(),
             g("campaign_ms", "p99"),
             v["seq_steps"]["seq_not_increasing"],
             v["seq_steps"]["token_backward"],
@@ -526,7 +673,12 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     for v in &runs {
         let label = v["label"].as_str().unwrap_or("?");
         if let Some(e) = v["error"].as_str().filter(|_| v["verdict"].is_null()) {
-            let _ = writeln!(md, "| {label} | | {} | ERROR: {} | | | | | | |", v["seed"], e.replace('|', "/"));
+            let _ = writeln!(
+                md,
+                "| {label} | | {} | ERROR: {} | | | | | | |",
+                v["seed"],
+                e.replace('|', "/")
+            );
             let _ = writeln!(verdicts, "{}/{label}: ERROR {e}", spec.name);
             continue;
         }
@@ -542,7 +694,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
             if met { "✓" } else { "✗ UNEXPECTED" },
             ms_cell(&v["failover_ms"]),
             ms_cell(&v["stepdown_dark_ms"]),
-            v["false_failovers"],
+            false_failovers_of(v),
             v["rejections_total"],
             v["seq_steps"]["seq_not_increasing"],
         );
@@ -565,12 +717,30 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
                 .unwrap_or_default()
                 .into_iter()
                 .map(move |s| {
+                    // Results of older binaries: a fault no transition followed was ridden out.
+                    let led_to_change = v["transitions"]
+                        .as_array()
+                        .is_some_and(|ts| ts.iter().any(|t| t["cause"] == s["fault"]));
+                    let outcome = if !led_to_change
+                        && s["rejected"].as_array().is_none_or(|r| r.is_empty())
+                        && s["accepted_after_successor"].as_u64() == Some(0)
+                    {
+                        "rode it out: kept its lease, no leadership change, nothing refused"
+                            .to_owned()
+                    } else {
+                        s["outcome"].as_str().unwrap_or("?").to_owned()
+                    };
                     format!(
-                        "- **{label}**, {} (token {}) stopped at {:.2} s: {}",
+                        "- **{label}**, {} (token {}) hit at {:.2} s: {}{}",
                         s["node"].as_str().unwrap_or("?"),
                         s["token"],
                         s["applied_s"].as_f64().unwrap_or(0.0),
-                        s["outcome"].as_str().unwrap_or("?")
+                        outcome,
+                        s["belief_overlap_ms"]
+                            .as_f64()
+                            .map(|b| format!(" (both believed they led for {b:.0} ms)"))
+                            .filter(|_| s["belief_overlap_ms"].as_f64().unwrap_or(0.0) > 0.0)
+                            .unwrap_or_default()
                     )
                 })
         })
@@ -584,14 +754,15 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     }
     let elections: Vec<String> = runs
         .iter()
-        .filter(|v| !v["kill_to_won_ms"].is_null() || !v["campaign_ms"].is_null())
+        .filter(|v| !fault_to_won_of(v).is_empty() || !v["campaign_ms"].is_null())
         .map(|v| {
             format!(
-                "- **{}**: kill → won ms {}; campaign → won ms {}; wins per node {}; backend requests per election {} (election ops only: {})",
+                "- **{}**: kill → won ms {}; campaign → won ms {}; wins per node {}; winners per round {}; backend requests per election {} (election ops only: {})",
                 v["label"].as_str().unwrap_or("?"),
-                ms_cell(&v["kill_to_won_ms"]),
+                ms_value(crate::bench::Summary::of(&fault_to_won_of(v)).map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(Value::Null)),
                 ms_cell(&v["campaign_ms"]),
                 v["wins_per_node"],
+                v["winners_per_round"],
                 f(&v["backend_requests"]["per_election"]).map(|x| format!("{x:.1}")).unwrap_or_else(|| "–".into()),
                 f(&v["backend_requests"]["campaign_ops_per_election"]).map(|x| format!("{x:.1}")).unwrap_or_else(|| "–".into()),
             )

@@ -50,6 +50,7 @@ fn fault_style(kind: &str) -> RGBColor {
 pub fn acting(
     path: &Path,
     title: &str,
+    initial: i32,
     steps: &[(f64, i32)],
     faults: &[FaultSpan],
     x_max: f64,
@@ -66,6 +67,7 @@ pub fn acting(
         .map_err(err)?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .x_desc("run time (s), resource clock")
         .y_desc("leaders acting (by effect)")
         .y_labels(4)
@@ -88,8 +90,8 @@ pub fn acting(
             .map_err(err)?;
     }
     // A step function: hold each count until the next change.
-    let mut pts = vec![(0.0, 0.0)];
-    let mut cur = 0.0;
+    let mut cur = initial as f64;
+    let mut pts = vec![(0.0, cur)];
     for &(t, n) in steps {
         pts.push((t, cur));
         cur = n as f64;
@@ -130,6 +132,7 @@ pub fn seq(
         .map_err(err)?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .x_desc("run time (s), fence_log.committed_at")
         .y_desc("seq (last of each committed batch)")
         .draw()
@@ -145,19 +148,34 @@ pub fn seq(
     let mut tokens: Vec<i64> = points.iter().map(|p| p.2).collect();
     tokens.sort_unstable();
     tokens.dedup();
+    // One polyline per run of consecutive rows under one token (compact SVG), a dot at each end.
     for (i, tok) in tokens.iter().enumerate() {
         let c = Palette99::pick(i).to_rgba();
         let color = RGBColor(c.0, c.1, c.2);
-        chart
-            .draw_series(
-                points
-                    .iter()
-                    .filter(|p| p.2 == *tok)
-                    .map(|p| Circle::new((p.0, p.1 as f64), 2, color.filled())),
-            )
-            .map_err(err)?
-            .label(format!("token {tok}"))
-            .legend(move |(x, y)| Circle::new((x + 8, y), 3, color.filled()));
+        let mut segments: Vec<Vec<(f64, f64)>> = Vec::new();
+        let mut prev_tok = None;
+        for p in points {
+            if p.2 == *tok {
+                if prev_tok != Some(p.2) {
+                    segments.push(Vec::new());
+                }
+                segments.last_mut().expect("pushed").push((p.0, p.1 as f64));
+            }
+            prev_tok = Some(p.2);
+        }
+        for (k, seg) in segments.iter().enumerate() {
+            let line = chart
+                .draw_series(LineSeries::new(seg.clone(), color.stroke_width(2)))
+                .map_err(err)?;
+            if k == 0 {
+                line.label(format!("token {tok}"))
+                    .legend(move |(x, y)| Circle::new((x + 8, y), 3, color.filled()));
+            }
+            let ends = [seg[0], seg[seg.len() - 1]];
+            chart
+                .draw_series(ends.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                .map_err(err)?;
+        }
     }
     if tokens.len() <= 12 {
         chart
@@ -202,6 +220,7 @@ pub fn failover_vs_ttl(
         .map_err(err)?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .x_desc("lease TTL (s) — raft: its lease (≤ min election timeout)")
         .y_desc("failover ms, kill -9 → first new write (resource clock)")
         .draw()
@@ -228,12 +247,20 @@ pub fn failover_vs_ttl(
             ))
             .map_err(err)?
             .label(format!("{name} (median; × = max)"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
         chart
-            .draw_series(pts.iter().map(|p| Circle::new((p.0, p.1), 4, color.filled())))
+            .draw_series(
+                pts.iter()
+                    .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
+            )
             .map_err(err)?;
         chart
-            .draw_series(pts.iter().map(|p| Cross::new((p.0, p.2), 5, color.stroke_width(2))))
+            .draw_series(
+                pts.iter()
+                    .map(|p| Cross::new((p.0, p.2), 5, color.stroke_width(2))),
+            )
             .map_err(err)?;
     }
     chart
@@ -272,6 +299,7 @@ pub fn cdf(
         .map_err(err)?;
     chart
         .configure_mesh()
+        .max_light_lines(0)
         .x_desc(x_desc)
         .y_desc("fraction ≤ x")
         .draw()
@@ -293,7 +321,9 @@ pub fn cdf(
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(err)?
             .label(format!("{name} (n={})", v.len()))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

@@ -14,9 +14,11 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::analysis::{self, Clock0, Election, RejectionBrief, SeqSteps, StaleEvidence, Transition};
+use super::analysis::{
+    self, Clock0, Election, RejectionBrief, SeqSteps, StaleEvidence, Transition,
+};
 use super::faults::{self, FaultRecord, Occurrence};
-use super::spec::{Expect, ExpSpec, FaultKind, RunPlan};
+use super::spec::{ExpSpec, Expect, FaultKind, RunPlan};
 use crate::backends::BackendKind;
 use crate::bench::Summary;
 use crate::check::{self, CheckInput, Violation};
@@ -112,7 +114,7 @@ pub struct RunResult {
     pub failover_ms: Option<Summary>,
     /// Step-down dark time, same measure, ms.
     pub stepdown_dark_ms: Option<Summary>,
-    /// Leadership changes no kill or step-down asked for.
+    /// Leadership changes nothing justified: no fault, or a pause / partition shorter than the TTL.
     pub false_failovers: usize,
     pub elections: Vec<Election>,
     pub wins_per_node: BTreeMap<String, usize>,
@@ -164,10 +166,10 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     if let Some(ttl) = plan.ttl_ms {
         cfg.lease_ttl_ms = ttl;
         cfg.renew_interval_ms = (ttl / 3).max(2);
-        cfg.retry_interval_ms = cfg
-            .retry_interval_ms
-            .min(cfg.renew_interval_ms / 3)
-            .max(1);
+        cfg.retry_interval_ms = cfg.retry_interval_ms.min(cfg.renew_interval_ms / 3).max(1);
+    }
+    if let Some(d) = spec.clock_drift {
+        cfg.clock_drift = d;
     }
     if plan.backend == BackendKind::Raft {
         if let Some(et) = &spec.election_timeout {
@@ -182,7 +184,13 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
 fn redacted(cfg: &NodeConfig) -> serde_json::Value {
     let mut v = serde_json::to_value(cfg).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
-        for k in ["node_id", "http_listen", "advertise_addr", "state_dir", "admin_token"] {
+        for k in [
+            "node_id",
+            "http_listen",
+            "advertise_addr",
+            "state_dir",
+            "admin_token",
+        ] {
             o.remove(k);
         }
         for (section, key) in [
@@ -228,9 +236,14 @@ struct RequestMeter {
 }
 
 impl RequestMeter {
-    async fn scrape(&mut self, client: &NodeClient, nodes: &[(String, String)]) {
-        for (id, addr) in nodes {
-            let Ok(r) = client.get(addr, "/metrics").await else {
+    /// Scrapes every live node; a node's counters are keyed by its pid, so a restarted node's
+    /// fresh counters add up instead of looking like no change.
+    async fn scrape(&mut self, client: &NodeClient, state: &FleetState) {
+        for n in &state.nodes {
+            if !pid_alive(n.pid) {
+                continue;
+            }
+            let Ok(r) = client.get(&n.http_addr, "/metrics").await else {
                 continue;
             };
             let text = String::from_utf8_lossy(&r.body).into_owned();
@@ -249,7 +262,7 @@ impl RequestMeter {
                     .find_map(|kv| kv.trim().strip_prefix("op=\""))
                     .map(|s| s.trim_end_matches('"').to_owned())
                     .unwrap_or_default();
-                let key = (id.clone(), op.clone());
+                let key = (format!("{}#{}", n.id, n.pid), op.clone());
                 let prev = self.last.get(&key).copied().unwrap_or(0.0);
                 let delta = if v >= prev { v - prev } else { v };
                 *self.total.entry(op).or_default() += delta;
@@ -299,7 +312,10 @@ async fn seed_workset(state: &FleetState, rows: u64) -> anyhow::Result<f64> {
     )
     .await
     .context("seeding baton.jobs")?;
-    db.batch_execute("ANALYZE baton.jobs").await?;
+    // Settle the table before measuring: otherwise an insert-triggered autovacuum and the
+    // checkpoint of ~1 GB of dirty pages run during the measurement and compete for the 2 cores.
+    db.batch_execute("VACUUM (ANALYZE) baton.jobs").await?;
+    db.batch_execute("CHECKPOINT").await?;
     Ok(t.elapsed().as_secs_f64() * 1000.0)
 }
 
@@ -395,7 +411,7 @@ async fn drive(
 
     let client = NodeClient::new(Duration::from_secs(2));
     let mut meter = RequestMeter::default();
-    meter.scrape(&client, &addrs).await;
+    meter.scrape(&client, &snapshot).await;
     meter.baseline();
 
     let clock = Clock0::now();
@@ -409,15 +425,15 @@ async fn drive(
         let scheduled_ms = occ.at.as_secs_f64() * 1000.0;
         let r = match occ.kind {
             FaultKind::KillLeader => {
-                meter.scrape(&client, &addrs).await;
+                let now = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                meter.scrape(&client, &now).await;
                 faults::kill_leader(&state, scheduled_ms).await
             }
             FaultKind::PauseLeader => {
                 faults::pause_leader(&state, occ.length.unwrap_or_default(), scheduled_ms).await
             }
             FaultKind::PartitionLeader => {
-                faults::partition_leader(&state, occ.length.unwrap_or_default(), scheduled_ms)
-                    .await
+                faults::partition_leader(&state, occ.length.unwrap_or_default(), scheduled_ms).await
             }
             FaultKind::Stepdown => faults::stepdown_leader(&state, scheduled_ms).await,
         };
@@ -433,7 +449,10 @@ async fn drive(
                 }
                 records.push(rec);
             }
-            Err(e) => errors.push(format!("{} at {scheduled_ms:.0} ms: {e:#}", occ.kind.as_str())),
+            Err(e) => errors.push(format!(
+                "{} at {scheduled_ms:.0} ms: {e:#}",
+                occ.kind.as_str()
+            )),
         }
     }
     let report: LoadReport = load_task.await.context("load task")??;
@@ -446,7 +465,7 @@ async fn drive(
         }
     }
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    meter.scrape(&client, &node_addrs(&snapshot)).await;
+    meter.scrape(&client, &snapshot).await;
     tokio::time::sleep(spec.settle.eval(ttl)).await;
 
     // The ledger, the refusals, and the client's acknowledgements: the checker's input.
@@ -457,8 +476,20 @@ async fn drive(
     let events = analysis::read_traces(&dir.join("nodes"));
 
     let result = assemble(
-        spec, plan, quick, cfg, &input, &verdict, &report, records, restarted, &events, &clock,
-        &node_ids, meter, started_unix_ms,
+        spec,
+        plan,
+        quick,
+        cfg,
+        &input,
+        &verdict,
+        &report,
+        records,
+        restarted,
+        &events,
+        &clock,
+        &node_ids,
+        meter,
+        started_unix_ms,
     );
     let mut result = result;
     result.wall_s = t_start.elapsed().as_secs_f64();
@@ -619,7 +650,7 @@ fn assemble(
         expect,
         expectation_met,
         timeline,
-        false_failovers: analysis::false_failovers(&transitions),
+        false_failovers: analysis::false_failovers(&transitions, &records, cfg.lease_ttl_ms),
         transitions,
         failover_ms: Summary::of(&kills),
         stepdown_dark_ms: Summary::of(&stepdowns),

@@ -215,6 +215,10 @@ pub struct ExpSpec {
     /// Whether the fleet must run in network namespaces (partitions).
     #[serde(default)]
     pub netns: bool,
+    /// Rate error of every node's clock (`clock_drift`, e.g. -0.45 = 45% slow): breaks the
+    /// watchdog's bounded-drift assumption on purpose, so only the fence is left.
+    #[serde(default)]
+    pub clock_drift: Option<f64>,
     pub seed: u64,
     /// How long the load runs.
     pub duration: Span,
@@ -236,6 +240,10 @@ pub struct ExpSpec {
     /// Backends whose verdict is reported but not judged (e.g. redis-naive has no real token).
     #[serde(default)]
     pub unjudged: Vec<BackendKind>,
+    /// Backends whose fencing-off verdict is reported but not judged (the fault may not defeat
+    /// their watchdog, e.g. raft's lease is shorter than any election).
+    #[serde(default)]
+    pub unjudged_off: Vec<BackendKind>,
     #[serde(default)]
     pub quick: QuickCfg,
 }
@@ -418,7 +426,9 @@ impl ExpSpec {
 
     /// The expected verdict of a run (`Any` for unjudged backends).
     pub fn expectation(&self, plan: &RunPlan) -> Expect {
-        if self.unjudged.contains(&plan.backend) {
+        if self.unjudged.contains(&plan.backend)
+            || (plan.fencing == Fencing::Off && self.unjudged_off.contains(&plan.backend))
+        {
             return Expect::Any;
         }
         match plan.fencing {
