@@ -35,9 +35,9 @@
 
 pub mod actors;
 pub mod backends;
-pub mod check;
 pub mod bench;
 pub mod chaos;
+pub mod check;
 pub mod clock;
 pub mod config;
 pub mod exp;

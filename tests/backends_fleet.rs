@@ -481,4 +481,3 @@ fn strip_ansi(text: &str) -> String {
     }
     out
 }
-

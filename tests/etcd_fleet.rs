@@ -28,8 +28,16 @@ async fn one_leader_among_three_and_followers_redirect_to_it() {
         let r = fleet.client.post(&n.http_addr, "/next").await.unwrap();
         assert_eq!(r.status, 409, "follower {} answered {:?}", n.id, r.body);
         assert_eq!(r.leader_header.as_deref(), Some(leader_addr.as_str()));
-        assert_eq!(r.json()["leader"]["node_id"].as_str(), Some(leader_id.as_str()));
-        let st = fleet.client.get(&n.http_addr, "/status").await.unwrap().json();
+        assert_eq!(
+            r.json()["leader"]["node_id"].as_str(),
+            Some(leader_id.as_str())
+        );
+        let st = fleet
+            .client
+            .get(&n.http_addr, "/status")
+            .await
+            .unwrap()
+            .json();
         assert_eq!(st["role"], "follower");
         assert!(st["fence_token"].is_null());
     }
@@ -37,7 +45,16 @@ async fn one_leader_among_three_and_followers_redirect_to_it() {
     // leaders_acting summed over the fleet is exactly 1, and the exposition passes promtool.
     let mut acting = 0.0;
     for n in fleet.state().nodes {
-        let text = String::from_utf8(fleet.client.get(&n.http_addr, "/metrics").await.unwrap().body.to_vec()).unwrap();
+        let text = String::from_utf8(
+            fleet
+                .client
+                .get(&n.http_addr, "/metrics")
+                .await
+                .unwrap()
+                .body
+                .to_vec(),
+        )
+        .unwrap();
         acting += text
             .lines()
             .find(|l| l.starts_with("leaders_acting{"))
@@ -50,11 +67,24 @@ async fn one_leader_among_three_and_followers_redirect_to_it() {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("promtool (Debian package prometheus) must be installed: scripts/ensure-deps.sh");
+            .expect(
+                "promtool (Debian package prometheus) must be installed: scripts/ensure-deps.sh",
+            );
         use std::io::Write;
-        promtool.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        promtool
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
         let out = promtool.wait_with_output().unwrap();
-        assert!(out.status.success(), "promtool check metrics on {}: {}{}", n.id, String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "promtool check metrics on {}: {}{}",
+            n.id,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     assert_eq!(acting, 1.0);
 }
@@ -100,10 +130,18 @@ async fn seq_strictly_increases_across_stepdown_and_kill9() {
     assert!(got.len() > 20, "too few IDs: {}", got.len());
     for w in got.windows(2) {
         assert!(w[1].1 > w[0].1, "seq went from {:?} to {:?}", w[0], w[1]);
-        assert!(w[1].0 >= w[0].0, "token went back from {:?} to {:?}", w[0], w[1]);
+        assert!(
+            w[1].0 >= w[0].0,
+            "token went back from {:?} to {:?}",
+            w[0],
+            w[1]
+        );
     }
     let tokens: std::collections::BTreeSet<i64> = got.iter().map(|g| g.0).collect();
-    assert!(tokens.contains(&t1) && tokens.contains(&t3), "tokens seen {tokens:?}, leaders {t1} {t2} {t3}");
+    assert!(
+        tokens.contains(&t1) && tokens.contains(&t3),
+        "tokens seen {tokens:?}, leaders {t1} {t2} {t3}"
+    );
 
     // Ledger view, in commit order: no range overlaps or steps back, tokens never decrease.
     let db = fleet.admin_db().await;
@@ -125,7 +163,10 @@ async fn seq_strictly_increases_across_stepdown_and_kill9() {
             .await
             .unwrap()
             .get(0);
-        assert_eq!(n, 1, "acknowledged ({token}, {seq}) is not in the ledger exactly once");
+        assert_eq!(
+            n, 1,
+            "acknowledged ({token}, {seq}) is not in the ledger exactly once"
+        );
     }
 
     // Step-down gap (old leader's last write -> new leader's first write) is positive.
@@ -149,7 +190,10 @@ async fn seq_strictly_increases_across_stepdown_and_kill9() {
         .unwrap()
         .get(0);
     eprintln!("step-down gap {gap_ms:.1} ms; kill -9 failover (resource clock) {failover_ms:.0} ms; observed {failover_observed:?}");
-    assert!(failover_ms > 0.0 && failover_ms < 3000.0 + 2000.0, "kill -9 failover {failover_ms} ms with a 3 s TTL");
+    assert!(
+        failover_ms > 0.0 && failover_ms < 3000.0 + 2000.0,
+        "kill -9 failover {failover_ms} ms with a 3 s TTL"
+    );
     assert!(got.len() > 20 && l2 != l1);
 }
 
@@ -161,25 +205,77 @@ async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
     assert_eq!(r.status, 200);
     let app = fleet.app_db().await;
     let admin = fleet.admin_db().await;
-    let last_before: i64 = admin.query_one("SELECT last_seq FROM baton.sequence WHERE name = 'sequence'", &[]).await.unwrap().get(0);
+    let last_before: i64 = admin
+        .query_one(
+            "SELECT last_seq FROM baton.sequence WHERE name = 'sequence'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
 
     // A stale token, as the application role, straight to the function.
-    let row = app.query_one("SELECT * FROM baton.seq_commit('sequence', $1, 'intruder', 1000000, 1000000)", &[&(token - 1)]).await.unwrap();
+    let row = app
+        .query_one(
+            "SELECT * FROM baton.seq_commit('sequence', $1, 'intruder', 1000000, 1000000)",
+            &[&(token - 1)],
+        )
+        .await
+        .unwrap();
     assert!(!row.get::<_, bool>("accepted"));
     assert_eq!(row.get::<_, i64>("max_token"), token);
     // The current token from another holder: the holder rule refuses it too.
-    let row = app.query_one("SELECT * FROM baton.seq_commit('sequence', $1, 'intruder', 1000001, 1000001)", &[&token]).await.unwrap();
+    let row = app
+        .query_one(
+            "SELECT * FROM baton.seq_commit('sequence', $1, 'intruder', 1000001, 1000001)",
+            &[&token],
+        )
+        .await
+        .unwrap();
     assert!(!row.get::<_, bool>("accepted"));
 
     let rej = admin
         .query("SELECT token, max_token, holder, max_holder, op, reason FROM baton.fence_rejections ORDER BY id", &[])
         .await
         .unwrap();
-    let rows: Vec<(i64, i64, String, String, String, String)> = rej.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))).collect();
-    assert!(rows.contains(&(token - 1, token, "intruder".into(), leader.clone(), "next".into(), "stale-token".into())), "{rows:?}");
-    assert!(rows.contains(&(token, token, "intruder".into(), leader.clone(), "next".into(), "holder-mismatch".into())), "{rows:?}");
-    let last_after: i64 = admin.query_one("SELECT last_seq FROM baton.sequence WHERE name = 'sequence'", &[]).await.unwrap().get(0);
-    assert!(last_after >= last_before && last_after < 1000000, "a rejected write changed the sequence");
+    let rows: Vec<(i64, i64, String, String, String, String)> = rej
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+        .collect();
+    assert!(
+        rows.contains(&(
+            token - 1,
+            token,
+            "intruder".into(),
+            leader.clone(),
+            "next".into(),
+            "stale-token".into()
+        )),
+        "{rows:?}"
+    );
+    assert!(
+        rows.contains(&(
+            token,
+            token,
+            "intruder".into(),
+            leader.clone(),
+            "next".into(),
+            "holder-mismatch".into()
+        )),
+        "{rows:?}"
+    );
+    let last_after: i64 = admin
+        .query_one(
+            "SELECT last_seq FROM baton.sequence WHERE name = 'sequence'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        last_after >= last_before && last_after < 1000000,
+        "a rejected write changed the sequence"
+    );
 
     // No bypass: the application role can read or write no table.
     for sql in [
@@ -216,7 +312,10 @@ async fn etcdctl_elect_holds_leadership_and_our_nodes_take_over_after_it() {
     let (won_tx, won_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if line.trim() == "outsider" {
                 let _ = won_tx.send(());
             }
@@ -232,8 +331,17 @@ async fn etcdctl_elect_holds_leadership_and_our_nodes_take_over_after_it() {
     // Our nodes queue behind it: none leads, all see "outsider", /next redirects to nobody usable.
     tokio::time::sleep(Duration::from_secs(4)).await;
     for n in fleet.state().nodes {
-        let st = fleet.client.get(&n.http_addr, "/status").await.unwrap().json();
-        assert_ne!(st["role"], "leader", "{} leads while etcdctl holds the election", n.id);
+        let st = fleet
+            .client
+            .get(&n.http_addr, "/status")
+            .await
+            .unwrap()
+            .json();
+        assert_ne!(
+            st["role"], "leader",
+            "{} leads while etcdctl holds the election",
+            n.id
+        );
         assert_eq!(st["leader"]["node_id"], "outsider");
         let r = fleet.client.post(&n.http_addr, "/next").await.unwrap();
         assert_eq!(r.status, 409);
@@ -262,39 +370,148 @@ async fn bad_input_gets_a_precise_4xx_and_changes_nothing() {
             )
             .await
             .unwrap();
-        (r.get::<_, i64>(0), r.get::<_, i64>(1), r.get::<_, i64>(2), r.get::<_, i64>(3))
+        (
+            r.get::<_, i64>(0),
+            r.get::<_, i64>(1),
+            r.get::<_, i64>(2),
+            r.get::<_, i64>(3),
+        )
     };
     let before = snapshot().await;
 
     let json = [("content-type", "application/json")];
     let cases: Vec<(Method, &str, Vec<(&str, &str)>, Bytes, u16, Option<&str>)> = vec![
-        (Method::GET, "/next", vec![], Bytes::new(), 405, Some("POST")),
-        (Method::DELETE, "/status", vec![], Bytes::new(), 405, Some("GET")),
-        (Method::GET, "/stepdown", vec![], Bytes::new(), 405, Some("POST")),
-        (Method::POST, "/metrics", vec![], Bytes::new(), 405, Some("GET")),
-        (Method::POST, "/next", vec![("content-type", "text/plain")], Bytes::from_static(b"hello"), 415, None),
-        (Method::POST, "/next", json.to_vec(), Bytes::from_static(b"{\"n\":"), 400, None),
-        (Method::POST, "/next", json.to_vec(), Bytes::from_static(b"{\"bogus\":1}"), 400, None),
-        (Method::POST, "/next", json.to_vec(), Bytes::from_static(b"{\"n\":-3}"), 400, None),
+        (
+            Method::GET,
+            "/next",
+            vec![],
+            Bytes::new(),
+            405,
+            Some("POST"),
+        ),
+        (
+            Method::DELETE,
+            "/status",
+            vec![],
+            Bytes::new(),
+            405,
+            Some("GET"),
+        ),
+        (
+            Method::GET,
+            "/stepdown",
+            vec![],
+            Bytes::new(),
+            405,
+            Some("POST"),
+        ),
+        (
+            Method::POST,
+            "/metrics",
+            vec![],
+            Bytes::new(),
+            405,
+            Some("GET"),
+        ),
+        (
+            Method::POST,
+            "/next",
+            vec![("content-type", "text/plain")],
+            Bytes::from_static(b"hello"),
+            415,
+            None,
+        ),
+        (
+            Method::POST,
+            "/next",
+            json.to_vec(),
+            Bytes::from_static(b"{\"n\":"),
+            400,
+            None,
+        ),
+        (
+            Method::POST,
+            "/next",
+            json.to_vec(),
+            Bytes::from_static(b"{\"bogus\":1}"),
+            400,
+            None,
+        ),
+        (
+            Method::POST,
+            "/next",
+            json.to_vec(),
+            Bytes::from_static(b"{\"n\":-3}"),
+            400,
+            None,
+        ),
         (Method::POST, "/next?n=0", vec![], Bytes::new(), 400, None),
         (Method::POST, "/next?n=abc", vec![], Bytes::new(), 400, None),
-        (Method::POST, "/next?n=100000", vec![], Bytes::new(), 400, None),
+        (
+            Method::POST,
+            "/next?n=100000",
+            vec![],
+            Bytes::new(),
+            400,
+            None,
+        ),
         (Method::POST, "/next?x=1", vec![], Bytes::new(), 400, None),
-        (Method::POST, "/next", json.to_vec(), Bytes::from(vec![b' '; 4096]), 413, None),
-        (Method::POST, "/stepdown", json.to_vec(), Bytes::from_static(b"[1,2"), 400, None),
-        (Method::POST, "/stepdown?to=", vec![], Bytes::new(), 400, None),
-        (Method::POST, "/stepdown", vec![("content-type", "text/csv")], Bytes::from_static(b"a,b"), 415, None),
+        (
+            Method::POST,
+            "/next",
+            json.to_vec(),
+            Bytes::from(vec![b' '; 4096]),
+            413,
+            None,
+        ),
+        (
+            Method::POST,
+            "/stepdown",
+            json.to_vec(),
+            Bytes::from_static(b"[1,2"),
+            400,
+            None,
+        ),
+        (
+            Method::POST,
+            "/stepdown?to=",
+            vec![],
+            Bytes::new(),
+            400,
+            None,
+        ),
+        (
+            Method::POST,
+            "/stepdown",
+            vec![("content-type", "text/csv")],
+            Bytes::from_static(b"a,b"),
+            415,
+            None,
+        ),
         (Method::GET, "/nope", vec![], Bytes::new(), 404, None),
     ];
     for (method, path, headers, body, want, allow) in cases {
-        let r = fleet.client.send(method.clone(), &addr, path, &headers, body).await.unwrap();
-        assert_eq!(r.status.as_u16(), want, "{method} {path}: {:?}", String::from_utf8_lossy(&r.body));
+        let r = fleet
+            .client
+            .send(method.clone(), &addr, path, &headers, body)
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status.as_u16(),
+            want,
+            "{method} {path}: {:?}",
+            String::from_utf8_lossy(&r.body)
+        );
         assert!(r.json()["error"].is_string(), "{method} {path}: error body");
         if let Some(a) = allow {
             assert_eq!(r.allow.as_deref(), Some(a), "{method} {path}: Allow header");
         }
     }
-    assert_eq!(snapshot().await, before, "a refused request changed the resource");
+    assert_eq!(
+        snapshot().await,
+        before,
+        "a refused request changed the resource"
+    );
     let (_, _, still) = fleet.leader(SETTLE).await;
     assert_eq!(still, token, "a refused request changed leadership");
 }

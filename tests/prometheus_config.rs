@@ -9,7 +9,12 @@ fn promtool(args: &[&str]) {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("promtool (Debian package prometheus) must be installed: scripts/ensure-deps.sh");
-    assert!(out.status.success(), "promtool {args:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "promtool {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

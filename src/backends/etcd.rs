@@ -155,7 +155,9 @@ impl Elector for EtcdElector {
                     let id = session.lease_id;
                     *guard = None;
                     *self.leader_key.lock().await = None;
-                    return Err(ElectorError::LeaseLost(format!("etcd lease {id:x} expired")));
+                    return Err(ElectorError::LeaseLost(format!(
+                        "etcd lease {id:x} expired"
+                    )));
                 }
                 Ok(Err(e)) => return Err(unavailable(e)),
                 Err(_) => {

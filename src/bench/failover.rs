@@ -408,7 +408,11 @@ async fn run_trials(
             .map(|(_, a)| a.clone())
             .ok_or_else(|| anyhow!("unknown node {}", old.node))?;
         let old_pid = state.node(&old.node)?.pid;
-        let waiters: Vec<String> = nodes.iter().filter(|(id, _)| *id != old.node).map(|(_, a)| a.clone()).collect();
+        let waiters: Vec<String> = nodes
+            .iter()
+            .filter(|(id, _)| *id != old.node)
+            .map(|(_, a)| a.clone())
+            .collect();
         let requests_before = backend_requests(&client, &waiters).await;
 
         let trigger_at = Instant::now();
@@ -457,10 +461,11 @@ async fn run_trials(
             .unwrap_or((new, f64::NAN));
         let detect_ms = ms(new.at.saturating_duration_since(trigger_at));
         // Calls the waiting nodes made to the backend while the old lease ran out and one of them won.
-        let backend_requests_per_election = match (requests_before, backend_requests(&client, &waiters).await) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-            _ => None,
-        };
+        let backend_requests_per_election =
+            match (requests_before, backend_requests(&client, &waiters).await) {
+                (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+                _ => None,
+            };
 
         if !args.stepdown {
             // Restart the killed node with its state dir, so the fleet stays at N.

@@ -96,7 +96,10 @@ pub struct NextReport {
 }
 
 pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
-    let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from(format!("state/bench/next-{}", args.backend)));
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("state/bench/next-{}", args.backend)));
     prepare_dir(&dir)?;
     let base_config = args.config.clone().or_else(|| {
         let p = PathBuf::from(format!("config/{}.toml", args.backend.as_str()));
@@ -149,9 +152,15 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         println!("warm-up: {}", warm.summary().ok_rate.round());
     }
     let db = connect_admin(state).await?;
-    let pos_before: i64 = db.query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[]).await?.get(0);
+    let pos_before: i64 = db
+        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
+        .await?
+        .get(0);
 
-    println!("baton: POST /next at {} IDs/s offered, {} connections, {} ms", args.rate, args.connections, args.duration);
+    println!(
+        "baton: POST /next at {} IDs/s offered, {} connections, {} ms",
+        args.rate, args.connections, args.duration
+    );
     let report = load::run(spec(args.duration)).await?;
     let s = report.summary();
     println!("{}", report.render());
@@ -175,7 +184,11 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
 
     let baseline = baseline(state, args).await?;
     let violations = ledger_violations(state).await.ok();
-    let ratio = if baseline.ids_per_s > 0.0 { baton.ids_per_s / baseline.ids_per_s } else { f64::INFINITY };
+    let ratio = if baseline.ids_per_s > 0.0 {
+        baton.ids_per_s / baseline.ids_per_s
+    } else {
+        f64::INFINITY
+    };
     println!(
         "baton    {:>9.0} IDs/s  p50 {:.2} ms  p99 {:.2} ms  p999 {:.2} ms  errors {}",
         baton.ids_per_s, baton.p50_ms, baton.p99_ms, baton.p999_ms, baton.errors
@@ -211,7 +224,11 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
 async fn wait_for_leader(state: &FleetState) -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(30);
     while Instant::now() < until {
-        if fleet::status(state).await.iter().any(|r| r.role.as_deref() == Some("leader")) {
+        if fleet::status(state)
+            .await
+            .iter()
+            .any(|r| r.role.as_deref() == Some("leader"))
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -221,7 +238,11 @@ async fn wait_for_leader(state: &FleetState) -> anyhow::Result<()> {
 
 /// One fenced, durable ID per round trip, closed loop over N connections.
 async fn baseline(state: &FleetState, args: &NextArgs) -> anyhow::Result<SideReport> {
-    let cfg = ResourceConfig { database_url: state.postgres.app_url(), pool_size: args.baseline_connections, statement_timeout_ms: 5000 };
+    let cfg = ResourceConfig {
+        database_url: state.postgres.app_url(),
+        pool_size: args.baseline_connections,
+        statement_timeout_ms: 5000,
+    };
     let fence = Fence::new(&cfg, "baseline").context("baseline pool")?;
     let token = FenceToken(1);
     let until = Instant::now() + Duration::from_millis(args.baseline_duration);
@@ -230,7 +251,8 @@ async fn baseline(state: &FleetState, args: &NextArgs) -> anyhow::Result<SideRep
         .map(|_| {
             let fence = fence.clone();
             tokio::spawn(async move {
-                let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+                let mut hist =
+                    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
                 let (mut ok, mut errors) = (0u64, 0u64);
                 while Instant::now() < until {
                     let t = Instant::now();

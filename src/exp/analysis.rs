@@ -104,10 +104,10 @@ fn attribute(ts: &mut [Transition], faults: &[FaultRecord], clock: &Clock0) {
     order.sort_by_key(|&i| faults[i].applied_at_mono_ns);
     let mut used = HashSet::new();
     for t in ts.iter_mut() {
-        let Some(&i) = order
+        let Some(i) = order
             .iter()
-            .filter(|&&i| clock.mono_s(faults[i].applied_at_mono_ns) <= t.first_new_s)
-            .last()
+            .copied()
+            .rfind(|&i| clock.mono_s(faults[i].applied_at_mono_ns) <= t.first_new_s)
         else {
             continue;
         };
@@ -575,18 +575,18 @@ mod tests {
     fn transitions_are_attributed_to_the_fault_before_them_once() {
         let input = healthy(); // token 5 (n1) at 1..3 ms, token 7 (n2) from 4 ms (pos = ms)
         let kill = fault(FaultKind::KillLeader, "n1", 5, 3, 0);
-        let ts = transitions(&input.ledger, &[kill.clone()], &clock());
+        let ts = transitions(&input.ledger, std::slice::from_ref(&kill), &clock());
         assert_eq!(ts.len(), 1);
         let t = &ts[0];
         assert_eq!((t.from_token, t.to_token), (5, 7));
         assert!((t.gap_ms - 2.0).abs() < 1e-9, "{t:?}"); // last next of 5 at 3 ms, first of 7 at 5 ms
         assert_eq!(t.cause, Some(0));
         assert!((t.from_fault_ms.unwrap() - 2.0).abs() < 1e-6);
-        assert_eq!(false_failovers(&ts, &[kill.clone()], 3), 0);
+        assert_eq!(false_failovers(&ts, std::slice::from_ref(&kill), 3), 0);
         // The same change after a pause shorter than the TTL is a false failover...
         let pause = fault(FaultKind::PauseLeader, "n1", 5, 3, 1);
-        let ts = transitions(&input.ledger, &[pause.clone()], &clock());
-        assert_eq!(false_failovers(&ts, &[pause.clone()], 3), 1);
+        let ts = transitions(&input.ledger, std::slice::from_ref(&pause), &clock());
+        assert_eq!(false_failovers(&ts, std::slice::from_ref(&pause), 3), 1);
         // ...and after one past the TTL, the point of the exercise.
         assert_eq!(false_failovers(&ts, &[pause], 1), 0);
     }

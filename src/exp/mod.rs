@@ -251,8 +251,9 @@ fn downsample(seq: &[(f64, i64, i64)], target: usize) -> Vec<(f64, i64, i64)> {
     }
     for i in 1..seq.len() {
         if seq[i].2 != seq[i - 1].2 {
-            for j in i.saturating_sub(3)..(i + 3).min(seq.len()) {
-                keep[j] = true;
+            let lo = i.saturating_sub(3);
+            for k in keep.iter_mut().take(i + 3).skip(lo) {
+                *k = true;
             }
         }
     }

@@ -85,7 +85,10 @@ impl FleetState {
             "targets": self.nodes.iter().map(|n| n.http_addr.clone()).collect::<Vec<_>>(),
             "labels": { "backend": self.backend.as_str() },
         }]);
-        fs::write(self.dir.join("prometheus-targets.json"), serde_json::to_vec_pretty(&targets)?)?;
+        fs::write(
+            self.dir.join("prometheus-targets.json"),
+            serde_json::to_vec_pretty(&targets)?,
+        )?;
         Ok(())
     }
 
@@ -326,7 +329,7 @@ async fn start_backend_servers(
                     tokio::task::spawn_blocking(move || {
                         EtcdCluster::start_on(&root, 3, hb, el, election_ip)
                     })
-                        .await??,
+                    .await??,
                 ),
                 None,
                 None,

@@ -71,7 +71,10 @@ pub fn pid_alive(pid: u32) -> bool {
     unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
     // A zombie (killed, not yet reaped by its parent) is not alive: read its state from /proc.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z" && state != "X"),
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
         Err(_) => false,
     }
 }

@@ -176,7 +176,13 @@ impl Fence {
     /// `baton bench next` compares group commit against).
     pub async fn seq_next(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
         let row = self
-            .call(resource, "next", token, "SELECT * FROM baton.seq_next($1, $2, $3)", &[&resource, &token.0, &self.holder])
+            .call(
+                resource,
+                "next",
+                token,
+                "SELECT * FROM baton.seq_next($1, $2, $3)",
+                &[&resource, &token.0, &self.holder],
+            )
             .await?;
         Ok(row.get(3))
     }

@@ -18,8 +18,17 @@ pub struct Fleet {
 }
 
 pub fn baton(args: &[&str]) -> String {
-    let out = Command::new(BATON).args(args).env("RUST_LOG", "warn").output().expect("run baton");
-    assert!(out.status.success(), "baton {args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BATON)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run baton");
+    assert!(
+        out.status.success(),
+        "baton {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -31,16 +40,40 @@ impl Fleet {
 
     /// `baton fleet up N --backend BACKEND` in a fresh temp dir, plus `extra` flags.
     pub fn up_with(backend: &str, nodes: usize, extra: &[&str]) -> Fleet {
-        let dir = tempfile::Builder::new().prefix("baton-test-").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("baton-test-")
+            .tempdir()
+            .expect("tempdir");
         let n = nodes.to_string();
         let dir_arg = dir.path().to_str().unwrap().to_owned();
-        let mut args = vec!["fleet", "up", n.as_str(), "--backend", backend, "--dir", dir_arg.as_str()];
+        let mut args = vec![
+            "fleet",
+            "up",
+            n.as_str(),
+            "--backend",
+            backend,
+            "--dir",
+            dir_arg.as_str(),
+        ];
         args.extend_from_slice(extra);
-        let fleet = Fleet { dir, client: NodeClient::new(Duration::from_secs(3)) };
-        let out = Command::new(BATON).args(&args).env("RUST_LOG", "warn").output().expect("run baton fleet up");
+        let fleet = Fleet {
+            dir,
+            client: NodeClient::new(Duration::from_secs(3)),
+        };
+        let out = Command::new(BATON)
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run baton fleet up");
         if !out.status.success() {
-            let _ = Command::new(BATON).args(["fleet", "down", "--dir", fleet.path().to_str().unwrap()]).output();
-            panic!("fleet up failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            let _ = Command::new(BATON)
+                .args(["fleet", "down", "--dir", fleet.path().to_str().unwrap()])
+                .output();
+            panic!(
+                "fleet up failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         fleet
     }
@@ -70,28 +103,55 @@ impl Fleet {
         let until = Instant::now() + within;
         loop {
             let rows = baton::fleet::status(&self.state()).await;
-            let leaders: Vec<_> = rows.iter().filter(|r| r.role.as_deref() == Some("leader")).collect();
+            let leaders: Vec<_> = rows
+                .iter()
+                .filter(|r| r.role.as_deref() == Some("leader"))
+                .collect();
             if leaders.len() == 1 {
                 let l = leaders[0];
-                let agreed = rows.iter().filter(|r| r.alive).all(|r| r.leader.as_deref() == Some(l.id.as_str()));
+                let agreed = rows
+                    .iter()
+                    .filter(|r| r.alive)
+                    .all(|r| r.leader.as_deref() == Some(l.id.as_str()));
                 if agreed {
-                    return (l.id.clone(), l.http_addr.clone(), l.token.expect("leader has a token"));
+                    return (
+                        l.id.clone(),
+                        l.http_addr.clone(),
+                        l.token.expect("leader has a token"),
+                    );
                 }
             }
-            assert!(Instant::now() < until, "no agreed leader within {within:?}: {rows:?}");
+            assert!(
+                Instant::now() < until,
+                "no agreed leader within {within:?}: {rows:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     /// Like [`Fleet::leader`] but for a leader other than `not`, with a higher token than `above`.
-    pub async fn new_leader(&self, not: &str, above: i64, within: Duration) -> (String, String, i64) {
+    pub async fn new_leader(
+        &self,
+        not: &str,
+        above: i64,
+        within: Duration,
+    ) -> (String, String, i64) {
         let until = Instant::now() + within;
         loop {
-            let (id, addr, token) = self.leader(until.saturating_duration_since(Instant::now()).max(Duration::from_millis(200))).await;
+            let (id, addr, token) = self
+                .leader(
+                    until
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(200)),
+                )
+                .await;
             if id != not && token > above {
                 return (id, addr, token);
             }
-            assert!(Instant::now() < until, "no new leader (other than {not}, token > {above}) within {within:?}");
+            assert!(
+                Instant::now() < until,
+                "no new leader (other than {not}, token > {above}) within {within:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -108,7 +168,9 @@ impl Fleet {
 }
 
 pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the private PostgreSQL");
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connect to the private PostgreSQL");
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -117,12 +179,18 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
-        let _ = Command::new(BATON).args(["fleet", "down", "--dir", self.path().to_str().unwrap()]).output();
+        let _ = Command::new(BATON)
+            .args(["fleet", "down", "--dir", self.path().to_str().unwrap()])
+            .output();
     }
 }
 
 /// One `POST /next` against whoever leads, following 409s; `(token, seq)` or why not.
-pub async fn next_anywhere(client: &NodeClient, nodes: &[FleetNode], hint: &mut Option<String>) -> Result<(i64, i64), String> {
+pub async fn next_anywhere(
+    client: &NodeClient,
+    nodes: &[FleetNode],
+    hint: &mut Option<String>,
+) -> Result<(i64, i64), String> {
     let mut addrs: Vec<String> = hint.iter().cloned().collect();
     addrs.extend(nodes.iter().map(|n| n.http_addr.clone()));
     for addr in addrs {
