@@ -89,6 +89,8 @@ pub fn machine_info() -> serde_json::Value {
         "cpu": cpu,
         "baton_version": env!("CARGO_PKG_VERSION"),
         "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "commit": crate::exp::git_commit(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
     })
 }
 

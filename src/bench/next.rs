@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -183,6 +183,12 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         .await?;
 
     let baseline = baseline(state, args).await?;
+    if baseline.ids == 0 {
+        bail!(
+            "the baseline issued no IDs ({} errors): it has nothing to compare against",
+            baseline.errors
+        );
+    }
     let violations = ledger_violations(state).await.ok();
     let ratio = if baseline.ids_per_s > 0.0 {
         baton.ids_per_s / baseline.ids_per_s
@@ -236,6 +242,19 @@ async fn wait_for_leader(state: &FleetState) -> anyhow::Result<()> {
     Err(anyhow!("no leader within 30 s"))
 }
 
+/// The token and holder the fence row holds now (the current leader's).
+async fn leader_identity(state: &FleetState) -> anyhow::Result<(FenceToken, String)> {
+    let db = connect_admin(state).await?;
+    let row = db
+        .query_one(
+            "SELECT max_token, holder FROM baton.fenced_resource WHERE name = baton.fence_domain()",
+            &[],
+        )
+        .await
+        .context("reading the fence row")?;
+    Ok((FenceToken(row.get(0)), row.get(1)))
+}
+
 /// One fenced, durable ID per round trip, closed loop over N connections.
 async fn baseline(state: &FleetState, args: &NextArgs) -> anyhow::Result<SideReport> {
     let cfg = ResourceConfig {
@@ -243,8 +262,10 @@ async fn baseline(state: &FleetState, args: &NextArgs) -> anyhow::Result<SideRep
         pool_size: args.baseline_connections,
         statement_timeout_ms: 5000,
     };
-    let fence = Fence::new(&cfg, "baseline").context("baseline pool")?;
-    let token = FenceToken(1);
+    // One fence domain guards every resource, so the baseline writes as the current leader
+    // (its token and holder name) to its own sequence row; any other identity is refused.
+    let (token, holder) = leader_identity(state).await?;
+    let fence = Fence::new(&cfg, &holder).context("baseline pool")?;
     let until = Instant::now() + Duration::from_millis(args.baseline_duration);
     let started = Instant::now();
     let tasks: Vec<_> = (0..args.baseline_connections)

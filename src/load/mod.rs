@@ -287,8 +287,6 @@ struct Shared {
 struct WorkerOut {
     ops: Vec<Op>,
     unsent: u64,
-    latency: Histogram<u64>,
-    service: Histogram<u64>,
 }
 
 /// Runs the load and returns every request's record. Errors only on a bad spec.
@@ -301,6 +299,21 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     ));
     // Find the leader before the clock starts, so the first slots are not all redirects.
     leader.refresh(leader.generation()).await;
+    // Open every connection before the clock starts too: opening hundreds of them inside the
+    // measured window put a ~100 ms connect storm into the first slots' latency. A connection
+    // that fails here is simply opened (and its failure recorded) by its first request.
+    let opened = futures::future::join_all((0..spec.connections).map(|w| {
+        let addr = leader.current(w);
+        async move { Conn::open(&addr, Duration::from_secs(2)).await.ok() }
+    }))
+    .await;
+    // Likewise each worker's record buffer, so no slot waits on a reallocation. (Histograms are
+    // built from the records afterwards: per-connection HDR histograms, ~180 MB at 256
+    // connections, faulted in after t0 made the first slots tens of ms late.)
+    let per_worker_ops = (total as usize / spec.connections.max(1)) * 5 / 4 + 16;
+    let outs: Vec<WorkerOut> = (0..spec.connections)
+        .map(|_| WorkerOut::with_capacity(per_worker_ops))
+        .collect();
     // Read the ns clock first: the Instant read after it is no earlier, so no slot is sent
     // before its recorded `sched_ns`.
     let t0_ns = monotonic_ns() + 1_000_000;
@@ -314,8 +327,11 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
         t0,
         t0_ns,
     });
-    let workers: Vec<_> = (0..spec.connections)
-        .map(|w| tokio::spawn(worker(shared.clone(), w as u32)))
+    let workers: Vec<_> = opened
+        .into_iter()
+        .zip(outs)
+        .enumerate()
+        .map(|(w, (conn, out))| tokio::spawn(worker(shared.clone(), w as u32, conn, out)))
         .collect();
     let mut ops = Vec::with_capacity(total as usize);
     let mut unsent = 0;
@@ -325,10 +341,12 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
         let out = w.await.context("load worker panicked")?;
         ops.extend(out.ops);
         unsent += out.unsent;
-        latency_us.add(&out.latency).ok();
-        service_us.add(&out.service).ok();
     }
     ops.sort_by_key(|o| o.id);
+    for op in ops.iter().filter(|o| o.outcome == Outcome::Ok) {
+        let _ = latency_us.record((op.complete_ns.saturating_sub(op.sched_ns) / 1000).max(1));
+        let _ = service_us.record((op.complete_ns.saturating_sub(op.invoke_ns) / 1000).max(1));
+    }
     let last = ops.iter().map(|o| o.complete_ns).max().unwrap_or(t0_ns);
     Ok(LoadReport {
         spec,
@@ -341,14 +359,16 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     })
 }
 
-async fn worker(sh: Arc<Shared>, w: u32) -> WorkerOut {
-    let mut out = WorkerOut {
-        ops: Vec::new(),
-        unsent: 0,
-        latency: new_histogram(),
-        service: new_histogram(),
-    };
-    let mut conn: Option<Conn> = None;
+impl WorkerOut {
+    fn with_capacity(ops: usize) -> WorkerOut {
+        WorkerOut {
+            ops: Vec::with_capacity(ops),
+            unsent: 0,
+        }
+    }
+}
+
+async fn worker(sh: Arc<Shared>, w: u32, mut conn: Option<Conn>, mut out: WorkerOut) -> WorkerOut {
     let period_ns = 1e9 / sh.spec.rate;
     loop {
         let id = sh.next_slot.fetch_add(1, Ordering::Relaxed);
@@ -366,14 +386,6 @@ async fn worker(sh: Arc<Shared>, w: u32) -> WorkerOut {
             continue;
         }
         let op = one_request(&sh, w, id, sched_ns, &mut conn).await;
-        if op.outcome == Outcome::Ok {
-            let _ = out
-                .latency
-                .record(((op.complete_ns.saturating_sub(sched_ns)) / 1000).max(1));
-            let _ = out
-                .service
-                .record(((op.complete_ns.saturating_sub(op.invoke_ns)) / 1000).max(1));
-        }
         out.ops.push(op);
     }
     out

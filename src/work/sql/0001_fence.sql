@@ -86,8 +86,29 @@ CREATE TABLE IF NOT EXISTS baton.workset_cursor (
 CREATE OR REPLACE FUNCTION baton.fence_domain() RETURNS TEXT
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'leadership'::text $$;
 
--- The rule, written once. Locks the fence row for the rest of the calling transaction, so
--- concurrent writers serialize and the check and the write are atomic.
+-- The fence row exists from migration on; this only re-creates it if someone deleted it.
+INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
+    ON CONFLICT (name) DO NOTHING;
+
+-- Locks the fence row for the rest of the calling transaction and returns it. Every writer
+-- takes this lock first, so concurrent writers serialize and the check and the write are atomic.
+-- The common case is one indexed SELECT ... FOR UPDATE: the sequencer's group commits call this
+-- thousands of times a second, so the (speculative) insert only runs when the row is missing.
+CREATE OR REPLACE FUNCTION baton.fence_lock(OUT max_token BIGINT, OUT max_holder TEXT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    SELECT r.max_token, r.holder INTO max_token, max_holder
+        FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
+            ON CONFLICT (name) DO NOTHING;
+        SELECT r.max_token, r.holder INTO max_token, max_holder
+            FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
+    END IF;
+END
+$$;
+
+-- The rule, written once, under the fence row's lock.
 -- accept iff fencing is off, or token > max_token, or token = max_token and the holder matches.
 CREATE OR REPLACE FUNCTION baton.fence_check(p_resource TEXT, p_token BIGINT, p_holder TEXT, p_op TEXT,
                                              OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
@@ -96,15 +117,14 @@ DECLARE
     v_fencing BOOLEAN;
 BEGIN
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
-        ON CONFLICT (name) DO NOTHING;
-    SELECT r.max_token, r.holder INTO max_token, max_holder
-        FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
     accepted := (NOT v_fencing)
              OR p_token > max_token
              OR (p_token = max_token AND p_holder = max_holder);
     IF accepted THEN
-        IF p_token >= max_token THEN
+        -- Only a new term (or, with fencing off, a different writer) changes the row; the same
+        -- holder writing again under its token leaves it alone (no dead tuple per commit).
+        IF p_token > max_token OR (p_token = max_token AND p_holder <> max_holder) THEN
             UPDATE baton.fenced_resource SET max_token = p_token, holder = p_holder, updated_at = clock_timestamp()
              WHERE name = baton.fence_domain();
         END IF;
@@ -156,10 +176,7 @@ BEGIN
     END IF;
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
     -- Lock order everywhere: fenced_resource, then sequence (seq_claim does the same).
-    INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
-        ON CONFLICT (name) DO NOTHING;
-    SELECT r.max_token, r.holder INTO max_token, max_holder
-      FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
     SELECT s.last_seq INTO v_last FROM baton.sequence s WHERE s.name = p_resource FOR UPDATE;
     -- The forward check comes before the fence, so a refused range never moves the fence either.
     IF v_fencing AND p_seq_lo <= coalesce(v_last, 0) THEN
