@@ -13,6 +13,7 @@ pub const LEADERS_ACTING: &str = "leaders_acting";
 pub const ROLE: &str = "baton_role";
 pub const TRANSITIONS: &str = "baton_leadership_transitions_total";
 pub const CAMPAIGN_SECONDS: &str = "baton_campaign_duration_seconds";
+pub const ELECTION_SECONDS: &str = "baton_election_duration_seconds";
 pub const RENEWALS: &str = "baton_lease_renewals_total";
 pub const RENEWAL_FAILURES: &str = "baton_lease_renewal_failures_total";
 pub const FENCE_TOKEN: &str = "baton_fence_token";
@@ -76,7 +77,16 @@ fn describe() {
         TRANSITIONS,
         "Leadership transitions of this node, by the role entered"
     );
-    describe_histogram!(CAMPAIGN_SECONDS, Unit::Seconds, "Campaign start to won");
+    describe_histogram!(
+        CAMPAIGN_SECONDS,
+        Unit::Seconds,
+        "Campaign call to won, including time queued behind a live leader"
+    );
+    describe_histogram!(
+        ELECTION_SECONDS,
+        Unit::Seconds,
+        "Seat vacant (as this node saw it) to won: the election itself"
+    );
     describe_counter!(RENEWALS, "Successful lease renewals");
     describe_counter!(RENEWAL_FAILURES, "Failed lease renewals");
     describe_gauge!(

@@ -429,6 +429,7 @@ impl Elector for EveryoneWins {
                 sent_at: Instant::now(),
                 ttl: Duration::from_millis(900),
             },
+            vacant_since: None,
         })
     }
     async fn renew(&self) -> ElectorResult<Option<Grant>> {

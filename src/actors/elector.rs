@@ -211,9 +211,20 @@ impl ElectorState {
         match result {
             Ok(win) => {
                 metrics::histogram!(m::CAMPAIGN_SECONDS).record(started.elapsed().as_secs_f64());
+                // The election proper: from the vacancy this node saw to now (never before
+                // this campaign began).
+                let election = win.vacant_since.map(|v| v.max(started).elapsed());
+                if let Some(e) = election {
+                    metrics::histogram!(m::ELECTION_SECONDS).record(e.as_secs_f64());
+                }
                 let deadline = self.deadline(win.grant);
                 self.mode = Mode::Leading(win.token);
-                self.args.trace.step("elector", "won", Some(win.token), "");
+                let detail = election
+                    .map(|e| format!("election_us={}", e.as_micros()))
+                    .unwrap_or_default();
+                self.args
+                    .trace
+                    .step("elector", "won", Some(win.token), &detail);
                 let _ = self.args.supervisor.cast(SupervisorMsg::Elected {
                     token: win.token,
                     lease_deadline: deadline,

@@ -13,6 +13,7 @@ use etcd_client::{
 };
 use tokio::sync::Mutex;
 
+use super::etcd_vacancy::VacancyWatch;
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -115,6 +116,9 @@ impl Elector for EtcdElector {
 
     async fn campaign(&self) -> ElectorResult<Win> {
         let (lease_id, _) = self.ensure_session().await?;
+        let started = Instant::now();
+        let vacancy =
+            VacancyWatch::open(&self.client, &format!("{}/", self.name), self.timeout).await;
         let mut c = self.client.clone();
         // Unbounded by design: campaign returns when every older candidacy is gone.
         count_request(BackendKind::Etcd, "campaign");
@@ -126,6 +130,10 @@ impl Elector for EtcdElector {
             .take_leader()
             .ok_or_else(|| unavailable("campaign answered without a leader key"))?;
         let token = FenceToken(key.rev());
+        let vacant_since = match vacancy {
+            Some(v) => v.vacant_since(key.rev(), started).await,
+            None => None,
+        };
         *self.leader_key.lock().await = Some(key);
         let grant = self
             .session
@@ -134,7 +142,11 @@ impl Elector for EtcdElector {
             .as_ref()
             .map(|s| s.last_grant)
             .ok_or_else(|| ElectorError::LeaseLost("session closed during campaign".into()))?;
-        Ok(Win { token, grant })
+        Ok(Win {
+            token,
+            grant,
+            vacant_since,
+        })
     }
 
     async fn renew(&self) -> ElectorResult<Option<Grant>> {

@@ -16,6 +16,7 @@
 
 pub mod conformance;
 pub mod etcd;
+mod etcd_vacancy;
 pub mod pg_lease;
 pub mod raft;
 pub mod redis;
@@ -111,6 +112,12 @@ pub struct Win {
     pub token: FenceToken,
     /// The liveness grant in force when the win was observed; the watchdog starts from it.
     pub grant: Grant,
+    /// When the contest this node won began, as this node saw it: the seat fell vacant (etcd,
+    /// zk: the deletion of the candidacy ahead of ours arrived; raft: this node became
+    /// candidate; polling backends: the last poll that still found the seat held, so the
+    /// polling gap counts). `won - vacant_since` is the election latency; the time spent
+    /// queued behind a live leader before that is not. `None` when the backend could not tell.
+    pub vacant_since: Option<Instant>,
 }
 
 #[derive(Debug, thiserror::Error)]

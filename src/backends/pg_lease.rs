@@ -266,6 +266,7 @@ impl Elector for PgLeaseElector {
                 })
                 .clone()
         };
+        let mut seen_held_at: Option<Instant> = None;
         loop {
             let client = self.client().await?;
             let sent_at = Instant::now();
@@ -300,8 +301,10 @@ impl Elector for PgLeaseElector {
                         sent_at,
                         ttl: self.ttl,
                     },
+                    vacant_since: Some(seen_held_at.unwrap_or(sent_at)),
                 });
             }
+            seen_held_at = Some(sent_at);
             tokio::time::sleep(self.jittered_retry()).await;
         }
     }

@@ -266,6 +266,7 @@ impl Elector for RedisElector {
                 }
             }
         };
+        let mut seen_held_at: Option<Instant> = None;
         loop {
             let sent_at = Instant::now();
             if let Some(token) = self.try_acquire(&value).await? {
@@ -290,8 +291,10 @@ impl Elector for RedisElector {
                         sent_at,
                         ttl: self.ttl,
                     },
+                    vacant_since: Some(seen_held_at.unwrap_or(sent_at)),
                 });
             }
+            seen_held_at = Some(sent_at);
             tokio::time::sleep(self.jittered_retry()).await;
         }
     }

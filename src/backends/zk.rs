@@ -517,6 +517,8 @@ impl Elector for ZkElector {
             }
         }
         drop(client);
+        let started = Instant::now();
+        let mut woke_at: Option<Instant> = None;
         loop {
             // Never hold a client handle while waiting: dropping the session must close it.
             let client = {
@@ -582,6 +584,7 @@ impl Elector for ZkElector {
                     return Ok(Win {
                         token: FenceToken(node.czxid),
                         grant,
+                        vacant_since: Some(woke_at.unwrap_or(started)),
                     });
                 }
                 Some(i) => {
@@ -594,6 +597,7 @@ impl Elector for ZkElector {
                         Ok((Some(_), watcher)) => {
                             // Fires on the predecessor's deletion, or when our session ends.
                             let _ = watcher.changed().await;
+                            woke_at = Some(Instant::now());
                         }
                         Err(e) => return Err(e.into_err()),
                     }

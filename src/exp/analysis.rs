@@ -178,11 +178,24 @@ pub struct Election {
     pub token: Option<i64>,
     /// Run time of `won`.
     pub won_s: f64,
-    /// This node's `campaign` → `won`, ms (what `baton_campaign_duration_seconds` records).
+    /// This node's `campaign` → `won`, ms (what `baton_campaign_duration_seconds` records):
+    /// includes the time queued behind a live leader.
     pub campaign_ms: Option<f64>,
+    /// Seat vacant (as the winner saw it) → `won`, ms: the election itself
+    /// (`baton_election_duration_seconds`; `election_us=` in the `won` step's detail).
+    #[serde(default)]
+    pub election_ms: Option<f64>,
     /// Kill / step-down of the previous leader → this `won`, ms (the first win after that fault).
     pub after_fault_ms: Option<f64>,
     pub after_fault: Option<usize>,
+}
+
+/// The `election_us=N` field of a `won` step's detail.
+fn election_us(detail: &str) -> Option<u64> {
+    detail
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("election_us="))
+        .and_then(|v| v.parse().ok())
 }
 
 /// Elections from the traces; the first win after each kill / step-down is tied to it.
@@ -201,6 +214,7 @@ pub fn elections(events: &[TraceEvent], faults: &[FaultRecord], clock: &Clock0) 
                     token: e.token,
                     won_s: clock.mono_s(e.mono_ns),
                     campaign_ms: c.map(|c| (e.mono_ns.saturating_sub(c)) as f64 / 1e6),
+                    election_ms: election_us(&e.detail).map(|us| us as f64 / 1000.0),
                     after_fault_ms: None,
                     after_fault: None,
                 });
@@ -639,12 +653,14 @@ mod tests {
             mono_ns: 1_000_000_000 + ms * 1_000_000,
             detail: String::new(),
         };
-        let events = vec![
+        let mut events = vec![
             ev("n1", "campaign", 0),
             ev("n2", "campaign", 1),
             ev("n1", "won", 5),
             ev("n2", "won", 300),
         ];
+        // n2 queued for 299 ms but its election (vacancy → won) took 12.5 ms.
+        events[3].detail = "election_us=12500".into();
         let kill = fault(FaultKind::KillLeader, "n1", 1, 100, 0);
         let els = elections(&events, &[kill], &clock());
         assert_eq!(els.len(), 2);
@@ -652,6 +668,8 @@ mod tests {
         assert_eq!(els[0].after_fault, None);
         assert!((els[1].campaign_ms.unwrap() - 299.0).abs() < 1e-9);
         assert!((els[1].after_fault_ms.unwrap() - 200.0).abs() < 1e-6);
+        assert_eq!(els[0].election_ms, None);
+        assert_eq!(els[1].election_ms, Some(12.5));
         let wins = wins_per_node(&els, &["n1".into(), "n2".into(), "n3".into()]);
         assert_eq!(wins["n3"], 0);
     }

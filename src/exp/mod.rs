@@ -13,7 +13,7 @@
 //! `LABEL-timeline.csv` (leaders acting by effect), `LABEL-client.csv` (client outcomes per
 //! second), `LABEL-seq.csv` (downsampled), `LABEL-acting.svg` and `LABEL-seq.svg`. Then, from every
 //! `LABEL.json` present (so separate invocations accumulate): `summary.md`, `runs.csv`,
-//! `failover-vs-ttl.svg`, `election-cdf.svg`, `campaign-cdf.svg`, `dark-cdf.svg`.
+//! `failover-vs-ttl.svg`, `election-cdf.svg`, `campaign-cdf.svg`, `vacant-to-won-cdf.svg`, `dark-cdf.svg`.
 //!
 //! The exit code is non-zero when a run errs or its verdict is not the expected one (fencing on:
 //! PASS; fencing off: FAIL, unless the spec says otherwise).
@@ -507,6 +507,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     let mut ttl_series: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     let mut election: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut campaign: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut vacant: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut dark: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for v in &runs {
         let label = v["label"].as_str().unwrap_or("?").to_owned();
@@ -528,6 +529,10 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         let cw: Vec<f64> = els.iter().filter_map(|e| f(&e["campaign_ms"])).collect();
         if !cw.is_empty() {
             campaign.insert(label.clone(), cw);
+        }
+        let vw: Vec<f64> = els.iter().filter_map(|e| f(&e["election_ms"])).collect();
+        if !vw.is_empty() {
+            vacant.insert(label.clone(), vw);
         }
         let gaps: Vec<f64> = v["transitions"]
             .as_array()
@@ -577,6 +582,18 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         )?;
         plots_made.push("campaign-cdf.svg");
     }
+    if !vacant.is_empty() {
+        plots::cdf(
+            &out.join("vacant-to-won-cdf.svg"),
+            &format!(
+                "{}: seat vacant → won per win (baton_election_duration_seconds)",
+                spec.name
+            ),
+            "ms (the winner's monotonic clock)",
+            &limit(vacant),
+        )?;
+        plots_made.push("vacant-to-won-cdf.svg");
+    }
     if !dark.is_empty() {
         plots::cdf(
             &out.join("dark-cdf.svg"),
@@ -589,13 +606,13 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
 
     // runs.csv
     let mut csv = String::from(
-        "label,backend,lease_ttl_ms,fencing,workset_rows,seed,pass,expect,expectation_met,writes,tokens,acked,rejections,faults,false_failovers,failover_median_ms,failover_p99_ms,failover_max_ms,dark_median_ms,dark_min_ms,kill_to_won_p99_ms,campaign_p99_ms,seq_not_increasing,token_backward,error\n",
+        "label,backend,lease_ttl_ms,fencing,workset_rows,seed,pass,expect,expectation_met,writes,tokens,acked,rejections,faults,false_failovers,failover_median_ms,failover_p99_ms,failover_max_ms,dark_median_ms,dark_min_ms,kill_to_won_p99_ms,campaign_p99_ms,election_p99_ms,seq_not_increasing,token_backward,error\n",
     );
     for v in &runs {
         let g = |k: &str, q: &str| f(&v[k][q]).map(|x| format!("{x:.1}")).unwrap_or_default();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
             v["label"].as_str().unwrap_or(""),
             v["backend"].as_str().unwrap_or(""),
             v["lease_ttl_ms"],
@@ -620,6 +637,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
                 .map(|s| format!("{:.1}", s.p99))
                 .unwrap_or_default(),
             g("campaign_ms", "p99"),
+            g("election_ms", "p99"),
             v["seq_steps"]["seq_not_increasing"],
             v["seq_steps"]["token_backward"],
             v["error"].as_str().unwrap_or("").replace('"', "'"),
@@ -758,9 +776,10 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         .filter(|v| !fault_to_won_of(v).is_empty() || !v["campaign_ms"].is_null())
         .map(|v| {
             format!(
-                "- **{}**: kill → won ms {}; campaign → won ms {}; wins per node {}; winners per round {}; backend requests per election {} (election ops only: {})",
+                "- **{}**: kill → won ms {}; seat vacant → won (the election) ms {}; campaign call → won (includes queueing) ms {}; wins per node {}; winners per round {}; backend requests per election {} (election ops only: {})",
                 v["label"].as_str().unwrap_or("?"),
                 ms_value(crate::bench::Summary::of(&fault_to_won_of(v)).map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(Value::Null)),
+                ms_cell(&v["election_ms"]),
                 ms_cell(&v["campaign_ms"]),
                 v["wins_per_node"],
                 v["winners_per_round"],

@@ -121,6 +121,9 @@ pub struct RunResult {
     /// `{winners: rounds}` between consecutive kills / step-downs.
     pub winners_per_round: BTreeMap<usize, usize>,
     pub campaign_ms: Option<Summary>,
+    /// Seat vacant → won (the winner's view), ms: the election without the queueing.
+    #[serde(default)]
+    pub election_ms: Option<Summary>,
     /// Kill → the successor's `won` (actor traces, monotonic clock), ms.
     pub kill_to_won_ms: Option<Summary>,
     pub stale: Vec<StaleEvidence>,
@@ -535,6 +538,7 @@ fn assemble(
         .collect();
     let wins = analysis::wins_per_node(&elections, node_ids);
     let campaign: Vec<f64> = elections.iter().filter_map(|e| e.campaign_ms).collect();
+    let election: Vec<f64> = elections.iter().filter_map(|e| e.election_ms).collect();
     let kill_to_won: Vec<f64> = elections.iter().filter_map(|e| e.after_fault_ms).collect();
     let stale = analysis::stale_evidence(input, &records, events, clock);
     let expect = spec.expectation(plan);
@@ -657,6 +661,7 @@ fn assemble(
         wins_per_node: wins,
         winners_per_round: analysis::winners_per_round(&elections, &records, clock),
         campaign_ms: Summary::of(&campaign),
+        election_ms: Summary::of(&election),
         kill_to_won_ms: Summary::of(&kill_to_won),
         elections,
         stale,

@@ -336,12 +336,23 @@ impl Elector for RaftElector {
         let raft = self.ensure_started().await?;
         let me = self.shared.me;
         let mut rx = raft.metrics();
+        // When this node's election timer fired (it became candidate) for the contest it wins;
+        // reset whenever another leader is seen. A candidacy too short to be seen in the
+        // metrics stays unknown rather than counting as zero.
+        let mut candidate_since: Option<Instant> = None;
         loop {
             if self.shared.current().is_none() {
                 return Err(unavailable("raft was shut down during the campaign"));
             }
             let leading = {
                 let m = rx.borrow_watched();
+                match m.state {
+                    ServerState::Candidate => {
+                        candidate_since.get_or_insert_with(Instant::now);
+                    }
+                    ServerState::Follower if m.current_leader.is_some() => candidate_since = None,
+                    _ => {}
+                }
                 m.state == ServerState::Leader && m.current_leader == Some(me)
             };
             if leading {
@@ -360,6 +371,7 @@ impl Elector for RaftElector {
                             sent_at,
                             ttl: self.shared.lease_ttl,
                         },
+                        vacant_since: candidate_since,
                     });
                 }
                 // Transferring away, or no quorum yet: wait for a change, but poll anyway.

@@ -1,0 +1,148 @@
+//! When did the seat fall vacant? etcd's Campaign RPC waits on the server until every older
+//! candidacy is deleted and does not say when that happened. To measure election latency
+//! (vacancy → won, as opposed to the time spent queued behind a live leader), a campaign opens
+//! this watch on the election prefix first and notes when each deletion arrives.
+//!
+//! After the win it reads the store's current revision (the Campaign answer carries the revision
+//! of our key's creation, not of the win) and waits until the watch has caught up with it, so the
+//! deletion that let us in cannot still be in flight. Best effort: any failure yields `None`,
+//! never an error for the campaign.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchRequestSender,
+    WatchResponseStream,
+};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::{count_request, BackendKind};
+
+/// How long a won campaign waits for the watch to catch up before giving up on the figure.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+struct Seen {
+    /// `(create_revision of the deleted key, delete revision, arrival)`.
+    deletes: Vec<(i64, i64, Instant)>,
+    /// The highest store revision a watch response has reported.
+    revision: i64,
+}
+
+pub(super) struct VacancyWatch {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    seen: Arc<Mutex<Seen>>,
+    progressed: Arc<Notify>,
+    requests: WatchRequestSender,
+    reader: JoinHandle<()>,
+}
+
+impl VacancyWatch {
+    /// Opens the watch (deletions only, with the deleted key's previous value for its create
+    /// revision). `None` if etcd does not answer within `timeout`.
+    pub(super) async fn open(client: &Client, prefix: &str, timeout: Duration) -> Option<Self> {
+        let mut c = client.clone();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_prev_key()
+            .with_filters([WatchFilterType::NoPut]);
+        count_request(BackendKind::Etcd, "watch-vacancy");
+        let stream = tokio::time::timeout(timeout, c.watch(prefix, Some(opts)))
+            .await
+            .ok()?
+            .ok()?;
+        let (requests, responses) = stream.split();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let progressed = Arc::new(Notify::new());
+        let reader = tokio::spawn(read(responses, seen.clone(), progressed.clone()));
+        Some(VacancyWatch {
+            client: client.clone(),
+            prefix: prefix.to_owned(),
+            timeout,
+            seen,
+            progressed,
+            requests,
+            reader,
+        })
+    }
+
+    /// When the last candidacy older than ours (`our_create_rev`) was deleted, as it arrived
+    /// here; `campaign_start` if none was deleted while we waited (the seat was free). `None`
+    /// if the watch could not be brought up to the store's revision after the win.
+    pub(super) async fn vacant_since(
+        mut self,
+        our_create_rev: i64,
+        campaign_start: Instant,
+    ) -> Option<Instant> {
+        let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "revision");
+        let won_at_rev = tokio::time::timeout(
+            self.timeout,
+            c.get(
+                self.prefix.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        )
+        .await
+        .ok()?
+        .ok()?
+        .header()?
+        .revision();
+        count_request(BackendKind::Etcd, "watch-progress");
+        self.requests.request_progress().await.ok()?;
+        let caught_up = tokio::time::timeout(CATCH_UP_TIMEOUT, async {
+            loop {
+                let notified = self.progressed.notified();
+                if self.revision() >= won_at_rev {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        caught_up.ok()?;
+        let seen = self.seen.lock().ok()?;
+        let last_ahead_deleted = seen
+            .deletes
+            .iter()
+            .filter(|(created, deleted, _)| *created < our_create_rev && *deleted <= won_at_rev)
+            .map(|(_, _, at)| *at)
+            .max();
+        Some(last_ahead_deleted.unwrap_or(campaign_start))
+    }
+
+    fn revision(&self) -> i64 {
+        self.seen.lock().map(|s| s.revision).unwrap_or(0)
+    }
+}
+
+impl Drop for VacancyWatch {
+    fn drop(&mut self) {
+        // Dropping the stream ends the watch on the server.
+        self.reader.abort();
+    }
+}
+
+async fn read(mut responses: WatchResponseStream, seen: Arc<Mutex<Seen>>, progressed: Arc<Notify>) {
+    while let Ok(Some(resp)) = responses.message().await {
+        let now = Instant::now();
+        if let Ok(mut s) = seen.lock() {
+            for ev in resp.events() {
+                if ev.event_type() != EventType::Delete {
+                    continue;
+                }
+                let created = ev.prev_kv().map(|kv| kv.create_revision()).unwrap_or(0);
+                let deleted = ev.kv().map(|kv| kv.mod_revision()).unwrap_or(0);
+                s.deletes.push((created, deleted, now));
+            }
+            if let Some(h) = resp.header() {
+                s.revision = s.revision.max(h.revision());
+            }
+        }
+        progressed.notify_waiters();
+    }
+}
