@@ -555,53 +555,45 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         )?;
         plots_made.push("failover-vs-ttl.svg");
     }
-    let limit = |m: BTreeMap<String, Vec<f64>>| -> BTreeMap<String, Vec<f64>> {
-        m.into_iter().take(10).collect()
-    };
-    if !election.is_empty() {
-        plots::cdf(
-            &out.join("election-cdf.svg"),
-            &format!(
-                "{}: election latency, leader killed / stepped down → successor won",
-                spec.name
-            ),
+    let cdfs: [(&'static str, String, &str, BTreeMap<String, Vec<f64>>); 4] = [
+        (
+            "election-cdf.svg",
+            "election latency, leader killed / stepped down → successor won".into(),
             "ms (actor traces, CLOCK_MONOTONIC)",
-            &limit(election),
-        )?;
-        plots_made.push("election-cdf.svg");
-    }
-    if !campaign.is_empty() {
-        plots::cdf(
-            &out.join("campaign-cdf.svg"),
-            &format!(
-                "{}: campaign → won per win (baton_campaign_duration_seconds)",
-                spec.name
-            ),
+            election,
+        ),
+        (
+            "campaign-cdf.svg",
+            "campaign → won per win (baton_campaign_duration_seconds)".into(),
             "ms (actor traces)",
-            &limit(campaign),
-        )?;
-        plots_made.push("campaign-cdf.svg");
-    }
-    if !vacant.is_empty() {
-        plots::cdf(
-            &out.join("vacant-to-won-cdf.svg"),
-            &format!(
-                "{}: seat vacant → won per win (baton_election_duration_seconds)",
-                spec.name
-            ),
+            campaign,
+        ),
+        (
+            "vacant-to-won-cdf.svg",
+            "seat vacant → won per win (baton_election_duration_seconds)".into(),
             "ms (the winner's monotonic clock)",
-            &limit(vacant),
-        )?;
-        plots_made.push("vacant-to-won-cdf.svg");
-    }
-    if !dark.is_empty() {
-        plots::cdf(
-            &out.join("dark-cdf.svg"),
-            &format!("{}: dark time, last old write → first new write", spec.name),
+            vacant,
+        ),
+        (
+            "dark-cdf.svg",
+            "dark time, last old write → first new write".into(),
             "ms (fence_log.committed_at)",
-            &limit(dark),
+            dark,
+        ),
+    ];
+    for (file, title, x_label, series) in cdfs {
+        if series.is_empty() {
+            continue;
+        }
+        // At most 10 series per plot.
+        let series: BTreeMap<String, Vec<f64>> = series.into_iter().take(10).collect();
+        plots::cdf(
+            &out.join(file),
+            &format!("{}: {title}", spec.name),
+            x_label,
+            &series,
         )?;
-        plots_made.push("dark-cdf.svg");
+        plots_made.push(file);
     }
 
     // runs.csv

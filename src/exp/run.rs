@@ -580,12 +580,13 @@ fn assemble(
     let total: u64 = by_op.values().sum();
     let campaign_ops: u64 = by_op
         .iter()
-        // Election traffic: everything but lease upkeep and the leader look-ups `/status` makes.
+        // Election traffic: everything but lease upkeep (raft: appends and snapshots, its
+        // heartbeats) and the leader look-ups `/status` makes.
         .filter(|(op, _)| {
             !(op.starts_with("keepalive")
                 || op.starts_with("renew")
                 || op.starts_with("read-")
-                || op.as_str() == "leader")
+                || matches!(op.as_str(), "leader" | "append" | "snapshot"))
         })
         .map(|(_, v)| *v)
         .sum();

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use super::faults::PeerFaults;
 use super::types::{PeerMap, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
-use crate::backends::{PeerRpc, PeerRpcError};
+use crate::backends::{count_request, BackendKind, PeerRpc, PeerRpcError};
 use crate::fleet::client::NodeClient;
 
 /// The sender's node id on every peer request.
@@ -96,10 +96,13 @@ pub struct PeerConn {
 impl PeerConn {
     async fn call<Req: Serialize, Resp: DeserializeOwned>(
         &self,
-        method: &str,
+        method: &'static str,
         req: &Req,
         ttl: Duration,
     ) -> Result<Resp, String> {
+        // Raft's "backend requests" are its peer RPCs: votes per election (no herd: one
+        // candidate asks N - 1 peers), appends as its lease upkeep.
+        count_request(BackendKind::Raft, method);
         if self.faults.isolated() {
             // Dropped on the floor: the caller learns nothing until its deadline passes.
             tokio::time::sleep(ttl).await;
