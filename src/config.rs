@@ -263,6 +263,36 @@ impl Default for SequencerConfig {
 }
 
 impl NodeConfig {
+    /// This config minus what differs per node or per run (ids, addresses, paths, URLs,
+    /// secrets): what a benchmark or experiment report records as "the config".
+    pub fn redacted_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(o) = v.as_object_mut() {
+            for k in [
+                "node_id",
+                "http_listen",
+                "advertise_addr",
+                "state_dir",
+                "admin_token",
+            ] {
+                o.remove(k);
+            }
+            for (section, key) in [
+                ("resource", "database_url"),
+                ("pg_lease", "database_url"),
+                ("etcd", "endpoints"),
+                ("redis", "url"),
+                ("raft", "peers"),
+                ("zk", "connect"),
+            ] {
+                if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
+                    s.remove(key);
+                }
+            }
+        }
+        v
+    }
+
     pub fn from_file(path: &Path) -> Result<NodeConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),

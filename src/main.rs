@@ -273,10 +273,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             run_for,
             netns,
         } => {
-            let base_config = config.or_else(|| {
-                let p = PathBuf::from(format!("config/{}.toml", backend.as_str()));
-                p.exists().then_some(p)
-            });
+            let base_config = config.or_else(|| fleet::default_base_config(backend));
             let spec = FleetSpec {
                 nodes,
                 backend,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use baton::fleet::client::NodeClient;
 use baton::fleet::FleetNode;
-use common::{next_anywhere, Fleet};
+use common::{assert_ledger_monotonic, next_anywhere, Fleet};
 
 const SETTLE: Duration = Duration::from_secs(40);
 
@@ -225,31 +225,7 @@ async fn check_seq(fleet: &Fleet, backend: &str, got: &[(i64, i64)]) {
         }
     }
     let db = fleet.admin_db().await;
-    let bad: i64 = db
-        .query_one(
-            "SELECT count(*) FROM (SELECT token, seq_lo, lag(seq_hi) OVER w AS prev_hi, lag(token) OVER w AS prev_token
-               FROM baton.fence_log WHERE op = 'next' WINDOW w AS (ORDER BY pos)) x
-             WHERE seq_lo <= prev_hi OR token < prev_token",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(bad, 0, "the ledger has non-increasing steps");
-    for (token, seq) in got {
-        let n: i64 = db
-            .query_one(
-                "SELECT count(*) FROM baton.fence_log WHERE op = 'next' AND token = $1 AND $2 BETWEEN seq_lo AND seq_hi",
-                &[token, seq],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(
-            n, 1,
-            "acknowledged ({token}, {seq}) is not in the ledger exactly once"
-        );
-    }
+    assert_ledger_monotonic(&db, got).await;
 }
 
 async fn kill9_and_continue(backend: &str) {

@@ -24,7 +24,7 @@
 //! redacted node config and the machine (`nproc`, `uname -r`), and stops the fleet at the end, on
 //! error and on Ctrl-C. The fleet directory is scratch: an old, stopped fleet there is wiped.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -155,11 +155,11 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<Vec<Trial>> {
         .dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("state/bench/failover-{}-{mode}", args.backend)));
-    prepare_dir(&dir)?;
-    let base_config = args.config.clone().or_else(|| {
-        let p = PathBuf::from(format!("config/{}.toml", args.backend.as_str()));
-        p.exists().then_some(p)
-    });
+    fleet::prepare_scratch_dir(&dir)?;
+    let base_config = args
+        .config
+        .clone()
+        .or_else(|| fleet::default_base_config(args.backend));
     let spec = FleetSpec {
         nodes: args.nodes,
         backend: args.backend,
@@ -181,16 +181,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<Vec<Trial>> {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "built-in defaults".into())
     );
-    let mut state = match fleet::up(&spec).await {
-        Ok(s) => s,
-        Err(e) => {
-            // Whatever did start must not outlive us.
-            if let Ok(partial) = FleetState::load(&dir) {
-                let _ = tokio::task::spawn_blocking(move || partial.down()).await;
-            }
-            return Err(e.context("starting the fleet"));
-        }
-    };
+    let mut state = fleet::up(&spec).await.context("starting the fleet")?;
     let config = redacted_config(&state);
     let stats = Arc::new(LoadStats::default());
     let mut trials = Vec::new();
@@ -275,69 +266,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<Vec<Trial>> {
     Ok(trials)
 }
 
-/// The fleet dir is scratch: refuse a running fleet or a foreign directory, wipe an old fleet.
-pub(crate) fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    let is_empty = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .next()
-        .is_none();
-    if is_empty {
-        return Ok(());
-    }
-    let old = FleetState::load(dir).with_context(|| {
-        format!(
-            "{} exists and is not a stopped fleet's directory; pass another --dir",
-            dir.display()
-        )
-    })?;
-    if old.nodes.iter().any(|n| pid_alive(n.pid)) {
-        bail!(
-            "a fleet is running in {} (stop it with `baton fleet down --dir {}`)",
-            dir.display(),
-            dir.display()
-        );
-    }
-    old.down(); // its servers, should any have survived
-    std::fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))?;
-    Ok(())
-}
-
-/// The node config minus what differs per node or per run (ids, addresses, paths, URLs, secrets).
+/// The fleet's node config, redacted ([`NodeConfig::redacted_json`]).
 pub(crate) fn redacted_config(state: &FleetState) -> serde_json::Value {
-    let Some(n) = state.nodes.first() else {
-        return serde_json::Value::Null;
-    };
-    let Ok(cfg) = NodeConfig::from_file(&n.config) else {
-        return serde_json::Value::Null;
-    };
-    let mut v = serde_json::to_value(&cfg).unwrap_or_default();
-    if let Some(o) = v.as_object_mut() {
-        for k in [
-            "node_id",
-            "http_listen",
-            "advertise_addr",
-            "state_dir",
-            "admin_token",
-        ] {
-            o.remove(k);
-        }
-        for (section, key) in [
-            ("resource", "database_url"),
-            ("pg_lease", "database_url"),
-            ("etcd", "endpoints"),
-            ("redis", "url"),
-            ("raft", "peers"),
-            ("zk", "connect"),
-        ] {
-            if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
-                s.remove(key);
-            }
-        }
-    }
-    v
+    state
+        .nodes
+        .first()
+        .and_then(|n| NodeConfig::from_file(&n.config).ok())
+        .map(|cfg| cfg.redacted_json())
+        .unwrap_or(serde_json::Value::Null)
 }
 
 pub(crate) async fn connect_admin(state: &FleetState) -> anyhow::Result<tokio_postgres::Client> {

@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::failover::{connect_admin, ledger_violations, prepare_dir, redacted_config};
+use super::failover::{connect_admin, ledger_violations, redacted_config};
 use super::machine_info;
 use crate::backends::{BackendKind, FenceToken};
 use crate::config::{parse_duration_ms, Fencing, ResourceConfig};
@@ -100,11 +100,11 @@ pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
         .dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("state/bench/next-{}", args.backend)));
-    prepare_dir(&dir)?;
-    let base_config = args.config.clone().or_else(|| {
-        let p = PathBuf::from(format!("config/{}.toml", args.backend.as_str()));
-        p.exists().then_some(p)
-    });
+    fleet::prepare_scratch_dir(&dir)?;
+    let base_config = args
+        .config
+        .clone()
+        .or_else(|| fleet::default_base_config(args.backend));
     let spec = FleetSpec {
         nodes: args.nodes,
         backend: args.backend,
@@ -114,15 +114,7 @@ pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
         lease_ttl_ms: None,
         node_args: Vec::new(),
     };
-    let state = match fleet::up(&spec).await {
-        Ok(s) => s,
-        Err(e) => {
-            if let Ok(partial) = FleetState::load(&dir) {
-                let _ = tokio::task::spawn_blocking(move || partial.down()).await;
-            }
-            return Err(e.context("starting the fleet"));
-        }
-    };
+    let state = fleet::up(&spec).await.context("starting the fleet")?;
     let outcome = tokio::select! {
         r = measure(&args, &state) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted (Ctrl-C)")),
@@ -182,7 +174,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         )
         .await?;
 
-    let baseline = baseline(state, args).await?;
+    let baseline = baseline(state, args, &db).await?;
     if baseline.ids == 0 {
         bail!(
             "the baseline issued no IDs ({} errors): it has nothing to compare against",
@@ -243,8 +235,7 @@ async fn wait_for_leader(state: &FleetState) -> anyhow::Result<()> {
 }
 
 /// The token and holder the fence row holds now (the current leader's).
-async fn leader_identity(state: &FleetState) -> anyhow::Result<(FenceToken, String)> {
-    let db = connect_admin(state).await?;
+async fn leader_identity(db: &tokio_postgres::Client) -> anyhow::Result<(FenceToken, String)> {
     let row = db
         .query_one(
             "SELECT max_token, holder FROM baton.fenced_resource WHERE name = baton.fence_domain()",
@@ -256,7 +247,11 @@ async fn leader_identity(state: &FleetState) -> anyhow::Result<(FenceToken, Stri
 }
 
 /// One fenced, durable ID per round trip, closed loop over N connections.
-async fn baseline(state: &FleetState, args: &NextArgs) -> anyhow::Result<SideReport> {
+async fn baseline(
+    state: &FleetState,
+    args: &NextArgs,
+    db: &tokio_postgres::Client,
+) -> anyhow::Result<SideReport> {
     let cfg = ResourceConfig {
         database_url: state.postgres.app_url(),
         pool_size: args.baseline_connections,
@@ -264,7 +259,7 @@ async fn baseline(state: &FleetState, args: &NextArgs) -> anyhow::Result<SideRep
     };
     // One fence domain guards every resource, so the baseline writes as the current leader
     // (its token and holder name) to its own sequence row; any other identity is refused.
-    let (token, holder) = leader_identity(state).await?;
+    let (token, holder) = leader_identity(db).await?;
     let fence = Fence::new(&cfg, &holder).context("baseline pool")?;
     let until = Instant::now() + Duration::from_millis(args.baseline_duration);
     let started = Instant::now();

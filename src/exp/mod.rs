@@ -555,28 +555,28 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         )?;
         plots_made.push("failover-vs-ttl.svg");
     }
-    let cdfs: [(&'static str, String, &str, BTreeMap<String, Vec<f64>>); 4] = [
+    let cdfs = [
         (
             "election-cdf.svg",
-            "election latency, leader killed / stepped down → successor won".into(),
+            "election latency, leader killed / stepped down → successor won",
             "ms (actor traces, CLOCK_MONOTONIC)",
             election,
         ),
         (
             "campaign-cdf.svg",
-            "campaign → won per win (baton_campaign_duration_seconds)".into(),
+            "campaign → won per win (baton_campaign_duration_seconds)",
             "ms (actor traces)",
             campaign,
         ),
         (
             "vacant-to-won-cdf.svg",
-            "seat vacant → won per win (baton_election_duration_seconds)".into(),
+            "seat vacant → won per win (baton_election_duration_seconds)",
             "ms (the winner's monotonic clock)",
             vacant,
         ),
         (
             "dark-cdf.svg",
-            "dark time, last old write → first new write".into(),
+            "dark time, last old write → first new write",
             "ms (fence_log.committed_at)",
             dark,
         ),

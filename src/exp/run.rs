@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -158,11 +158,9 @@ fn unix_ms() -> u64 {
 /// The node config the run uses: `config/<backend>.toml` with the TTL override (renewal at TTL/3,
 /// retries below that) and the spec's raft election timeout.
 pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig> {
-    let p = PathBuf::from(format!("config/{}.toml", plan.backend.as_str()));
-    let mut cfg = if p.exists() {
-        NodeConfig::from_file(&p)?
-    } else {
-        NodeConfig::default()
+    let mut cfg = match fleet::default_base_config(plan.backend) {
+        Some(p) => NodeConfig::from_file(&p)?,
+        None => NodeConfig::default(),
     };
     cfg.backend = plan.backend;
     cfg.fencing = plan.fencing;
@@ -181,53 +179,6 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     }
     cfg.validate().context("experiment node config")?;
     Ok(cfg)
-}
-
-/// The node config minus what differs per node or per run.
-fn redacted(cfg: &NodeConfig) -> serde_json::Value {
-    let mut v = serde_json::to_value(cfg).unwrap_or_default();
-    if let Some(o) = v.as_object_mut() {
-        for k in [
-            "node_id",
-            "http_listen",
-            "advertise_addr",
-            "state_dir",
-            "admin_token",
-        ] {
-            o.remove(k);
-        }
-        for (section, key) in [
-            ("resource", "database_url"),
-            ("pg_lease", "database_url"),
-            ("etcd", "endpoints"),
-            ("redis", "url"),
-            ("raft", "peers"),
-            ("zk", "connect"),
-        ] {
-            if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
-                s.remove(key);
-            }
-        }
-    }
-    v
-}
-
-/// A stopped fleet's directory is wiped; a running one is refused.
-fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    if let Ok(old) = FleetState::load(dir) {
-        if old.nodes.iter().any(|n| pid_alive(n.pid)) {
-            bail!(
-                "a fleet is running in {} (stop it with `baton fleet down --dir {}`)",
-                dir.display(),
-                dir.display()
-            );
-        }
-        old.down();
-    }
-    std::fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))
 }
 
 /// Sums `baton_backend_requests_total` by `op` across nodes, across restarts (a counter that went
@@ -330,7 +281,7 @@ pub async fn run_one(
     opts: &RunOpts,
 ) -> anyhow::Result<RunResult> {
     let dir = opts.state_root.join(&plan.label);
-    prepare_dir(&dir)?;
+    fleet::prepare_scratch_dir(&dir)?;
     std::fs::create_dir_all(&dir)?;
     let cfg = base_config(spec, plan)?;
     let base_path = dir.join("base.toml");
@@ -350,15 +301,7 @@ pub async fn run_one(
     } else {
         fleet::up(&fspec).await
     };
-    let state = match up {
-        Ok(s) => s,
-        Err(e) => {
-            if let Ok(partial) = FleetState::load(&dir) {
-                let _ = tokio::task::spawn_blocking(move || partial.down()).await;
-            }
-            return Err(e.context("starting the fleet"));
-        }
-    };
+    let state = up.context("starting the fleet")?;
     let shared = Arc::new(Mutex::new(state));
     let outcome = tokio::select! {
         r = drive(spec, plan, quick, &cfg, shared.clone(), &dir) => r,
@@ -637,7 +580,7 @@ fn assemble(
         duration_s: report.spec.duration.as_secs_f64(),
         started_unix_ms,
         wall_s: 0.0,
-        config: redacted(cfg),
+        config: cfg.redacted_json(),
         clock0: *clock,
         load: report.summary(),
         faults: faults_out,

@@ -185,6 +185,56 @@ async fn up_opts(spec: &FleetSpec, netns: bool) -> anyhow::Result<FleetState> {
             }
         }
     }
+    let started = start(spec, &dir, netns).await;
+    if started.is_err() {
+        // Whatever did start (and was recorded) must not outlive the failure.
+        if let Ok(partial) = FleetState::load(&dir) {
+            let _ = tokio::task::spawn_blocking(move || partial.down()).await;
+        }
+    }
+    started
+}
+
+/// `config/<backend>.toml` when it exists (the committed per-backend defaults), else none.
+pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
+    let p = PathBuf::from(format!("config/{}.toml", backend.as_str()));
+    p.exists().then_some(p)
+}
+
+/// Makes `dir` ready for a fresh fleet: absent or empty is fine; a stopped fleet's directory is
+/// wiped (its servers stopped, should any have survived); a running fleet, or a directory that is
+/// not a fleet's, is refused, so a scratch `--dir` typo never deletes someone's files.
+pub fn prepare_scratch_dir(dir: &Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let is_empty = fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .next()
+        .is_none();
+    if is_empty {
+        return Ok(());
+    }
+    let old = FleetState::load(dir).with_context(|| {
+        format!(
+            "{} exists and is not a stopped fleet's directory; pass another --dir",
+            dir.display()
+        )
+    })?;
+    if old.nodes.iter().any(|n| pid_alive(n.pid)) {
+        bail!(
+            "a fleet is running in {} (stop it with `baton fleet down --dir {}`)",
+            dir.display(),
+            dir.display()
+        );
+    }
+    old.down();
+    fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))
+}
+
+/// The body of [`up`]: servers, then nodes, recording each in the fleet's state file.
+async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<FleetState> {
+    let dir = dir.to_path_buf();
     let base = match &spec.base_config {
         Some(p) => NodeConfig::from_file(p)?,
         None => NodeConfig::default(),

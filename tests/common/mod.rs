@@ -215,3 +215,33 @@ pub async fn next_anywhere(
 pub fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
+
+/// The ledger view, in commit order: no `next` range overlaps or steps back, tokens never
+/// decrease; and every ID a client was given is in the ledger exactly once, under its token.
+pub async fn assert_ledger_monotonic(db: &tokio_postgres::Client, got: &[(i64, i64)]) {
+    let bad: i64 = db
+        .query_one(
+            "SELECT count(*) FROM (SELECT token, seq_lo, lag(seq_hi) OVER w AS prev_hi, lag(token) OVER w AS prev_token
+               FROM baton.fence_log WHERE op = 'next' WINDOW w AS (ORDER BY pos)) x
+             WHERE seq_lo <= prev_hi OR token < prev_token",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bad, 0, "the ledger has non-increasing steps");
+    for (token, seq) in got {
+        let n: i64 = db
+            .query_one(
+                "SELECT count(*) FROM baton.fence_log WHERE op = 'next' AND token = $1 AND $2 BETWEEN seq_lo AND seq_hi",
+                &[token, seq],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            n, 1,
+            "acknowledged ({token}, {seq}) is not in the ledger exactly once"
+        );
+    }
+}
