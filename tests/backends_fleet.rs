@@ -22,13 +22,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use baton::fleet::client::NodeClient;
 use baton::fleet::FleetNode;
-use common::{assert_ledger_monotonic, next_anywhere, Fleet};
+use common::{assert_ledger_monotonic, Fleet, NextLoad};
 
 const SETTLE: Duration = Duration::from_secs(40);
 
@@ -178,36 +177,6 @@ async fn kill_leader(fleet: &Fleet, backend: &str) -> Kill {
     }
 }
 
-/// A sequential `POST /next` client following redirects: every answer it got, in order.
-struct Load {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<(i64, i64)>>,
-}
-
-impl Load {
-    fn start(fleet: &Fleet) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (client, nodes, flag) = (fleet.client.clone(), fleet.state().nodes, stop.clone());
-        let task = tokio::spawn(async move {
-            let mut got = Vec::new();
-            let mut hint = None;
-            while !flag.load(Ordering::Relaxed) {
-                match next_anywhere(&client, &nodes, &mut hint).await {
-                    Ok(ts) => got.push(ts),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
-            got
-        });
-        Load { stop, task }
-    }
-
-    async fn finish(self) -> Vec<(i64, i64)> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap()
-    }
-}
-
 /// The client's answers strictly increase in `seq` (tokens never go back where they are ordered),
 /// the ledger in commit order has no overlapping or backward step, and every acknowledged ID is in
 /// the ledger exactly once.
@@ -233,7 +202,7 @@ async fn kill9_and_continue(backend: &str) {
     let t0 = Instant::now();
     let fleet = Fleet::up_with(backend, 3, &[]);
     let (_, _, t1) = fleet.leader(SETTLE).await;
-    let load = Load::start(&fleet);
+    let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let kill = kill_leader(&fleet, backend).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -316,7 +285,7 @@ async fn redis_restart_without_persistence_regressed_token_is_refused_and_record
         assert_eq!(r.status, 200, "{:?}", r.body);
         (leader, addr, token) = fleet.new_leader(&leader, token, SETTLE).await;
     }
-    let load = Load::start(&fleet);
+    let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(800)).await;
     let before = token;
     assert!(

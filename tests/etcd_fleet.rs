@@ -4,12 +4,10 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{assert_ledger_monotonic, next_anywhere, Fleet};
+use common::{assert_ledger_monotonic, Fleet, NextLoad};
 use hyper::Method;
 
 const SETTLE: Duration = Duration::from_secs(30);
@@ -96,21 +94,7 @@ async fn seq_strictly_increases_across_stepdown_and_kill9() {
     let fleet = Fleet::up(3, &[]);
     let (l1, addr1, t1) = fleet.leader(SETTLE).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = {
-        let (client, nodes, stop) = (fleet.client.clone(), fleet.state().nodes, stop.clone());
-        tokio::spawn(async move {
-            let mut got = Vec::new();
-            let mut hint = None;
-            while !stop.load(Ordering::Relaxed) {
-                match next_anywhere(&client, &nodes, &mut hint).await {
-                    Ok(ts) => got.push(ts),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-                }
-            }
-            got
-        })
-    };
+    let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     let r = fleet.client.post(&addr1, "/stepdown").await.unwrap();
@@ -123,8 +107,7 @@ async fn seq_strictly_increases_across_stepdown_and_kill9() {
     let (_, _, t3) = fleet.new_leader(&l2, t2, SETTLE).await;
     let failover_observed = killed_at.elapsed();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    stop.store(true, Ordering::Relaxed);
-    let got = load.await.unwrap();
+    let got = load.finish().await;
 
     // Client view: a sequential client's answers strictly increase, under non-decreasing tokens.
     assert!(got.len() > 20, "too few IDs: {}", got.len());

@@ -16,30 +16,12 @@ use std::time::{Duration, Instant};
 
 use baton::config::NodeConfig;
 use baton::fleet::client::NodeClient;
-use common::{assert_ledger_monotonic, next_anywhere, Fleet, BATON};
+use common::{assert_ledger_monotonic, next_anywhere, Fleet, NextLoad, BATON};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
 /// 150-300 ms elections on a 2-core machine, one PostgreSQL per fleet: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A sequential `POST /next` client following 409s; `stop` ends it, the handle yields what it got.
-fn spawn_load(fleet: &Fleet) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<(i64, i64)>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (client, nodes, flag) = (fleet.client.clone(), fleet.state().nodes, stop.clone());
-    let handle = tokio::spawn(async move {
-        let mut got = Vec::new();
-        let mut hint = None;
-        while !flag.load(Ordering::Relaxed) {
-            match next_anywhere(&client, &nodes, &mut hint).await {
-                Ok(ts) => got.push(ts),
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
-        got
-    });
-    (stop, handle)
-}
 
 /// The client view: seq strictly increasing, tokens never going back.
 fn assert_client_view_monotonic(got: &[(i64, i64)]) {
@@ -171,7 +153,7 @@ async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
     let _g = SERIAL.lock().await;
     let fleet = Fleet::up_with("raft", 3, &[]);
     let (l1, _, t1) = fleet.leader(SETTLE).await;
-    let (stop, load) = spawn_load(&fleet);
+    let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     let killed_at = Instant::now();
@@ -192,8 +174,7 @@ async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
     fleet.kill9(&l2);
     let (l4, _, t4) = fleet.new_leader(&l2, t2, SETTLE).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    stop.store(true, Ordering::Relaxed);
-    let got = load.await.unwrap();
+    let got = load.finish().await;
 
     let r = fleet.client.post(&addr2, "/next").await;
     assert!(r.is_err(), "the killed leader answered");
@@ -301,7 +282,7 @@ async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
     let _g = SERIAL.lock().await;
     let fleet = Fleet::up_with("raft", 3, &[]);
     let (l1, addr1, t1) = fleet.leader(SETTLE).await;
-    let (stop, load) = spawn_load(&fleet);
+    let load = NextLoad::start(&fleet);
     // A second client talks to the old leader only, all along: it would see any write it still made.
     let stop_direct = Arc::new(AtomicBool::new(false));
     let direct = {
@@ -375,9 +356,8 @@ async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
         (l2.as_str(), t2),
         "healing {l1} disturbed the new leader"
     );
-    stop.store(true, Ordering::Relaxed);
     stop_direct.store(true, Ordering::Relaxed);
-    let got = load.await.unwrap();
+    let got = load.finish().await;
     let direct = direct.await.unwrap();
     assert!(
         direct.iter().all(|(t, _)| *t == t1),
@@ -424,7 +404,7 @@ async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
     let _g = SERIAL.lock().await;
     let fleet = Fleet::up_with("raft", 3, &[]);
     let (mut leader, mut addr, mut token) = fleet.leader(SETTLE).await;
-    let (stop, load) = spawn_load(&fleet);
+    let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let db = fleet.admin_db().await;
     let mut darks = Vec::new();
@@ -457,8 +437,7 @@ async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
         darks.push(dark);
         (leader, addr, token) = (next, next_addr, next_token);
     }
-    stop.store(true, Ordering::Relaxed);
-    let got = load.await.unwrap();
+    let got = load.finish().await;
     assert_client_view_monotonic(&got);
     assert_ledger_monotonic(&db, &got).await;
     assert!(darks.iter().all(|d| *d < 3000.0), "dark times {darks:?}");

@@ -33,12 +33,12 @@ use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{machine_info, Summary};
+use super::{bench_fleet_spec, machine_info, Summary};
 use crate::backends::BackendKind;
-use crate::config::{parse_duration_ms, Fencing, NodeConfig};
+use crate::config::{parse_duration_ms, NodeConfig};
 use crate::fleet::client::NodeClient;
 use crate::fleet::servers::pid_alive;
-use crate::fleet::{self, FleetSpec, FleetState};
+use crate::fleet::{self, FleetState};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct FailoverArgs {
@@ -155,20 +155,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<Vec<Trial>> {
         .dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("state/bench/failover-{}-{mode}", args.backend)));
-    fleet::prepare_scratch_dir(&dir)?;
-    let base_config = args
-        .config
-        .clone()
-        .or_else(|| fleet::default_base_config(args.backend));
-    let spec = FleetSpec {
-        nodes: args.nodes,
-        backend: args.backend,
-        dir: dir.clone(),
-        base_config: base_config.clone(),
-        fencing: Fencing::On,
-        lease_ttl_ms: args.lease_ttl,
-        node_args: Vec::new(),
-    };
+    let spec = bench_fleet_spec(
+        dir.clone(),
+        args.nodes,
+        args.backend,
+        args.config.clone(),
+        args.lease_ttl,
+    )?;
+    let base_config = spec.base_config.clone();
     let started_at = unix_ms();
     println!(
         "bench failover: {} x {mode} on a {}-node {} fleet in {} (base config {})",

@@ -8,9 +8,35 @@
 pub mod failover;
 pub mod next;
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde::Serialize;
+
+use crate::backends::BackendKind;
+use crate::config::Fencing;
+use crate::fleet::{self, FleetSpec};
+
+/// A bench's fleet: `dir` made ready for it (a stopped fleet there is wiped), fencing on, and
+/// `config/<backend>.toml` as the base config unless one is given.
+pub(crate) fn bench_fleet_spec(
+    dir: PathBuf,
+    nodes: usize,
+    backend: BackendKind,
+    config: Option<PathBuf>,
+    lease_ttl_ms: Option<u64>,
+) -> anyhow::Result<FleetSpec> {
+    fleet::prepare_scratch_dir(&dir)?;
+    Ok(FleetSpec {
+        nodes,
+        backend,
+        dir,
+        base_config: config.or_else(|| fleet::default_base_config(backend)),
+        fencing: Fencing::On,
+        lease_ttl_ms,
+        node_args: Vec::new(),
+    })
+}
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {

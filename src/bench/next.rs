@@ -26,10 +26,10 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::failover::{connect_admin, ledger_violations, redacted_config};
-use super::machine_info;
+use super::{bench_fleet_spec, machine_info};
 use crate::backends::{BackendKind, FenceToken};
-use crate::config::{parse_duration_ms, Fencing, ResourceConfig};
-use crate::fleet::{self, FleetSpec, FleetState};
+use crate::config::{parse_duration_ms, ResourceConfig};
+use crate::fleet::{self, FleetState};
 use crate::load::{self, LoadSpec};
 use crate::work::Fence;
 
@@ -100,20 +100,7 @@ pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
         .dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("state/bench/next-{}", args.backend)));
-    fleet::prepare_scratch_dir(&dir)?;
-    let base_config = args
-        .config
-        .clone()
-        .or_else(|| fleet::default_base_config(args.backend));
-    let spec = FleetSpec {
-        nodes: args.nodes,
-        backend: args.backend,
-        dir: dir.clone(),
-        base_config,
-        fencing: Fencing::On,
-        lease_ttl_ms: None,
-        node_args: Vec::new(),
-    };
+    let spec = bench_fleet_spec(dir, args.nodes, args.backend, args.config.clone(), None)?;
     let state = fleet::up(&spec).await.context("starting the fleet")?;
     let outcome = tokio::select! {
         r = measure(&args, &state) => r,

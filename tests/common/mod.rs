@@ -245,3 +245,33 @@ pub async fn assert_ledger_monotonic(db: &tokio_postgres::Client, got: &[(i64, i
         );
     }
 }
+
+/// A sequential `POST /next` client following redirects: every answer it got, in order.
+pub struct NextLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(i64, i64)>>,
+}
+
+impl NextLoad {
+    pub fn start(fleet: &Fleet) -> NextLoad {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (client, nodes, flag) = (fleet.client.clone(), fleet.state().nodes, stop.clone());
+        let task = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut hint = None;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                match next_anywhere(&client, &nodes, &mut hint).await {
+                    Ok(ts) => got.push(ts),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+            got
+        });
+        NextLoad { stop, task }
+    }
+
+    pub async fn finish(self) -> Vec<(i64, i64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
