@@ -5,7 +5,8 @@
 //!
 //! After the win it reads the store's current revision (the Campaign answer carries the revision
 //! of our key's creation, not of the win) and waits until the watch has caught up with it, so the
-//! deletion that let us in cannot still be in flight. Best effort: any failure yields `None`,
+//! deletion that let us in cannot still be in flight. That sits between the win and the first
+//! write, so all of it is bounded by 100 ms. Best effort: any failure or overrun yields `None`,
 //! never an error for the campaign.
 
 use std::sync::{Arc, Mutex};
@@ -20,8 +21,10 @@ use tokio::task::JoinHandle;
 
 use super::{count_request, BackendKind};
 
-/// How long a won campaign waits for the watch to catch up before giving up on the figure.
-const CATCH_UP_TIMEOUT: Duration = Duration::from_millis(100);
+/// The most a won campaign spends on this measurement (a revision read, a progress request and
+/// the watch catching up) before giving up on the figure: it sits between the win and the new
+/// leader's first write, so it must stay small even when etcd is slow.
+const MEASURE_BUDGET: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Seen {
@@ -34,7 +37,6 @@ struct Seen {
 pub(super) struct VacancyWatch {
     client: Client,
     prefix: String,
-    timeout: Duration,
     seen: Arc<Mutex<Seen>>,
     progressed: Arc<Notify>,
     requests: WatchRequestSender,
@@ -62,7 +64,6 @@ impl VacancyWatch {
         Some(VacancyWatch {
             client: client.clone(),
             prefix: prefix.to_owned(),
-            timeout,
             seen,
             progressed,
             requests,
@@ -78,33 +79,33 @@ impl VacancyWatch {
         our_create_rev: i64,
         campaign_start: Instant,
     ) -> Option<Instant> {
+        tokio::time::timeout(MEASURE_BUDGET, self.measure(our_create_rev, campaign_start))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn measure(&mut self, our_create_rev: i64, campaign_start: Instant) -> Option<Instant> {
         let mut c = self.client.clone();
         count_request(BackendKind::Etcd, "revision");
-        let won_at_rev = tokio::time::timeout(
-            self.timeout,
-            c.get(
+        let won_at_rev = c
+            .get(
                 self.prefix.as_str(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
-        )
-        .await
-        .ok()?
-        .ok()?
-        .header()?
-        .revision();
+            )
+            .await
+            .ok()?
+            .header()?
+            .revision();
         count_request(BackendKind::Etcd, "watch-progress");
         self.requests.request_progress().await.ok()?;
-        let caught_up = tokio::time::timeout(CATCH_UP_TIMEOUT, async {
-            loop {
-                let notified = self.progressed.notified();
-                if self.revision() >= won_at_rev {
-                    return;
-                }
-                notified.await;
+        loop {
+            let notified = self.progressed.notified();
+            if self.revision() >= won_at_rev {
+                break;
             }
-        })
-        .await;
-        caught_up.ok()?;
+            notified.await;
+        }
         let seen = self.seen.lock().ok()?;
         let last_ahead_deleted = seen
             .deletes
