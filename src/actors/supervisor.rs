@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
 use serde::Serialize;
 
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
@@ -115,6 +117,9 @@ pub struct SupervisorState {
     /// The elector or watchdog died: finish stopping work, then stop the node.
     fatal: Option<String>,
     demotion_started: Option<Instant>,
+    /// Children that ended while the term was still starting: their works are not yet in the
+    /// phase, so the end can only be matched once `WorkStarted` brings them (see `ended_early`).
+    ended_while_starting: Vec<ActorId>,
 }
 
 pub struct NodeSupervisor;
@@ -159,6 +164,7 @@ impl Actor for NodeSupervisor {
             shutdown_waiters: Vec::new(),
             fatal: None,
             demotion_started: None,
+            ended_while_starting: Vec::new(),
         })
     }
 
@@ -254,11 +260,18 @@ impl Actor for NodeSupervisor {
             }
             return Ok(());
         }
-        if let Phase::Leading { works, .. } = &state.phase {
-            if let Some(w) = works.iter().find(|w| w.cell().get_id() == cell.get_id()) {
-                let reason = DemotionReason::WorkFailed(format!("{}: {why}", w.name()));
-                state.demote(&myself, None, reason);
+        match &state.phase {
+            Phase::Leading { works, .. } => {
+                if let Some(w) = works.iter().find(|w| w.cell().get_id() == cell.get_id()) {
+                    let reason = DemotionReason::WorkFailed(format!("{}: {why}", w.name()));
+                    state.demote(&myself, None, reason);
+                }
             }
+            // A work that ends before the rest of the term has started (a refused claim does this
+            // within milliseconds) would otherwise go unnoticed, and the node would hold its lease
+            // with nothing running. Remember it; `on_work_started` demotes.
+            Phase::Starting(_) => state.ended_while_starting.push(cell.get_id()),
+            _ => {}
         }
         Ok(())
     }
@@ -284,6 +297,7 @@ impl SupervisorState {
         });
         self.args.shared.set_term(Some(token), Some(lease_deadline));
         self.phase = Phase::Starting(token);
+        self.ended_while_starting.clear();
         let ctx = WorkContext {
             token,
             node_id: self.args.cfg.node_id.clone(),
@@ -326,6 +340,7 @@ impl SupervisorState {
         }
         match result {
             Ok(works) => {
+                let ended = self.ended_early(&works);
                 self.phase = Phase::Leading { token, works };
                 self.args.shared.set_acting(Some(token));
                 metrics::gauge!(m::LEADERS_ACTING).set(1.0);
@@ -334,6 +349,10 @@ impl SupervisorState {
                 self.args
                     .trace
                     .step("supervisor", "work-started", Some(token), "");
+                if let Some(name) = ended {
+                    let why = format!("{name}: ended while the term was starting");
+                    self.deferred.get_or_insert(DemotionReason::WorkFailed(why));
+                }
                 if let Some(reason) = self.deferred.take() {
                     self.demote(myself, Some(token), reason);
                 }
@@ -350,6 +369,19 @@ impl SupervisorState {
                 self.demote(myself, Some(token), DemotionReason::WorkFailed(e));
             }
         }
+    }
+
+    /// The first of this term's works that has already ended: its supervision event arrived while
+    /// the term was starting, or it is stopping now and the event is still on its way.
+    fn ended_early(&mut self, works: &[Box<dyn RunningWork>]) -> Option<&'static str> {
+        let ended = std::mem::take(&mut self.ended_while_starting);
+        works
+            .iter()
+            .find(|w| {
+                let cell = w.cell();
+                ended.contains(&cell.get_id()) || cell.get_status() >= ractor::ActorStatus::Stopping
+            })
+            .map(|w| w.name())
     }
 
     /// Begins checkpoint → stop → release, unless a demotion is already under way.
