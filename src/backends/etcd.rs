@@ -13,6 +13,7 @@ use etcd_client::{
 };
 use tokio::sync::Mutex;
 
+use super::etcd_expiry::ExpiryReaper;
 use super::etcd_vacancy::VacancyWatch;
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
@@ -34,8 +35,18 @@ pub struct EtcdElector {
     value: Vec<u8>,
     ttl_secs: i64,
     timeout: Duration,
+    clock_rate_error: f64,
     session: Mutex<Option<Session>>,
     leader_key: Mutex<Option<LeaderKey>>,
+}
+
+/// Aborts the task when the campaign that started it ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ElectorError {
@@ -67,6 +78,7 @@ impl EtcdElector {
             value: me.encode(),
             ttl_secs: (cfg.lease_ttl_ms / 1000) as i64,
             timeout,
+            clock_rate_error: cfg.clock_rate_error,
             session: Mutex::new(None),
             leader_key: Mutex::new(None),
         })
@@ -117,8 +129,20 @@ impl Elector for EtcdElector {
     async fn campaign(&self) -> ElectorResult<Win> {
         let (lease_id, _) = self.ensure_session().await?;
         let started = Instant::now();
-        let vacancy =
-            VacancyWatch::open(&self.client, &format!("{}/", self.name), self.timeout).await;
+        let prefix = format!("{}/", self.name);
+        let vacancy = VacancyWatch::open(&self.client, &prefix, self.timeout).await;
+        let reaper = AbortOnDrop(tokio::spawn(
+            ExpiryReaper {
+                client: self.client.clone(),
+                prefix,
+                our_lease: lease_id,
+                clock_rate_error: self.clock_rate_error,
+                timeout: self.timeout,
+                deletions: vacancy.as_ref().map(|v| v.deletions()),
+                lease_ttl: Duration::from_secs(self.ttl_secs as u64),
+            }
+            .run(),
+        ));
         let mut c = self.client.clone();
         // Unbounded by design: campaign returns when every older candidacy is gone.
         count_request(BackendKind::Etcd, "campaign");
@@ -126,6 +150,7 @@ impl Elector for EtcdElector {
             .campaign(self.name.as_str(), self.value.clone(), lease_id)
             .await
             .map_err(unavailable)?;
+        drop(reaper);
         let key = resp
             .take_leader()
             .ok_or_else(|| unavailable("campaign answered without a leader key"))?;

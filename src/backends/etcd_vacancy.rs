@@ -116,6 +116,11 @@ impl VacancyWatch {
         Some(last_ahead_deleted.unwrap_or(campaign_start))
     }
 
+    /// Notified on every message the watch delivers (each deletion under the prefix among them).
+    pub(super) fn deletions(&self) -> Arc<Notify> {
+        self.progressed.clone()
+    }
+
     fn revision(&self) -> i64 {
         self.seen.lock().map(|s| s.revision).unwrap_or(0)
     }

@@ -16,6 +16,7 @@
 
 pub mod conformance;
 pub mod etcd;
+pub mod etcd_expiry;
 mod etcd_vacancy;
 pub mod pg_lease;
 pub mod raft;

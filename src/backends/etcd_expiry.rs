@@ -1,0 +1,261 @@
+//! Taking over from a dead etcd leader without waiting for etcd's lease sweep.
+//!
+//! etcd 3.4 removes expired leases in a loop that runs every 500 ms, so a dead leader's
+//! candidacy outlives its lease by up to half a second and failover takes up to TTL + 500 ms
+//! (`experiments/FINDINGS.md` §6). Once etcd considers a lease expired it can never be renewed (a
+//! keepalive for it waits for the revocation, then fails), so revoking it ourselves is exactly
+//! the sweep's own next step, taken sooner. Nothing here decides who leads: the revocation
+//! deletes the dead candidacy, and etcd's Campaign lets the next one in as it always does.
+//!
+//! The hard part is knowing the lease *has* expired. `LeaseTimeToLive` answers in whole
+//! seconds, truncated: 0 means "under a second left" as well as "expired, not yet swept". The rule
+//! ([`proves_expired`]) is two readings:
+//!
+//! 1. a 0 (under a second left when etcd answered), then
+//! 2. another 0, asked at least one second after the first answer arrived. Without a renewal in
+//!    between, the lease has now expired. A renewal resets the lease to its granted TTL and
+//!    would read at least 1, provided the second answer arrives within `granted - 1` seconds of
+//!    the first question.
+//!
+//! Both bounds are stretched by twice the configured clock-rate error (ours and etcd's).
+//!
+//! Cost: only the candidate directly behind the leader reads the leader's lease. That is one
+//! request a second while the leader renews, then one per [`LAST_SECOND_POLL`] once its lease
+//! reads 1 (the leader missed a renewal). The other candidates wait for a deletion.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use tokio::sync::Notify;
+
+use super::{count_request, BackendKind};
+
+/// How often the lease is read once it has under two seconds left: the takeover lands at most
+/// this long (plus one round trip and the rate-error margin) after the lease expires.
+pub const LAST_SECOND_POLL: Duration = Duration::from_millis(50);
+
+/// One `LeaseTimeToLive` answer and when it was asked and answered (on our monotonic clock).
+#[derive(Clone, Copy, Debug)]
+pub struct TtlReading {
+    pub sent: Instant,
+    pub received: Instant,
+    /// Whole seconds left, truncated; negative if the lease is gone.
+    pub ttl_secs: i64,
+}
+
+/// Whether `later` proves the lease expired, given an earlier reading of 0 (see the module doc).
+/// `granted_secs`: the lease's granted TTL, what a renewal resets it to.
+pub fn proves_expired(
+    first_zero: TtlReading,
+    later: TtlReading,
+    granted_secs: i64,
+    clock_rate_error: f64,
+) -> bool {
+    if first_zero.ttl_secs != 0 || later.ttl_secs != 0 {
+        return false;
+    }
+    let (slow, fast) = (1.0 - 2.0 * clock_rate_error, 1.0 + 2.0 * clock_rate_error);
+    // etcd's two evaluations were at least this far apart...
+    let apart_at_least = secs_between(first_zero.received, later.sent) * slow;
+    // ...and at most this far.
+    let apart_at_most = secs_between(first_zero.sent, later.received) * fast;
+    apart_at_least >= 1.0 && apart_at_most <= (granted_secs - 1) as f64
+}
+
+fn secs_between(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+}
+
+/// How a watched lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// We proved it expired and revoked it.
+    Revoked,
+    /// It was gone when we looked (revoked by its holder or swept by etcd).
+    Gone,
+    /// Its granted TTL is under 3 s: no pair of readings can rule out a renewal, so only etcd's
+    /// own sweep ends it.
+    TooShort,
+}
+
+/// Reads `lease` until it has provably expired, then revokes it. Never returns while the lease is
+/// being renewed. An error is etcd's (unreachable, timed out); the caller retries.
+pub async fn revoke_when_expired(
+    client: &Client,
+    lease: i64,
+    clock_rate_error: f64,
+    timeout: Duration,
+) -> Result<LeaseEnd, String> {
+    let mut first_zero: Option<TtlReading> = None;
+    let one_second = Duration::from_secs_f64(1.0 / (1.0 - 2.0 * clock_rate_error));
+    loop {
+        let (now, granted) = read_ttl(client, lease, timeout).await?;
+        if now.ttl_secs < 0 {
+            return Ok(LeaseEnd::Gone);
+        }
+        if granted < 3 {
+            return Ok(LeaseEnd::TooShort);
+        }
+        if now.ttl_secs > 0 {
+            first_zero = None;
+            // Under two seconds left: the leader missed a renewal. Watch its last second closely.
+            let wait = match now.ttl_secs {
+                1 => LAST_SECOND_POLL,
+                k => Duration::from_secs((k - 1) as u64),
+            };
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        match first_zero {
+            Some(a) if proves_expired(a, now, granted, clock_rate_error) => {
+                return revoke(client, lease, timeout).await;
+            }
+            // Asked too soon: wait out the rest of the second.
+            Some(a) if now.sent < a.received + one_second => {}
+            // Too long since the first 0 to rule out a renewal: this reading starts afresh.
+            _ => first_zero = Some(now),
+        }
+        let due = first_zero.map_or(now.received, |a| a.received) + one_second;
+        tokio::time::sleep_until(due.into()).await;
+    }
+}
+
+async fn read_ttl(
+    client: &Client,
+    lease: i64,
+    timeout: Duration,
+) -> Result<(TtlReading, i64), String> {
+    let mut c = client.clone();
+    let sent = Instant::now();
+    count_request(BackendKind::Etcd, "lease-ttl");
+    let resp = tokio::time::timeout(timeout, c.lease_time_to_live(lease, None))
+        .await
+        .map_err(|_| format!("LeaseTimeToLive not answered within {timeout:?}"))?
+        .map_err(|e| e.to_string())?;
+    let reading = TtlReading {
+        sent,
+        received: Instant::now(),
+        ttl_secs: resp.ttl(),
+    };
+    Ok((reading, resp.granted_ttl()))
+}
+
+async fn revoke(client: &Client, lease: i64, timeout: Duration) -> Result<LeaseEnd, String> {
+    let mut c = client.clone();
+    count_request(BackendKind::Etcd, "lease-revoke-expired");
+    match tokio::time::timeout(timeout, c.lease_revoke(lease)).await {
+        Ok(Ok(_)) => {
+            tracing::info!(
+                lease = format!("{lease:x}"),
+                "revoked the expired lease of the candidacy ahead before etcd swept it"
+            );
+            Ok(LeaseEnd::Revoked)
+        }
+        // etcd's sweep got there first.
+        Ok(Err(e)) if e.to_string().contains("lease not found") => Ok(LeaseEnd::Gone),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("LeaseRevoke not answered within {timeout:?}")),
+    }
+}
+
+/// Where our candidacy stands in the queue.
+enum Place {
+    /// Not created yet (the Campaign RPC is on its way).
+    Absent,
+    /// We lead: nothing to watch.
+    Head,
+    /// Directly behind the leader, whose candidacy is bound to this lease.
+    Behind(i64),
+    /// Further back (or behind a candidacy without a lease): wait for a deletion.
+    Queued,
+}
+
+/// Runs beside one campaign (aborted when it ends): while our candidacy is directly behind the
+/// leader, revokes the leader's lease as soon as it has provably expired.
+pub(super) struct ExpiryReaper {
+    pub client: Client,
+    /// The election's key prefix (`name/`).
+    pub prefix: String,
+    pub our_lease: i64,
+    pub clock_rate_error: f64,
+    pub timeout: Duration,
+    /// Woken on every deletion under the prefix (the vacancy watch's); `None` if that watch is
+    /// down, and the queue is then re-read once a lease TTL.
+    pub deletions: Option<Arc<Notify>>,
+    pub lease_ttl: Duration,
+}
+
+impl ExpiryReaper {
+    pub(super) async fn run(self) {
+        let mut absent_reads = 0;
+        loop {
+            // Created before the queue is read, so a deletion in between is not missed.
+            let notify = self.deletions.clone();
+            let notified = notify.as_ref().map(|n| n.notified());
+            let deleted = async {
+                match notified {
+                    Some(n) => n.await,
+                    None => tokio::time::sleep(self.lease_ttl).await,
+                }
+            };
+            tokio::pin!(deleted);
+            match self.place().await {
+                Ok(Place::Head) => return,
+                // The Campaign RPC creates our candidacy at once; if it still is not there after a
+                // second, our own session has lapsed: look again only when something changes.
+                Ok(Place::Absent) if absent_reads < 20 => {
+                    absent_reads += 1;
+                    tokio::time::sleep(LAST_SECOND_POLL).await
+                }
+                Ok(Place::Absent) => deleted.await,
+                Ok(Place::Behind(lease)) => {
+                    let watched = revoke_when_expired(
+                        &self.client,
+                        lease,
+                        self.clock_rate_error,
+                        self.timeout,
+                    );
+                    tokio::select! {
+                        _ = &mut deleted => {}
+                        ended = watched => match ended {
+                            Ok(LeaseEnd::TooShort) => deleted.await,
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::debug!(error = %e, "reading the leader's lease failed");
+                                tokio::time::sleep(self.timeout).await;
+                            }
+                        }
+                    }
+                }
+                Ok(Place::Queued) => deleted.await,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reading the candidacy queue failed");
+                    tokio::time::sleep(self.timeout).await;
+                }
+            }
+        }
+    }
+
+    async fn place(&self) -> Result<Place, String> {
+        let mut c = self.client.clone();
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        count_request(BackendKind::Etcd, "candidates");
+        let resp = tokio::time::timeout(self.timeout, c.get(self.prefix.as_str(), Some(opts)))
+            .await
+            .map_err(|_| format!("candidate list not answered within {:?}", self.timeout))?
+            .map_err(|e| e.to_string())?;
+        let kvs = resp.kvs();
+        Ok(
+            match kvs.iter().position(|kv| kv.lease() == self.our_lease) {
+                None => Place::Absent,
+                Some(0) => Place::Head,
+                Some(1) if kvs[0].lease() != 0 => Place::Behind(kvs[0].lease()),
+                Some(_) => Place::Queued,
+            },
+        )
+    }
+}
