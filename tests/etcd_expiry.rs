@@ -2,7 +2,6 @@
 //! against a private single-member etcd: never while the lease can still be renewed, and the
 //! waiting candidate wins once it has expired.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use baton::backends::etcd::EtcdElector;
@@ -14,7 +13,8 @@ use etcd_client::Client;
 
 const TTL_SECS: i64 = 3;
 
-static SERIAL: Mutex<()> = Mutex::new(());
+/// Both tests time a 3 s lease on a 2-core machine: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Etcd {
     cluster: EtcdCluster,
@@ -89,7 +89,7 @@ async fn ttl_of(c: &Client, lease: i64) -> i64 {
 /// have expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_renewer_keeps_its_lease_and_a_dead_one_is_revoked_after_expiry() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let etcd = start_etcd();
     let (holder_client, lease, mut last_renewal) = holder(&etcd, "late").await;
     let waiter = std::sync::Arc::new(campaigner(&etcd, "late").await);
@@ -139,7 +139,7 @@ async fn a_late_renewer_keeps_its_lease_and_a_dead_one_is_revoked_after_expiry()
 /// (every 500 ms) cannot win every time against a reaper that acts within ~100 ms of expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoke_when_expired_waits_for_expiry_and_beats_the_sweep() {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _serial = SERIAL.lock().await;
     let etcd = start_etcd();
     let mut c = Client::connect(etcd.cluster.endpoints(), None)
         .await

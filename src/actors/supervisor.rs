@@ -10,7 +10,9 @@
 //!
 //! Starting and stopping leader work awaits other actors, so both run in spawned tasks that report
 //! back (`WorkStarted`, `WorkStopped`); `handle()` itself never awaits slow work. A `Demoted` that
-//! arrives while work is still starting is deferred until it has started, then acted on at once.
+//! arrives while work is still starting is deferred until it has started, then acted on at once;
+//! so is the end of a work actor during the start (a refused claim ends one within milliseconds),
+//! because a term with part of its work dead must not keep its lease.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

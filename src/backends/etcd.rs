@@ -4,6 +4,10 @@
 //! current leader's is already gone.
 //!
 //! Interoperates with `etcdctl elect NAME` on the same name: its candidacy queues with ours.
+//!
+//! While a campaign waits, two helpers run beside it: `etcd_vacancy` notes when the seat fell
+//! free (for the election-latency figure), and `etcd_expiry` revokes the leader's lease once it
+//! has provably expired, so a dead leader is not waited on for etcd 3.4's 500 ms lease sweep.
 
 use std::time::{Duration, Instant};
 
