@@ -179,9 +179,35 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_trace_tails(40);
+        }
         let _ = Command::new(BATON)
             .args(["fleet", "down", "--dir", self.path().to_str().unwrap()])
             .output();
+    }
+}
+
+impl Fleet {
+    /// The last `n` actor-trace steps of every node, for a failed test's output (the fleet's
+    /// temp dir is gone afterwards).
+    fn print_trace_tails(&self, n: usize) {
+        let Ok(state) = FleetState::load(self.path()) else {
+            return;
+        };
+        for node in &state.nodes {
+            let trace = node.log.with_file_name("actor-trace.jsonl");
+            let text = std::fs::read_to_string(&trace).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- {} actor trace, last {n} steps ({}):",
+                node.id,
+                trace.display()
+            );
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                eprintln!("{l}");
+            }
+        }
     }
 }
 
