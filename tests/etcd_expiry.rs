@@ -134,24 +134,31 @@ async fn a_late_renewer_keeps_its_lease_and_a_dead_one_is_revoked_after_expiry()
     eprintln!("won {after:?} after the last renewal of a {TTL_SECS} s lease");
 }
 
-/// Called directly on a lease nobody renews: returns only once it has expired, and takes the
-/// lease out itself unless etcd's sweep happened to get there first. Over a few leases the sweep
-/// (every 500 ms) cannot win every time against a reaper that acts within ~100 ms of expiry.
+/// Called directly on leases nobody renews: returns only once each has expired, and takes the
+/// lease out itself unless etcd's sweep happened to get there first. Five leases, granted 100 ms
+/// apart so they expire at different phases of the sweep (every 500 ms): it cannot beat a reaper
+/// that acts within ~100 ms of expiry on all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoke_when_expired_waits_for_expiry_and_beats_the_sweep() {
     let _serial = SERIAL.lock().await;
     let etcd = start_etcd();
-    let mut c = Client::connect(etcd.cluster.endpoints(), None)
+    let c = Client::connect(etcd.cluster.endpoints(), None)
         .await
         .unwrap();
+    let reaps = (0..5u64).map(|i| {
+        let mut c = c.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(100 * i)).await;
+            let granted_at = Instant::now();
+            let lease = c.lease_grant(TTL_SECS, None).await.unwrap().id();
+            let end = revoke_when_expired(&c, lease, 0.01, Duration::from_secs(1))
+                .await
+                .expect("etcd answers");
+            (lease, end, granted_at.elapsed())
+        }
+    });
     let mut ends = Vec::new();
-    for _ in 0..3 {
-        let granted_at = Instant::now();
-        let lease = c.lease_grant(TTL_SECS, None).await.unwrap().id();
-        let end = revoke_when_expired(&c, lease, 0.01, Duration::from_secs(1))
-            .await
-            .expect("etcd answers");
-        let after = granted_at.elapsed();
+    for (lease, end, after) in futures::future::join_all(reaps).await {
         assert!(
             after >= Duration::from_secs(TTL_SECS as u64),
             "{end:?} {after:?} after the grant: before the lease could have expired"
@@ -166,7 +173,7 @@ async fn revoke_when_expired_waits_for_expiry_and_beats_the_sweep() {
     );
 
     // A lease granted for 2 s cannot be proven expired before etcd sweeps it: left alone.
-    let lease = c.lease_grant(2, None).await.unwrap().id();
+    let lease = c.clone().lease_grant(2, None).await.unwrap().id();
     let end = revoke_when_expired(&c, lease, 0.01, Duration::from_secs(1))
         .await
         .unwrap();

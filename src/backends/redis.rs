@@ -24,7 +24,9 @@
 //!   `baton.fence_rejections`): **safety is kept, liveness is lost** — no protected write succeeds
 //!   while the counter is at or below `max_token`. Each refused term ends in a demotion and a new
 //!   acquisition whose `INCR` is one higher, so the counter climbs back by one per refused term:
-//!   the fleet serves again after about `max_token` refused terms (milliseconds for a young
+//!   the fleet serves again after about `max_token` refused terms (at `max_token` itself if the
+//!   winner is the node that held it: the fence accepts a holder's own token, and `seq_commit`
+//!   still only moves forward) (milliseconds for a young
 //!   resource, see `tests/backends_fleet.rs`; effectively never for one at token 10⁶), or at once
 //!   when an operator sets the counter above the resource's `max_token` (`SET <key>:token
 //!   <max_token>`). Run Redis with AOF `appendfsync always` if that matters; it is the price of a
