@@ -20,6 +20,7 @@
 //! metrics.rs         metric names and the Prometheus recorder
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
+//! tasks.rs           AbortOnDrop: a spawned helper ends with its owner
 //! ```
 //!
 //! # What is guaranteed, and what is not
@@ -46,5 +47,6 @@ pub mod http;
 pub mod load;
 pub mod metrics;
 pub mod node;
+pub mod tasks;
 pub mod trace;
 pub mod work;

@@ -18,9 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::Serialize;
 
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
@@ -119,9 +117,6 @@ pub struct SupervisorState {
     /// The elector or watchdog died: finish stopping work, then stop the node.
     fatal: Option<String>,
     demotion_started: Option<Instant>,
-    /// Children that ended while the term was still starting: their works are not yet in the
-    /// phase, so the end can only be matched once `WorkStarted` brings them (see `ended_early`).
-    ended_while_starting: Vec<ActorId>,
 }
 
 pub struct NodeSupervisor;
@@ -166,7 +161,6 @@ impl Actor for NodeSupervisor {
             shutdown_waiters: Vec::new(),
             fatal: None,
             demotion_started: None,
-            ended_while_starting: Vec::new(),
         })
     }
 
@@ -262,18 +256,13 @@ impl Actor for NodeSupervisor {
             }
             return Ok(());
         }
-        match &state.phase {
-            Phase::Leading { works, .. } => {
-                if let Some(w) = works.iter().find(|w| w.cell().get_id() == cell.get_id()) {
-                    let reason = DemotionReason::WorkFailed(format!("{}: {why}", w.name()));
-                    state.demote(&myself, None, reason);
-                }
+        // A work that ends while its term is still starting is not in the phase yet:
+        // `on_work_started` finds it by its status instead.
+        if let Phase::Leading { works, .. } = &state.phase {
+            if let Some(w) = works.iter().find(|w| w.cell().get_id() == cell.get_id()) {
+                let reason = DemotionReason::WorkFailed(format!("{}: {why}", w.name()));
+                state.demote(&myself, None, reason);
             }
-            // A work that ends before the rest of the term has started (a refused claim does this
-            // within milliseconds) would otherwise go unnoticed, and the node would hold its lease
-            // with nothing running. Remember it; `on_work_started` demotes.
-            Phase::Starting(_) => state.ended_while_starting.push(cell.get_id()),
-            _ => {}
         }
         Ok(())
     }
@@ -299,7 +288,6 @@ impl SupervisorState {
         });
         self.args.shared.set_term(Some(token), Some(lease_deadline));
         self.phase = Phase::Starting(token);
-        self.ended_while_starting.clear();
         let ctx = WorkContext {
             token,
             node_id: self.args.cfg.node_id.clone(),
@@ -342,7 +330,7 @@ impl SupervisorState {
         }
         match result {
             Ok(works) => {
-                let ended = self.ended_early(&works);
+                let ended = ended_early(&works);
                 self.phase = Phase::Leading { token, works };
                 self.args.shared.set_acting(Some(token));
                 metrics::gauge!(m::LEADERS_ACTING).set(1.0);
@@ -371,19 +359,6 @@ impl SupervisorState {
                 self.demote(myself, Some(token), DemotionReason::WorkFailed(e));
             }
         }
-    }
-
-    /// The first of this term's works that has already ended: its supervision event arrived while
-    /// the term was starting, or it is stopping now and the event is still on its way.
-    fn ended_early(&mut self, works: &[Box<dyn RunningWork>]) -> Option<&'static str> {
-        let ended = std::mem::take(&mut self.ended_while_starting);
-        works
-            .iter()
-            .find(|w| {
-                let cell = w.cell();
-                ended.contains(&cell.get_id()) || cell.get_status() >= ractor::ActorStatus::Stopping
-            })
-            .map(|w| w.name())
     }
 
     /// Begins checkpoint → stop → release, unless a demotion is already under way.
@@ -501,6 +476,17 @@ impl SupervisorState {
             let _ = w.send(());
         }
     }
+}
+
+/// The first of a term's works that has already ended (a refused claim ends one within
+/// milliseconds, often before the rest of the term has started). ractor marks an actor Stopping
+/// before it notifies its supervisor, so a supervision event that arrived while the term was
+/// starting, and was not matched then, shows here as well as one still on its way.
+fn ended_early(works: &[Box<dyn RunningWork>]) -> Option<&'static str> {
+    works
+        .iter()
+        .find(|w| w.cell().get_status() >= ractor::ActorStatus::Stopping)
+        .map(|w| w.name())
 }
 
 async fn checkpoint_all(

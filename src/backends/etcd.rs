@@ -24,6 +24,7 @@ use super::{
     LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
+use crate::tasks::AbortOnDrop;
 
 struct Session {
     lease_id: i64,
@@ -44,17 +45,37 @@ pub struct EtcdElector {
     leader_key: Mutex<Option<LeaderKey>>,
 }
 
-/// Aborts the task when the campaign that started it ends, however it ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+fn unavailable(e: impl std::fmt::Display) -> ElectorError {
+    ElectorError::Unavailable(e.to_string())
+}
 
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+/// One etcd request, bounded by `timeout`; both failures are `Unavailable`.
+pub(super) async fn bounded<T>(
+    timeout: Duration,
+    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> ElectorResult<T> {
+    match tokio::time::timeout(timeout, f).await {
+        Ok(r) => r.map_err(unavailable),
+        Err(_) => Err(ElectorError::Unavailable(format!(
+            "etcd did not answer within {timeout:?}"
+        ))),
     }
 }
 
-fn unavailable(e: impl std::fmt::Display) -> ElectorError {
-    ElectorError::Unavailable(e.to_string())
+/// Revokes `lease` (counted as `op`): `true` if this revoked it, `false` if it was already gone.
+pub(super) async fn revoke_lease(
+    client: &Client,
+    lease: i64,
+    timeout: Duration,
+    op: &'static str,
+) -> ElectorResult<bool> {
+    let mut c = client.clone();
+    count_request(BackendKind::Etcd, op);
+    match bounded(timeout, c.lease_revoke(lease)).await {
+        Ok(_) => Ok(true),
+        Err(ElectorError::Unavailable(msg)) if msg.contains("lease not found") => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 impl EtcdElector {
@@ -92,13 +113,7 @@ impl EtcdElector {
         &self,
         f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
     ) -> ElectorResult<T> {
-        match tokio::time::timeout(self.timeout, f).await {
-            Ok(r) => r.map_err(unavailable),
-            Err(_) => Err(ElectorError::Unavailable(format!(
-                "etcd did not answer within {:?}",
-                self.timeout
-            ))),
-        }
+        bounded(self.timeout, f).await
     }
 
     /// Grants a lease if there is no session; returns the lease id and its latest grant.
@@ -322,12 +337,9 @@ impl Elector for EtcdElector {
         let Some(session) = self.session.lock().await.take() else {
             return Ok(());
         };
-        let mut c = self.client.clone();
-        count_request(BackendKind::Etcd, "lease-revoke");
-        match self.bounded(c.lease_revoke(session.lease_id)).await {
-            // Already expired: nothing left to withdraw.
-            Err(ElectorError::Unavailable(msg)) if msg.contains("lease not found") => Ok(()),
-            other => other.map(drop),
-        }
+        // Already expired (`false`): nothing left to withdraw.
+        revoke_lease(&self.client, session.lease_id, self.timeout, "lease-revoke")
+            .await
+            .map(drop)
     }
 }

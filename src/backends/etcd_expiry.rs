@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use tokio::sync::Notify;
 
-use super::{count_request, BackendKind};
+use super::etcd::{bounded, revoke_lease};
+use super::{count_request, BackendKind, ElectorResult};
 
 /// How often the lease is read once it has under two seconds left: the takeover lands at most
 /// this long (plus one round trip and the rate-error margin) after the lease expires.
@@ -86,7 +87,7 @@ pub async fn revoke_when_expired(
     lease: i64,
     clock_rate_error: f64,
     timeout: Duration,
-) -> Result<LeaseEnd, String> {
+) -> ElectorResult<LeaseEnd> {
     let mut first_zero: Option<TtlReading> = None;
     let one_second = Duration::from_secs_f64(1.0 / (1.0 - 2.0 * clock_rate_error));
     loop {
@@ -125,14 +126,11 @@ async fn read_ttl(
     client: &Client,
     lease: i64,
     timeout: Duration,
-) -> Result<(TtlReading, i64), String> {
+) -> ElectorResult<(TtlReading, i64)> {
     let mut c = client.clone();
     let sent = Instant::now();
     count_request(BackendKind::Etcd, "lease-ttl");
-    let resp = tokio::time::timeout(timeout, c.lease_time_to_live(lease, None))
-        .await
-        .map_err(|_| format!("LeaseTimeToLive not answered within {timeout:?}"))?
-        .map_err(|e| e.to_string())?;
+    let resp = bounded(timeout, c.lease_time_to_live(lease, None)).await?;
     let reading = TtlReading {
         sent,
         received: Instant::now(),
@@ -141,22 +139,16 @@ async fn read_ttl(
     Ok((reading, resp.granted_ttl()))
 }
 
-async fn revoke(client: &Client, lease: i64, timeout: Duration) -> Result<LeaseEnd, String> {
-    let mut c = client.clone();
-    count_request(BackendKind::Etcd, "lease-revoke-expired");
-    match tokio::time::timeout(timeout, c.lease_revoke(lease)).await {
-        Ok(Ok(_)) => {
-            tracing::info!(
-                lease = format!("{lease:x}"),
-                "revoked the expired lease of the candidacy ahead before etcd swept it"
-            );
-            Ok(LeaseEnd::Revoked)
-        }
+async fn revoke(client: &Client, lease: i64, timeout: Duration) -> ElectorResult<LeaseEnd> {
+    if !revoke_lease(client, lease, timeout, "lease-revoke-expired").await? {
         // etcd's sweep got there first.
-        Ok(Err(e)) if e.to_string().contains("lease not found") => Ok(LeaseEnd::Gone),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("LeaseRevoke not answered within {timeout:?}")),
+        return Ok(LeaseEnd::Gone);
     }
+    tracing::info!(
+        lease = format!("{lease:x}"),
+        "revoked the expired lease of the candidacy ahead before etcd swept it"
+    );
+    Ok(LeaseEnd::Revoked)
 }
 
 /// Where our candidacy stands in the queue.
@@ -237,17 +229,14 @@ impl ExpiryReaper {
         }
     }
 
-    async fn place(&self) -> Result<Place, String> {
+    async fn place(&self) -> ElectorResult<Place> {
         let mut c = self.client.clone();
         let opts = GetOptions::new()
             .with_prefix()
             .with_keys_only()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         count_request(BackendKind::Etcd, "candidates");
-        let resp = tokio::time::timeout(self.timeout, c.get(self.prefix.as_str(), Some(opts)))
-            .await
-            .map_err(|_| format!("candidate list not answered within {:?}", self.timeout))?
-            .map_err(|e| e.to_string())?;
+        let resp = bounded(self.timeout, c.get(self.prefix.as_str(), Some(opts))).await?;
         let kvs = resp.kvs();
         Ok(
             match kvs.iter().position(|kv| kv.lease() == self.our_lease) {

@@ -17,9 +17,9 @@ use etcd_client::{
     WatchResponseStream,
 };
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 
 use super::{count_request, BackendKind};
+use crate::tasks::AbortOnDrop;
 
 /// The most a won campaign spends on this measurement (a revision read, a progress request and
 /// the watch catching up) before giving up on the figure: it sits between the win and the new
@@ -40,7 +40,8 @@ pub(super) struct VacancyWatch {
     seen: Arc<Mutex<Seen>>,
     progressed: Arc<Notify>,
     requests: WatchRequestSender,
-    reader: JoinHandle<()>,
+    /// Dropping the watch's reader (and its stream) ends the watch on the server.
+    _reader: AbortOnDrop,
 }
 
 impl VacancyWatch {
@@ -67,7 +68,7 @@ impl VacancyWatch {
             seen,
             progressed,
             requests,
-            reader,
+            _reader: AbortOnDrop(reader),
         })
     }
 
@@ -123,13 +124,6 @@ impl VacancyWatch {
 
     fn revision(&self) -> i64 {
         self.seen.lock().map(|s| s.revision).unwrap_or(0)
-    }
-}
-
-impl Drop for VacancyWatch {
-    fn drop(&mut self) {
-        // Dropping the stream ends the watch on the server.
-        self.reader.abort();
     }
 }
 

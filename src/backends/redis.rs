@@ -22,12 +22,12 @@
 //!   `LeaseLost`. The fenced resource then refuses the new leader (its token is below the resource's
 //!   `max_token`, `src/work/fence.rs` logs every refusal with both tokens and records it in
 //!   `baton.fence_rejections`): **safety is kept, liveness is lost** — no protected write succeeds
-//!   while the counter is at or below `max_token`. Each refused term ends in a demotion and a new
+//!   while the counter is below `max_token` (or at it, for any node but its holder). Each refused term ends in a demotion and a new
 //!   acquisition whose `INCR` is one higher, so the counter climbs back by one per refused term:
-//!   the fleet serves again after about `max_token` refused terms (at `max_token` itself if the
-//!   winner is the node that held it: the fence accepts a holder's own token, and `seq_commit`
-//!   still only moves forward) (milliseconds for a young
-//!   resource, see `tests/backends_fleet.rs`; effectively never for one at token 10⁶), or at once
+//!   the fleet serves again after about `max_token` refused terms: milliseconds for a young
+//!   resource (`tests/backends_fleet.rs`), effectively never for one at token 10⁶. If the winner
+//!   is the node that held `max_token`, it serves at `max_token` itself: the fence accepts a
+//!   holder's own token, and `seq_commit` still only moves forward. It also serves at once
 //!   when an operator sets the counter above the resource's `max_token` (`SET <key>:token
 //!   <max_token>`). Run Redis with AOF `appendfsync always` if that matters; it is the price of a
 //!   token kept in a cache.

@@ -39,6 +39,7 @@ use crate::config::{parse_duration_ms, NodeConfig};
 use crate::fleet::client::NodeClient;
 use crate::fleet::servers::pid_alive;
 use crate::fleet::{self, FleetState};
+use crate::tasks::AbortOnDrop;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct FailoverArgs {
@@ -121,14 +122,6 @@ pub struct Trial {
     /// The step-down report (`--stepdown` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stepdown: Option<serde_json::Value>,
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn unix_ms() -> u64 {
