@@ -1,24 +1,62 @@
 #!/usr/bin/env bash
-# Installs the OS packages baton's fleets and tests need, only those missing, and says so.
+# Installs the OS packages baton's build, fleets and tests need, only those missing, and says so.
 # Debian, as root (or with sudo). Nothing here starts a service: baton starts private instances.
+#
+# Each package is checked by a file the build or the tests actually use, not only by a command on
+# PATH: `protoc` alone is not enough for etcd-client's build script, which also needs
+# google/protobuf/descriptor.proto from libprotobuf-dev (a fresh machine once failed inside the build,
+# 2.5 minutes in, while CI stayed green on a machine that happened to have the file).
 set -euo pipefail
 
 need=()
-have_cmd() { command -v "$1" >/dev/null 2>&1; }
-have_pkg() { dpkg -s "$1" >/dev/null 2>&1; }
+# need PACKAGE FILE...: the package is installed unless every FILE (a path or a glob) exists.
+need_unless_files() {
+  local pkg=$1; shift
+  local f
+  for f in "$@"; do
+    # shellcheck disable=SC2086
+    if ! compgen -G "$f" >/dev/null; then need+=("$pkg"); return; fi
+  done
+}
 
-have_cmd etcd        || need+=(etcd-server)
-have_cmd etcdctl     || need+=(etcd-client)
-have_cmd protoc      || need+=(protobuf-compiler)   # etcd-client's build compiles .proto files
-have_cmd redis-server || need+=(redis-server)
-have_pkg zookeeper   || need+=(zookeeper)
-have_cmd promtool    || need+=(prometheus)          # promtool checks /metrics and the alert rules
-have_cmd iptables    || need+=(iptables)
-have_cmd ip          || need+=(iproute2)
-ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
-have_cmd psql        || need+=(postgresql-client)
+need_unless_files etcd-server        /usr/bin/etcd
+need_unless_files etcd-client        /usr/bin/etcdctl
+need_unless_files protobuf-compiler  /usr/bin/protoc
+need_unless_files libprotobuf-dev    /usr/include/google/protobuf/descriptor.proto
+need_unless_files redis-server       /usr/bin/redis-server
+need_unless_files zookeeper          /usr/share/java/zookeeper.jar
+need_unless_files libslf4j-java      /usr/share/java/slf4j-simple.jar  # ZooKeeper's log backend
+need_unless_files default-jre-headless /usr/bin/java
+need_unless_files prometheus         /usr/bin/promtool                # checks /metrics and the alert rules
+need_unless_files iptables           /usr/sbin/iptables               # chaos: partitions inside netns
+need_unless_files iproute2           /usr/sbin/ip /usr/bin/ip
+need_unless_files postgresql         '/usr/lib/postgresql/*/bin/postgres' '/usr/lib/postgresql/*/bin/initdb'
+need_unless_files postgresql-client  /usr/bin/psql
+need_unless_files faketime           '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1' /usr/bin/faketime
+need_unless_files stress-ng          /usr/bin/stress-ng                # a reproducible neighbour for benchmarks
+need_unless_files wrk                /usr/bin/wrk                      # closed-loop HTTP baseline
+need_unless_files openssl            /usr/bin/openssl
+need_unless_files procps             /usr/bin/pgrep
+need_unless_files python3            /usr/bin/python3
+
+check_all() {
+  local missing=()
+  [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=("google/protobuf/descriptor.proto (libprotobuf-dev)")
+  command -v protoc >/dev/null 2>&1 || missing+=("protoc (protobuf-compiler)")
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=("initdb (postgresql)")
+  [ -f /usr/share/java/zookeeper.jar ] || missing+=("zookeeper.jar (zookeeper)")
+  [ -f /usr/share/java/slf4j-simple.jar ] || missing+=("slf4j-simple.jar (libslf4j-java)")
+  [ -x /usr/bin/java ] || missing+=("java (default-jre-headless)")
+  command -v etcd >/dev/null 2>&1 || missing+=("etcd (etcd-server)")
+  command -v redis-server >/dev/null 2>&1 || missing+=("redis-server")
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "ensure-deps: FAILED, still missing after install: ${missing[*]}" >&2
+    exit 1
+  fi
+}
 
 if [ ${#need[@]} -eq 0 ]; then
+  check_all
   echo "ensure-deps: all OS packages present"
   exit 0
 fi
@@ -27,9 +65,19 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
+# Debian's packages may start their own system services; baton never uses them. policy-rc.d keeps
+# them from starting at all (no systemd here; `service` would otherwise start them).
+policy=/usr/sbin/policy-rc.d
+made_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod +x "$policy"
+  made_policy=1
+fi
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# Debian's packages may start their own system services; baton never uses them.
+[ "$made_policy" -eq 0 ] || $SUDO rm -f "$policy"
 for svc in etcd redis-server zookeeper prometheus prometheus-node-exporter postgresql; do
-  if have_cmd service; then $SUDO service "$svc" stop >/dev/null 2>&1 || true; fi
+  if command -v service >/dev/null 2>&1; then $SUDO service "$svc" stop >/dev/null 2>&1 || true; fi
 done
+check_all
 echo "ensure-deps: done"
