@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backends::BackendKind;
+use crate::elector::BackendKind;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -32,12 +32,23 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fencing {
     On,
     /// Exists only to prove fencing is load-bearing: the resource accepts any token.
     Off,
+}
+
+impl std::str::FromStr for Fencing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Fencing, String> {
+        match s {
+            "on" => Ok(Fencing::On),
+            "off" => Ok(Fencing::Off),
+            _ => Err(format!("fencing must be on or off, not {s:?}")),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -11,12 +11,6 @@
 //! backends/          the `Elector` seam, one module per backend, the conformance suite
 //! work/              leader-only work: the fence client + SQL, Sequencer, Scheduler
 //! http/              hyper 1 server: /status /next /metrics /stepdown /healthz
-//! fleet/             private servers (PostgreSQL, etcd) and local fleets for `baton fleet`
-//! load/              open-loop load on POST /next: the client history + HDR latency (`baton load`)
-//! check/             the history checker: one invariant per file over the ledger + histories (`baton check`)
-//! bench/             `baton bench failover`: kill -9 / step-down trials, failover from fence_log
-//! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
-//! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
 //! metrics.rs         metric names and the Prometheus recorder
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
@@ -36,15 +30,11 @@
 
 pub mod actors;
 pub mod backends;
-pub mod bench;
-pub mod chaos;
-pub mod check;
 pub mod clock;
 pub mod config;
-pub mod exp;
-pub mod fleet;
+pub mod elector;
+#[cfg(feature = "http")]
 pub mod http;
-pub mod load;
 pub mod metrics;
 pub mod node;
 pub mod tasks;

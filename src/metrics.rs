@@ -1,11 +1,10 @@
-//! Metric names, their help text, and the Prometheus recorder. Rendered by our own hyper handler
-//! (`GET /metrics`), so the exporter's HTTP listener is not used.
-
-use std::sync::OnceLock;
-use std::time::Duration;
+//! Metric names, their help text, and (feature `prometheus`) the Prometheus recorder. Rendered by
+//! our own hyper handler (`GET /metrics`), so the exporter's HTTP listener is not used.
+//!
+//! baton records through the `metrics` facade. If the embedding process already installed a
+//! recorder, baton's metrics go to it and baton does not install its own (never a panic).
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// 1 while this node's leader work runs; the fleet's sum must be exactly 1.
 pub const LEADERS_ACTING: &str = "leaders_acting";
@@ -25,46 +24,68 @@ pub const SCHED_TICKS: &str = "baton_scheduler_ticks_total";
 pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
 
-static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+#[cfg(feature = "prometheus")]
+pub use prom::install;
 
-/// Installs the process-wide recorder once (the first node id becomes the `node` label) and
-/// returns its handle; later calls return the same handle.
-pub fn install(node_id: &str) -> PrometheusHandle {
-    HANDLE
-        .get_or_init(|| {
-            let handle = PrometheusBuilder::new()
-                .add_global_label("node", node_id)
-                .set_buckets(&[
-                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
-                    10.0,
-                ])
-                .expect("static bucket list is non-empty")
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Full(SEQ_BATCH_IDS.into()),
-                    &[
-                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
-                    ],
-                )
-                .expect("static bucket list is non-empty")
-                .install_recorder()
-                .expect("no other metrics recorder is installed in this process");
-            describe();
-            let upkeep = handle.clone();
-            // Without the exporter's own listener nobody drains histograms: do it ourselves.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    loop {
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                        upkeep.run_upkeep();
-                    }
-                });
-            }
-            handle
-        })
-        .clone()
+#[cfg(feature = "prometheus")]
+mod prom {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+    use super::*;
+
+    /// `None` when another recorder was already installed by the embedding process.
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+    /// Installs a process-wide Prometheus recorder once (the first node id becomes the `node` label)
+    /// and returns its handle; later calls return the same handle. When the process already has a
+    /// recorder (the embedding service installed its own), baton uses that one and returns `None`.
+    pub fn install(node_id: &str) -> Option<PrometheusHandle> {
+        HANDLE
+            .get_or_init(|| {
+                let recorder = PrometheusBuilder::new()
+                    .add_global_label("node", node_id)
+                    .set_buckets(&[
+                        0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
+                        5.0, 10.0,
+                    ])
+                    .expect("static bucket list is non-empty")
+                    .set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(SEQ_BATCH_IDS.into()),
+                        &[
+                            1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+                            4096.0,
+                        ],
+                    )
+                    .expect("static bucket list is non-empty")
+                    .build_recorder();
+                let handle = recorder.handle();
+                if metrics::set_global_recorder(recorder).is_err() {
+                    tracing::info!("a metrics recorder is already installed; baton records to it");
+                    describe();
+                    return None;
+                }
+                describe();
+                let upkeep = handle.clone();
+                // Without the exporter's own listener nobody drains histograms: do it ourselves.
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move {
+                        loop {
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                            upkeep.run_upkeep();
+                        }
+                    });
+                }
+                Some(handle)
+            })
+            .clone()
+    }
 }
 
-fn describe() {
+/// Describes baton's metrics (help text, units) to whatever recorder is installed.
+pub fn describe() {
     describe_gauge!(
         LEADERS_ACTING,
         "1 while this node's leader work runs; the fleet sum must be exactly 1"
@@ -111,7 +132,7 @@ fn describe() {
     describe_counter!(SCHED_TICKS, "Scheduler ticks accepted by the resource");
     describe_counter!(SCHED_JOBS, "Work-set jobs run by the scheduler");
     describe_counter!(
-        crate::backends::BACKEND_REQUESTS,
+        crate::elector::BACKEND_REQUESTS,
         "Requests this node's elector sent to its backend service, by backend and operation"
     );
     describe_histogram!(

@@ -13,103 +13,25 @@
 //! ```
 
 use std::future::Future;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use ractor::Actor;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::{NodeSupervisor, SupervisorArgs, SupervisorMsg};
-use crate::backends::{self, BackendKind, FenceToken, LeaderInfo};
+use crate::backends;
 use crate::clock::NodeClock;
 use crate::config::{Fencing, NodeConfig};
+#[cfg(feature = "http")]
 use crate::http::{self, HttpApp};
 use crate::trace::ActorTrace;
 use crate::work::scheduler::SchedulerWork;
 use crate::work::sequencer::{SequencerHandle, SequencerWork};
 use crate::work::{Fence, LeaderWork};
-
-/// What HTTP reads about this node, written by the supervisor. Never blocks on an actor.
-pub struct NodeShared {
-    pub node_id: String,
-    pub http_addr: String,
-    pub backend: BackendKind,
-    term: RwLock<TermView>,
-    pub leader: watch::Receiver<Option<LeaderInfo>>,
-}
-
-#[derive(Clone, Copy, Default)]
-struct TermView {
-    /// The token of the term this node believes it holds (set on Elected, cleared on demote-begin).
-    token: Option<FenceToken>,
-    lease_deadline: Option<Instant>,
-    /// Set while leader work runs (from work-started to work-stopped).
-    acting: Option<FenceToken>,
-}
-
-/// A point-in-time view for `/status`.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Status {
-    pub node_id: String,
-    pub role: &'static str,
-    pub fence_token: Option<FenceToken>,
-    pub lease_ttl_remaining_ms: Option<u64>,
-    pub leader: Option<LeaderInfo>,
-    pub backend: BackendKind,
-    pub acting: bool,
-}
-
-impl NodeShared {
-    pub(crate) fn set_term(&self, token: Option<FenceToken>, deadline: Option<Instant>) {
-        if let Ok(mut t) = self.term.write() {
-            t.token = token;
-            t.lease_deadline = deadline;
-        }
-    }
-    pub(crate) fn set_acting(&self, token: Option<FenceToken>) {
-        if let Ok(mut t) = self.term.write() {
-            t.acting = token;
-        }
-    }
-
-    /// Whether this node currently holds a term (the cheap check on the `/next` hot path).
-    pub fn is_leading(&self) -> bool {
-        self.term.read().map(|t| t.token.is_some()).unwrap_or(false)
-    }
-
-    pub fn status(&self) -> Status {
-        let t = self.term.read().map(|g| *g).unwrap_or_default();
-        let leader = self.leader.borrow().clone();
-        let leading = t.token.is_some();
-        let role = if leading {
-            "leader"
-        } else if leader.as_ref().is_some_and(|l| l.node_id != self.node_id) {
-            "follower"
-        } else {
-            "candidate"
-        };
-        Status {
-            node_id: self.node_id.clone(),
-            role,
-            fence_token: t.token,
-            lease_ttl_remaining_ms: t
-                .lease_deadline
-                .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
-            leader: if leading {
-                Some(LeaderInfo {
-                    node_id: self.node_id.clone(),
-                    http_addr: Some(self.http_addr.clone()),
-                })
-            } else {
-                leader
-            },
-            backend: self.backend,
-            acting: t.acting.is_some(),
-        }
-    }
-}
 
 /// Assembles a node. Register leader work with [`NodeBuilder::with_work`].
 pub struct NodeBuilder {
@@ -159,6 +81,7 @@ impl NodeBuilder {
     ) -> anyhow::Result<()> {
         let mut cfg = self.cfg;
         cfg.validate().context("config")?;
+        #[cfg(feature = "prometheus")]
         let prometheus = crate::metrics::install(&cfg.node_id);
         let clock = NodeClock {
             skew_ms: cfg.clock_skew_ms,
@@ -184,13 +107,12 @@ impl NodeBuilder {
         let peer = backend.peer_rpc();
 
         let (leader_tx, leader_rx) = watch::channel(None);
-        let shared = Arc::new(NodeShared {
-            node_id: cfg.node_id.clone(),
-            http_addr: http_addr.clone(),
-            backend: cfg.backend,
-            term: RwLock::new(TermView::default()),
-            leader: leader_rx,
-        });
+        let shared = Arc::new(Leadership::new(
+            cfg.node_id.clone(),
+            Some(http_addr.clone()),
+            cfg.backend,
+            leader_rx,
+        ));
         let args = SupervisorArgs {
             cfg: cfg.clone(),
             backend,
@@ -205,19 +127,27 @@ impl NodeBuilder {
             .context("starting the supervision tree")?;
         tracing::info!(node = %cfg.node_id, %http_addr, backend = %cfg.backend, "node started");
 
+        #[cfg(feature = "http")]
         let app = Arc::new(HttpApp {
             shared,
             supervisor: supervisor.clone(),
             sequencer: self.sequencer.unwrap_or_default(),
+            #[cfg(feature = "prometheus")]
             prometheus,
             admin_token: cfg.admin_token.clone(),
             max_block: cfg.sequencer.max_block,
             peer,
         });
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
+        #[cfg(feature = "http")]
         let server = tokio::spawn(http::serve(listener, app, async move {
             let _ = http_stop_rx.await;
         }));
+        #[cfg(not(feature = "http"))]
+        let server = {
+            let _ = (listener, peer, http_stop_rx);
+            tokio::spawn(async {})
+        };
 
         // Either the caller shuts us down, or the tree stopped on its own (a fatal error).
         let mut sup_handle = sup_handle;

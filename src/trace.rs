@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use crate::backends::FenceToken;
 use crate::clock::{monotonic_ns, NodeClock};
+use crate::elector::FenceToken;
 
 #[derive(Serialize)]
 struct TraceLine<'a> {

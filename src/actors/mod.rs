@@ -17,6 +17,7 @@
 //! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
 
 pub mod elector;
+pub mod leadership;
 pub mod supervisor;
 pub mod watchdog;
 

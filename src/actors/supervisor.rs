@@ -22,13 +22,13 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use serde::Serialize;
 
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
+use crate::actors::leadership::Leadership;
 use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
 use crate::actors::DemotionReason;
 use crate::backends::{Elector, FenceToken, LeaderInfo};
 use crate::clock::monotonic_ns;
 use crate::config::NodeConfig;
 use crate::metrics as m;
-use crate::node::NodeShared;
 use crate::trace::ActorTrace;
 use crate::work::{Fence, LeaderWork, RunningWork, WorkContext};
 
@@ -84,7 +84,7 @@ pub struct SupervisorArgs {
     pub works: Vec<Arc<dyn LeaderWork>>,
     pub fence: Fence,
     pub trace: ActorTrace,
-    pub shared: Arc<NodeShared>,
+    pub shared: Arc<Leadership>,
     pub leader_tx: tokio::sync::watch::Sender<Option<LeaderInfo>>,
 }
 
@@ -136,7 +136,7 @@ impl Actor for NodeSupervisor {
         let (watchdog, _) = Actor::spawn_linked(
             None,
             LeaseWatchdog,
-            (myself.clone(), args.trace.clone()),
+            (myself.clone(), args.trace.clone(), args.shared.clone()),
             cell.clone(),
         )
         .await?;
@@ -282,11 +282,12 @@ impl SupervisorState {
         self.args
             .trace
             .step("supervisor", "elected", Some(token), "");
+        // The term first, so the watchdog's deadline (published when it arms) lands on it.
+        self.args.shared.set_term(Some(token));
         let _ = self.watchdog.cast(WatchdogMsg::Arm {
             token,
             deadline: lease_deadline,
         });
-        self.args.shared.set_term(Some(token), Some(lease_deadline));
         self.phase = Phase::Starting(token);
         let ctx = WorkContext {
             token,
@@ -389,7 +390,7 @@ impl SupervisorState {
                 );
                 let _ = self.watchdog.cast(WatchdogMsg::Disarm);
                 // From here the node reports itself as not leading; the work drains behind it.
-                self.args.shared.set_term(None, None);
+                self.args.shared.set_term(None);
                 self.phase = Phase::Demoting { token, reason };
                 let (trace, bound, me) = (
                     self.args.trace.clone(),

@@ -4,11 +4,13 @@
 //! The deadline comes from the Elector: `sent_at(renewal request) + granted TTL - safety margin`,
 //! converted to real time through the node's clock-rate model. Wall time never enters.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::actors::DemotionReason;
 use crate::backends::FenceToken;
@@ -34,6 +36,8 @@ pub enum WatchdogMsg {
 pub struct WatchdogState {
     supervisor: ActorRef<SupervisorMsg>,
     trace: ActorTrace,
+    /// Where the deadline is published (this actor is its only writer).
+    leadership: Arc<Leadership>,
     term: Option<(FenceToken, Instant)>,
     generation: u64,
 }
@@ -44,16 +48,17 @@ pub struct LeaseWatchdog;
 impl Actor for LeaseWatchdog {
     type Msg = WatchdogMsg;
     type State = WatchdogState;
-    type Arguments = (ActorRef<SupervisorMsg>, ActorTrace);
+    type Arguments = (ActorRef<SupervisorMsg>, ActorTrace, Arc<Leadership>);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        (supervisor, trace): Self::Arguments,
+        (supervisor, trace, leadership): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(WatchdogState {
             supervisor,
             trace,
+            leadership,
             term: None,
             generation: 0,
         })
@@ -86,6 +91,9 @@ impl Actor for LeaseWatchdog {
                 }
             }
             WatchdogMsg::Disarm => {
+                if let Some((token, _)) = state.term {
+                    state.leadership.set_deadline(token, None);
+                }
                 state.term = None;
                 state.generation += 1;
             }
@@ -99,6 +107,7 @@ impl Actor for LeaseWatchdog {
                             .trace
                             .step("watchdog", "deadline-passed", Some(token), "");
                         state.term = None;
+                        state.leadership.set_deadline(token, None);
                         let _ = state.supervisor.cast(SupervisorMsg::Demoted {
                             token: Some(token),
                             reason: DemotionReason::LeaseDeadline,
@@ -117,6 +126,7 @@ impl WatchdogState {
     fn set(&mut self, myself: &ActorRef<WatchdogMsg>, token: FenceToken, deadline: Instant) {
         self.generation += 1;
         self.term = Some((token, deadline));
+        self.leadership.set_deadline(token, Some(deadline));
         let (generation, me) = (self.generation, myself.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(deadline.into()).await;

@@ -1,234 +1,61 @@
-//! The `Elector` seam: one narrow interface every election backend implements.
-//!
-//! The shape follows etcd's `concurrency` package and client-go's `leaderelection`:
-//!
-//! * **liveness** (a session / lease / Raft quorum contact) is renewed by [`Elector::renew`], and
-//! * **leadership** is won by [`Elector::campaign`] and given up by [`Elector::resign`].
-//!
-//! The retry/renew loop that drives these calls is written exactly once, in
-//! [`crate::actors::elector`]; a backend only answers single requests. Every win carries a
-//! [`FenceToken`] that strictly increases across holders (for a correct backend); the protected
-//! resource, not the backend, is what finally enforces it.
-//!
-//! What is **not** guaranteed by any backend here: that a node which believes it leads still does.
-//! A lease is a timer-based belief. The node stops acting when its watchdog deadline passes, and the
-//! fence rejects whatever it wrote after that.
-
+//! The election backends, one module per backend behind its own cargo feature, each implementing
+//! the [`Elector`] seam (defined in [`crate::elector`], re-exported here). [`build`] picks the
+//! configured one; a user's own `Elector` is given to the node builder directly.
+#[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "etcd")]
 pub mod etcd_expiry;
+#[cfg(feature = "etcd")]
 mod etcd_vacancy;
+#[cfg(feature = "pg-lease")]
 pub mod pg_lease;
+#[cfg(feature = "raft")]
 pub mod raft;
+#[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "zk")]
 pub mod zk;
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
 use crate::config::NodeConfig;
+pub use crate::elector::*;
 
-/// A fencing token: strictly increasing across leadership changes. Carried by every protected write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct FenceToken(pub i64);
-
-impl fmt::Display for FenceToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+/// Builds the configured backend. A backend whose cargo feature is off is a configuration error
+/// that names the feature.
+pub async fn build(cfg: &NodeConfig) -> ElectorResult<Arc<dyn Elector>> {
+    match cfg.backend {
+        #[cfg(feature = "etcd")]
+        BackendKind::Etcd => Ok(Arc::new(etcd::EtcdElector::connect(cfg).await?)),
+        #[cfg(feature = "raft")]
+        BackendKind::Raft => Ok(Arc::new(raft::RaftElector::start(cfg).await?)),
+        #[cfg(feature = "redis")]
+        BackendKind::RedisNaive => Ok(Arc::new(redis::RedisElector::connect(cfg, false).await?)),
+        #[cfg(feature = "redis")]
+        BackendKind::Redis => Ok(Arc::new(redis::RedisElector::connect(cfg, true).await?)),
+        #[cfg(feature = "pg-lease")]
+        BackendKind::PgLease => Ok(Arc::new(pg_lease::PgLeaseElector::connect(cfg).await?)),
+        #[cfg(feature = "zk")]
+        BackendKind::Zk => Ok(Arc::new(zk::ZkElector::connect(cfg).await?)),
+        #[allow(unreachable_patterns)]
+        other => Err(ElectorError::Config(format!(
+            "the {other} backend is not compiled in: build baton with `--features {}`",
+            other.feature()
+        ))),
     }
-}
-
-/// Which backend elects. Six are specified (SPEC §3); each lives in its own module.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-#[value(rename_all = "kebab-case")]
-pub enum BackendKind {
-    Etcd,
-    Raft,
-    RedisNaive,
-    Redis,
-    Zk,
-    PgLease,
 }
 
 impl BackendKind {
-    pub fn as_str(self) -> &'static str {
+    /// The cargo feature that compiles this backend in.
+    pub fn feature(self) -> &'static str {
         match self {
             BackendKind::Etcd => "etcd",
             BackendKind::Raft => "raft",
-            BackendKind::RedisNaive => "redis-naive",
-            BackendKind::Redis => "redis",
+            BackendKind::RedisNaive | BackendKind::Redis => "redis",
             BackendKind::Zk => "zk",
             BackendKind::PgLease => "pg-lease",
         }
-    }
-}
-
-impl fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Who leads, as far as the backend can tell, and where to send clients.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaderInfo {
-    pub node_id: String,
-    /// The leader's HTTP address, when the leader is one of ours (an `etcdctl elect` holder has none).
-    pub http_addr: Option<String>,
-}
-
-impl LeaderInfo {
-    /// The value a node publishes as its candidacy (JSON, so foreign holders stay readable).
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("LeaderInfo serializes")
-    }
-
-    /// Parses a published candidacy; a foreign value (e.g. from `etcdctl elect`) becomes its text.
-    pub fn decode(raw: &[u8]) -> LeaderInfo {
-        serde_json::from_slice(raw).unwrap_or_else(|_| LeaderInfo {
-            node_id: String::from_utf8_lossy(raw).into_owned(),
-            http_addr: None,
-        })
-    }
-}
-
-/// One successful liveness renewal: the lease is good for `ttl` counted from `sent_at`, the
-/// moment the renewal *request was sent* (never the moment the answer arrived: the backend may
-/// have started its timer any time after the send).
-#[derive(Clone, Copy, Debug)]
-pub struct Grant {
-    pub sent_at: Instant,
-    pub ttl: Duration,
-}
-
-/// A won election.
-#[derive(Clone, Debug)]
-pub struct Win {
-    pub token: FenceToken,
-    /// The liveness grant in force when the win was observed; the watchdog starts from it.
-    pub grant: Grant,
-    /// When the contest this node won began, as this node saw it: the seat fell vacant (etcd,
-    /// zk: the deletion of the candidacy ahead of ours arrived; raft: this node became
-    /// candidate; polling backends: the last poll that still found the seat held, so the
-    /// polling gap counts). `won - vacant_since` is the election latency; the time spent
-    /// queued behind a live leader before that is not. `None` when the backend could not tell.
-    pub vacant_since: Option<Instant>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ElectorError {
-    /// The session/lease is gone: whatever leadership rode on it is over.
-    #[error("lease lost: {0}")]
-    LeaseLost(String),
-    /// The backend could not be reached or answered with an error; the caller may retry.
-    #[error("backend unavailable: {0}")]
-    Unavailable(String),
-    /// The request is not possible on this backend (e.g. naming a successor on etcd).
-    #[error("not supported by the {backend} backend: {what}")]
-    Unsupported {
-        backend: BackendKind,
-        what: &'static str,
-    },
-    /// Misconfiguration found at construction.
-    #[error("invalid elector configuration: {0}")]
-    Config(String),
-}
-
-pub type ElectorResult<T> = Result<T, ElectorError>;
-
-/// One election backend. Calls are single requests; none of them loops or sleeps on its own except
-/// `campaign`, which by nature waits until this node wins. All calls must be safe to run
-/// concurrently (a renewal while a campaign is blocked), and `campaign` must be cancel-safe: dropping
-/// its future and calling [`Elector::close`] leaves no candidacy behind.
-#[async_trait]
-pub trait Elector: Send + Sync + 'static {
-    fn kind(&self) -> BackendKind;
-
-    /// Whether [`Elector::resign`] can hand leadership to a named successor.
-    fn supports_transfer(&self) -> bool {
-        false
-    }
-
-    /// Wait until this node leads; returns the fencing token of this term of leadership.
-    /// Establishes the liveness session first if there is none.
-    async fn campaign(&self) -> ElectorResult<Win>;
-
-    /// Renew liveness once (one round trip). `Ok(None)` when there is no session to renew.
-    async fn renew(&self) -> ElectorResult<Option<Grant>>;
-
-    /// Give up leadership. With `successor`, hand it to that node where the backend can.
-    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()>;
-
-    /// The current leader as the backend sees it.
-    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>>;
-
-    /// Follow the leader. The default polls [`Elector::leader`]; backends with a native watch
-    /// (etcd's observe) override it. Returns only when `tx` has no receivers.
-    async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
-        loop {
-            if let Ok(info) = self.leader().await {
-                tx.send_if_modified(|cur| {
-                    let changed = *cur != info;
-                    *cur = info.clone();
-                    changed
-                });
-            }
-            if tx.is_closed() {
-                return;
-            }
-            tokio::time::sleep(every).await;
-        }
-    }
-
-    /// End the session: revoke the lease, withdraw any candidacy. Idempotent.
-    async fn close(&self) -> ElectorResult<()>;
-
-    /// Node-to-node RPC served on the node's own HTTP port under `/peer/` (the raft backend's
-    /// transport). Backends that talk only to an external service return `None`.
-    fn peer_rpc(&self) -> Option<Arc<dyn PeerRpc>> {
-        None
-    }
-}
-
-/// Handles `POST /peer/<method>` with a JSON (or binary) body; the answer is the response body.
-#[async_trait]
-pub trait PeerRpc: Send + Sync + 'static {
-    async fn handle(&self, method: &str, body: bytes::Bytes) -> Result<bytes::Bytes, PeerRpcError>;
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PeerRpcError {
-    #[error("unknown peer method {0}")]
-    UnknownMethod(String),
-    #[error("bad peer request: {0}")]
-    BadRequest(String),
-    #[error("peer request failed: {0}")]
-    Failed(String),
-}
-
-/// Requests an elector sent to its backend service (labels `backend`, `op`): how much a backend
-/// costs while nodes wait, renew and watch. Incremented by every backend at each request it sends.
-pub const BACKEND_REQUESTS: &str = "baton_backend_requests_total";
-
-/// Counts one request to the backend service (see [`BACKEND_REQUESTS`]).
-pub fn count_request(backend: BackendKind, op: &'static str) {
-    metrics::counter!(BACKEND_REQUESTS, "backend" => backend.as_str(), "op" => op).increment(1);
-}
-
-/// Builds the configured backend.
-pub async fn build(cfg: &NodeConfig) -> ElectorResult<Arc<dyn Elector>> {
-    match cfg.backend {
-        BackendKind::Etcd => Ok(Arc::new(etcd::EtcdElector::connect(cfg).await?)),
-        BackendKind::Raft => Ok(Arc::new(raft::RaftElector::start(cfg).await?)),
-        BackendKind::RedisNaive => Ok(Arc::new(redis::RedisElector::connect(cfg, false).await?)),
-        BackendKind::Redis => Ok(Arc::new(redis::RedisElector::connect(cfg, true).await?)),
-        BackendKind::PgLease => Ok(Arc::new(pg_lease::PgLeaseElector::connect(cfg).await?)),
-        BackendKind::Zk => Ok(Arc::new(zk::ZkElector::connect(cfg).await?)),
     }
 }

@@ -10,22 +10,24 @@ use std::sync::Arc;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use metrics_exporter_prometheus::PrometheusHandle;
 use ractor::ActorRef;
 use tokio::net::TcpListener;
 
+use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::SupervisorMsg;
-use crate::node::NodeShared;
 use crate::work::sequencer::SequencerHandle;
 
 pub use routes::LEADER_HEADER;
 
 /// Everything a request handler may touch.
 pub struct HttpApp {
-    pub shared: Arc<NodeShared>,
+    pub shared: Arc<Leadership>,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub sequencer: SequencerHandle,
-    pub prometheus: PrometheusHandle,
+    /// baton's own Prometheus recorder, when it installed one (feature `prometheus`, and no
+    /// recorder installed before it); `/metrics` answers 404 otherwise.
+    #[cfg(feature = "prometheus")]
+    pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub admin_token: Option<String>,
     pub max_block: u32,
     /// The backend's node-to-node RPC, when it has one (raft).

@@ -76,10 +76,25 @@ fn status(app: &HttpApp) -> Resp {
 fn metrics(app: &HttpApp) -> Resp {
     let st = app.shared.status();
     for role in ["leader", "follower", "candidate"] {
-        metrics::gauge!(m::ROLE, "role" => role).set(if st.role == role { 1.0 } else { 0.0 });
+        metrics::gauge!(m::ROLE, "role" => role).set(if st.role.as_str() == role {
+            1.0
+        } else {
+            0.0
+        });
     }
     metrics::gauge!(m::LEADERS_ACTING).set(if st.acting { 1.0 } else { 0.0 });
-    let mut r = Response::new(Full::new(Bytes::from(app.prometheus.render())));
+    #[cfg(feature = "prometheus")]
+    let text = app.prometheus.as_ref().map(|h| h.render());
+    #[cfg(not(feature = "prometheus"))]
+    let text: Option<String> = None;
+    let Some(text) = text else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_metrics",
+            "this node records to the embedding process's metrics recorder",
+        );
+    };
+    let mut r = Response::new(Full::new(Bytes::from(text)));
     r.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -184,7 +199,7 @@ struct NextBody {
 
 fn not_leader(app: &HttpApp) -> Resp {
     let st = app.shared.status();
-    match st.leader.filter(|l| l.node_id != app.shared.node_id) {
+    match st.leader.filter(|l| l.node_id != app.shared.node_id()) {
         Some(leader) => {
             let mut r = json_resp(
                 StatusCode::CONFLICT,
@@ -360,7 +375,7 @@ async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
     };
     let successor = to.or(body.to);
     if let Some(s) = &successor {
-        if s == &app.shared.node_id {
+        if s == app.shared.node_id() {
             return error(
                 StatusCode::BAD_REQUEST,
                 "bad_to",

@@ -86,6 +86,7 @@
 //! wiped is a *new* voter with amnesia; raft's safety does not cover that (don't do it to a
 //! majority).
 
+mod client;
 pub mod faults;
 pub mod network;
 pub mod storage;

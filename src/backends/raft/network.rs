@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
@@ -32,10 +32,10 @@ use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::client::PeerClient;
 use super::faults::PeerFaults;
 use super::types::{PeerMap, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
 use crate::backends::{count_request, BackendKind, PeerRpc, PeerRpcError};
-use crate::fleet::client::NodeClient;
 
 /// The sender's node id on every peer request.
 pub const FROM_HEADER: &str = "x-baton-peer-from";
@@ -48,7 +48,7 @@ pub(crate) struct SnapshotMsg {
 
 #[derive(Clone)]
 pub struct NetworkFactory {
-    client: NodeClient,
+    client: PeerClient,
     from: String,
     /// This node's configured peers: their addresses win over the ones stored in the membership
     /// (a fleet re-created in the same directory keeps its raft state but gets new ports).
@@ -60,7 +60,7 @@ impl NetworkFactory {
     pub fn new(from: &str, peers: PeerMap, faults: Arc<PeerFaults>) -> NetworkFactory {
         NetworkFactory {
             // Each call is bounded by openraft's own per-RPC ttl below; this is only a backstop.
-            client: NodeClient::new(Duration::from_secs(30)),
+            client: PeerClient::new(),
             from: from.to_owned(),
             peers,
             faults,
@@ -87,7 +87,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
 /// One connection (logically; the hyper pool shares sockets) to one peer.
 pub struct PeerConn {
-    client: NodeClient,
+    client: PeerClient,
     addr: String,
     from: String,
     faults: Arc<PeerFaults>,
@@ -119,10 +119,10 @@ impl PeerConn {
         ];
         let send = self
             .client
-            .send(Method::POST, &self.addr, &path, &headers, Bytes::from(body));
+            .post(&self.addr, &path, &headers, Bytes::from(body));
         let reply = match tokio::time::timeout(ttl, send).await {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(e.to_string()),
+            Ok(Err(e)) => return Err(e),
             Err(_) => return Err(format!("{method} to {} timed out after {ttl:?}", self.addr)),
         };
         if reply.status != StatusCode::OK {

@@ -1,0 +1,294 @@
+//! `baton bench next`: sequencer throughput, open loop, beside a baseline measured in the same
+//! invocation on the same machine.
+//!
+//! ```text
+//! baton bench next --rate 50000 --duration 60s --out experiments/results/bench-next/raft-50k.json
+//! ```
+//!
+//! * **baton**: `POST /next` (one ID per request, no `?n=` blocks) at a fixed offered rate over
+//!   keep-alive connections, from [`crate::load`]: requests are scheduled at `t0 + i/rate` whatever
+//!   the server does, and latency counts from the *scheduled* time, so a stall shows as latency
+//!   instead of silently lowering the rate (no coordinated omission). Every ID is fenced and durable
+//!   (group commit through `baton.seq_commit`, `synchronous_commit = on`) before its response.
+//! * **baseline**: the same fenced resource with one round trip per ID and no batching
+//!   (`baton.seq_next`, allocation inside PostgreSQL), closed loop over `--baseline-connections`
+//!   connections for `--baseline-duration`. PostgreSQL still groups concurrent WAL flushes, so this
+//!   is the strongest batch-free design, not a strawman.
+//!
+//! Reports achieved rate, p50/p99/p999 and errors for both, the ratio, and the group-commit batch
+//! sizes read back from `baton.fence_log`; checks the ledger has no non-increasing step.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::failover::{connect_admin, ledger_violations, redacted_config};
+use super::{bench_fleet_spec, machine_info};
+use crate::fleet::{self, FleetState};
+use crate::load::{self, LoadSpec};
+use baton::backends::{BackendKind, FenceToken};
+use baton::config::{parse_duration_ms, ResourceConfig};
+use baton::work::Fence;
+
+const BASELINE_RESOURCE: &str = "bench-baseline";
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct NextArgs {
+    #[arg(long, default_value = "raft")]
+    pub backend: BackendKind,
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Fleet directory (scratch; default state/bench/next-<backend>).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Base node config; defaults to config/<backend>.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Offered rate, requests (= IDs) per second.
+    #[arg(long, default_value_t = 50_000.0)]
+    pub rate: f64,
+    #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
+    pub duration: u64,
+    /// Keep-alive connections (the most requests in flight at once).
+    #[arg(long, default_value_t = 256)]
+    pub connections: usize,
+    /// Unmeasured warm-up at the same rate first.
+    #[arg(long, value_parser = parse_duration_ms, default_value = "5s")]
+    pub warmup: u64,
+    #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
+    pub baseline_duration: u64,
+    #[arg(long, default_value_t = 64)]
+    pub baseline_connections: usize,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SideReport {
+    pub ids: u64,
+    pub seconds: f64,
+    pub ids_per_s: f64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NextReport {
+    pub backend: BackendKind,
+    pub offered_rate: f64,
+    pub connections: usize,
+    pub baton: SideReport,
+    pub baseline: SideReport,
+    pub ratio: f64,
+    pub commits: i64,
+    pub mean_batch_ids: f64,
+    pub max_batch_ids: i64,
+    pub ledger_violations: Option<i64>,
+    pub config: serde_json::Value,
+    pub machine: serde_json::Value,
+}
+
+pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("state/bench/next-{}", args.backend)));
+    let spec = bench_fleet_spec(dir, args.nodes, args.backend, args.config.clone(), None)?;
+    let state = fleet::up(&spec).await.context("starting the fleet")?;
+    let outcome = tokio::select! {
+        r = measure(&args, &state) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted (Ctrl-C)")),
+    };
+    let down = state.clone();
+    let _ = tokio::task::spawn_blocking(move || down.down()).await;
+    let report = outcome?;
+    if let Some(out) = &args.out {
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(out, serde_json::to_vec_pretty(&report)?)?;
+        println!("wrote {}", out.display());
+    }
+    Ok(report)
+}
+
+async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextReport> {
+    let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
+    wait_for_leader(state).await?;
+    let spec = |secs: u64| LoadSpec {
+        connections: args.connections,
+        ..LoadSpec::new(targets.clone(), args.rate, Duration::from_millis(secs))
+    };
+    if args.warmup > 0 {
+        let warm = load::run(spec(args.warmup)).await?;
+        println!("warm-up: {}", warm.summary().ok_rate.round());
+    }
+    let db = connect_admin(state).await?;
+    let pos_before: i64 = db
+        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
+        .await?
+        .get(0);
+
+    println!(
+        "baton: POST /next at {} IDs/s offered, {} connections, {} ms",
+        args.rate, args.connections, args.duration
+    );
+    let report = load::run(spec(args.duration)).await?;
+    let s = report.summary();
+    println!("{}", report.render());
+    let baton = SideReport {
+        ids: s.ok as u64,
+        seconds: s.elapsed_s,
+        ids_per_s: s.ok_rate,
+        errors: (s.rejected + s.unknown) as u64 + s.unsent,
+        p50_ms: s.latency_ms.p50,
+        p99_ms: s.latency_ms.p99,
+        p999_ms: s.latency_ms.p999,
+        max_ms: s.latency_ms.max,
+    };
+    let batches = db
+        .query_one(
+            "SELECT count(*), coalesce(avg(seq_hi - seq_lo + 1), 0)::float8, coalesce(max(seq_hi - seq_lo + 1), 0)
+               FROM baton.fence_log WHERE op = 'next' AND resource = 'sequence' AND pos > $1",
+            &[&pos_before],
+        )
+        .await?;
+
+    let baseline = baseline(state, args, &db).await?;
+    if baseline.ids == 0 {
+        bail!(
+            "the baseline issued no IDs ({} errors): it has nothing to compare against",
+            baseline.errors
+        );
+    }
+    let violations = ledger_violations(state).await.ok();
+    let ratio = if baseline.ids_per_s > 0.0 {
+        baton.ids_per_s / baseline.ids_per_s
+    } else {
+        f64::INFINITY
+    };
+    println!(
+        "baton    {:>9.0} IDs/s  p50 {:.2} ms  p99 {:.2} ms  p999 {:.2} ms  errors {}",
+        baton.ids_per_s, baton.p50_ms, baton.p99_ms, baton.p999_ms, baton.errors
+    );
+    println!(
+        "baseline {:>9.0} IDs/s  p50 {:.2} ms  p99 {:.2} ms  p999 {:.2} ms  errors {}  (one fenced round trip per ID, {} connections)",
+        baseline.ids_per_s, baseline.p50_ms, baseline.p99_ms, baseline.p999_ms, baseline.errors, args.baseline_connections
+    );
+    println!(
+        "ratio {:.1}x; group commits {} (mean {:.1} IDs, max {}); ledger violations {:?}",
+        ratio,
+        batches.get::<_, i64>(0),
+        batches.get::<_, f64>(1),
+        batches.get::<_, i64>(2),
+        violations
+    );
+    Ok(NextReport {
+        backend: args.backend,
+        offered_rate: args.rate,
+        connections: args.connections,
+        baton,
+        baseline,
+        ratio,
+        commits: batches.get(0),
+        mean_batch_ids: batches.get(1),
+        max_batch_ids: batches.get(2),
+        ledger_violations: violations,
+        config: redacted_config(state),
+        machine: machine_info(),
+    })
+}
+
+async fn wait_for_leader(state: &FleetState) -> anyhow::Result<()> {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        if fleet::status(state)
+            .await
+            .iter()
+            .any(|r| r.role.as_deref() == Some("leader"))
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(anyhow!("no leader within 30 s"))
+}
+
+/// The token and holder the fence row holds now (the current leader's).
+async fn leader_identity(db: &tokio_postgres::Client) -> anyhow::Result<(FenceToken, String)> {
+    let row = db
+        .query_one(
+            "SELECT max_token, holder FROM baton.fenced_resource WHERE name = baton.fence_domain()",
+            &[],
+        )
+        .await
+        .context("reading the fence row")?;
+    Ok((FenceToken(row.get(0)), row.get(1)))
+}
+
+/// One fenced, durable ID per round trip, closed loop over N connections.
+async fn baseline(
+    state: &FleetState,
+    args: &NextArgs,
+    db: &tokio_postgres::Client,
+) -> anyhow::Result<SideReport> {
+    let cfg = ResourceConfig {
+        database_url: state.postgres.app_url(),
+        pool_size: args.baseline_connections,
+        statement_timeout_ms: 5000,
+    };
+    // One fence domain guards every resource, so the baseline writes as the current leader
+    // (its token and holder name) to its own sequence row; any other identity is refused.
+    let (token, holder) = leader_identity(db).await?;
+    let fence = Fence::new(&cfg, &holder).context("baseline pool")?;
+    let until = Instant::now() + Duration::from_millis(args.baseline_duration);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..args.baseline_connections)
+        .map(|_| {
+            let fence = fence.clone();
+            tokio::spawn(async move {
+                let mut hist =
+                    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+                let (mut ok, mut errors) = (0u64, 0u64);
+                while Instant::now() < until {
+                    let t = Instant::now();
+                    match fence.seq_next(BASELINE_RESOURCE, token).await {
+                        Ok(_) => {
+                            ok += 1;
+                            let _ = hist.record(t.elapsed().as_micros().max(1) as u64);
+                        }
+                        Err(_) => errors += 1,
+                    }
+                }
+                (hist, ok, errors)
+            })
+        })
+        .collect();
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds");
+    let (mut ok, mut errors) = (0u64, 0u64);
+    for t in tasks {
+        let (h, o, e) = t.await?;
+        hist.add(&h).ok();
+        ok += o;
+        errors += e;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let pct = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    Ok(SideReport {
+        ids: ok,
+        seconds,
+        ids_per_s: ok as f64 / seconds,
+        errors,
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+        p999_ms: pct(0.999),
+        max_ms: hist.max() as f64 / 1000.0,
+    })
+}

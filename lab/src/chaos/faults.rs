@@ -1,0 +1,629 @@
+//! The faults: kill, partition and pause the leader; skew one node's clock. Each is *verified as
+//! applied* before it counts and is *always undone* — by a guard whose `Drop` heals, so an error,
+//! a panic or a cancelled future (Ctrl-C in the CLI) heals too.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use serde::{Deserialize, Serialize};
+
+use super::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
+use crate::fleet::client::NodeClient;
+use crate::fleet::servers::{pid_alive, stop_pid};
+use crate::fleet::{FleetNode, FleetState};
+use baton::backends::BackendKind;
+use baton::clock::monotonic_ns;
+
+/// What one fault did, on the machine's monotonic clock (`baton::clock::monotonic_ns`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FaultReport {
+    /// `kill-leader`, `partition-leader`, `gc-pause-leader`, `skew`.
+    pub fault: String,
+    pub node: String,
+    /// When the fault took effect (after the rule insert / signal returned).
+    pub applied_at_mono_ns: u64,
+    /// When it was undone (0 for faults that are not undone, e.g. kill).
+    pub healed_at_mono_ns: u64,
+    /// The fault was observed in effect, and observed undone.
+    pub verified: bool,
+    pub detail: String,
+}
+
+/// How long a probe waits for a TCP handshake; a DROP shows up as a timeout.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
+/// How long to wait for a leader to exist before a fault on "the leader".
+const FIND_LEADER_WITHIN: Duration = Duration::from_secs(15);
+
+/// The current leader: the live node that says `leader` with the highest token. Nodes are asked
+/// concurrently (a paused or cut-off node must not delay the answer).
+pub async fn current_leader(
+    state: &FleetState,
+    within: Duration,
+) -> anyhow::Result<(FleetNode, i64)> {
+    let client = NodeClient::new(Duration::from_millis(800));
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let asks = state.nodes.iter().filter(|n| pid_alive(n.pid)).map(|n| {
+            let client = client.clone();
+            async move {
+                let st = client.get(&n.http_addr, "/status").await.ok()?.json();
+                (st["role"] == "leader").then(|| (n, st["fence_token"].as_i64().unwrap_or(0)))
+            }
+        });
+        let best = futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .max_by_key(|(_, t)| *t);
+        if let Some((n, t)) = best {
+            return Ok((n.clone(), t));
+        }
+        if tokio::time::Instant::now() > until {
+            bail!("no node reports itself leader (waited {within:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `kill -9` of the current leader; returns its id once the process is gone.
+pub async fn kill_leader(state: &FleetState) -> anyhow::Result<String> {
+    Ok(kill_leader_report(state).await?.node)
+}
+
+/// [`kill_leader`] with a report (`healed_at_mono_ns` = 0: a kill is not undone).
+pub async fn kill_leader_report(state: &FleetState) -> anyhow::Result<FaultReport> {
+    let (leader, token) = current_leader(state, FIND_LEADER_WITHIN).await?;
+    let pid = leader.pid;
+    // SAFETY: kill(2) on the node pid the fleet started.
+    if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
+        bail!(
+            "kill -9 {pid} ({}): {}",
+            leader.id,
+            std::io::Error::last_os_error()
+        );
+    }
+    let applied = monotonic_ns();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while pid_alive(pid) {
+        if std::time::Instant::now() > until {
+            bail!("{} (pid {pid}) still alive 5 s after SIGKILL", leader.id);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(FaultReport {
+        fault: "kill-leader".into(),
+        node: leader.id.clone(),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: 0,
+        verified: true,
+        detail: format!("SIGKILL pid {pid} (token {token}); process gone"),
+    })
+}
+
+// ---------------------------------------------------------------- partition
+
+/// Inserts the fault rules in `ns`: DROP every packet to or from `hosts`.
+fn apply_rules(ns: &str, hosts: &[Ipv4Addr]) -> anyhow::Result<()> {
+    let ipt = |args: &[&str]| {
+        let mut full = vec!["ip", "netns", "exec", ns, "iptables", "-w"];
+        full.extend_from_slice(args);
+        run(&full)
+    };
+    // A leftover chain from an interrupted run is reused, flushed.
+    if ipt(&["-N", CHAIN]).is_err() {
+        ipt(&["-F", CHAIN])?;
+    }
+    for h in hosts {
+        let h = h.to_string();
+        ipt(&["-A", CHAIN, "-d", &h, "-j", "DROP"])?;
+        ipt(&["-A", CHAIN, "-s", &h, "-j", "DROP"])?;
+    }
+    for hook in ["INPUT", "OUTPUT"] {
+        if ipt(&["-C", hook, "-j", CHAIN]).is_err() {
+            ipt(&["-I", hook, "1", "-j", CHAIN])?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes every baton rule from `ns`; true when none is left.
+pub fn remove_rules(ns: &str) -> bool {
+    let ipt = |args: &[&str]| {
+        let mut full = vec!["ip", "netns", "exec", ns, "iptables", "-w"];
+        full.extend_from_slice(args);
+        run(&full)
+    };
+    for hook in ["INPUT", "OUTPUT"] {
+        let mut guard = 0;
+        while ipt(&["-D", hook, "-j", CHAIN]).is_ok() && guard < 16 {
+            guard += 1;
+        }
+    }
+    let _ = ipt(&["-F", CHAIN]);
+    let _ = ipt(&["-X", CHAIN]);
+    !has_rules(ns)
+}
+
+/// Whether `ns` holds any baton rule.
+pub fn has_rules(ns: &str) -> bool {
+    run(&["ip", "netns", "exec", ns, "iptables", "-w", "-S"])
+        .map(|s| s.contains(CHAIN))
+        .unwrap_or(false)
+}
+
+/// Heals on drop unless already healed.
+struct RulesGuard {
+    ns: String,
+    active: bool,
+}
+
+impl RulesGuard {
+    fn heal(&mut self) -> bool {
+        self.active = false;
+        remove_rules(&self.ns)
+    }
+}
+
+impl Drop for RulesGuard {
+    fn drop(&mut self) {
+        if self.active && !remove_rules(&self.ns) {
+            eprintln!(
+                "baton chaos: could not remove the rules in {}; run `baton chaos heal`",
+                self.ns
+            );
+        }
+    }
+}
+
+/// What a partition of `node` cuts: the hosts to DROP, the TCP endpoints that must become
+/// unreachable from inside its namespace (and, for raft, from the peers' namespaces), and the
+/// fenced PostgreSQL that must stay reachable.
+struct CutPlan {
+    hosts: Vec<Ipv4Addr>,
+    /// `(from namespace, to)`: must time out while cut, connect when healed.
+    cut: Vec<(Option<String>, SocketAddr)>,
+    /// `(from namespace, to)`: must connect throughout (resource, clients).
+    kept: Vec<(Option<String>, SocketAddr)>,
+    what: String,
+}
+
+fn cut_plan(state: &FleetState, net: &NetnsFleet, node: &FleetNode) -> anyhow::Result<CutPlan> {
+    let me = net.node(&node.id)?;
+    let ns = Some(me.ns.clone());
+    let el = net.election;
+    let pg = SocketAddr::from((net.gateway, state.postgres.port));
+    let my_http: SocketAddr = node
+        .http_addr
+        .parse()
+        .with_context(|| format!("{}'s address {}", node.id, node.http_addr))?;
+    let mut kept = vec![(ns.clone(), pg), (None, my_http)];
+    let (hosts, cut, what) = match state.backend {
+        BackendKind::Raft => {
+            let mut cut = Vec::new();
+            let mut hosts = Vec::new();
+            for peer in state.nodes.iter().filter(|n| n.id != node.id) {
+                let p = net.node(&peer.id)?;
+                hosts.push(p.ip);
+                if pid_alive(peer.pid) {
+                    let addr: SocketAddr = peer.http_addr.parse()?;
+                    cut.push((ns.clone(), addr));
+                    cut.push((Some(p.ns.clone()), my_http));
+                }
+            }
+            (hosts, cut, "its raft peers".to_string())
+        }
+        BackendKind::Etcd => {
+            let e = state.etcd.as_ref().context("etcd fleet without etcd")?;
+            let cut = e
+                .members
+                .iter()
+                .map(|m| (ns.clone(), SocketAddr::from((el, m.client_port))))
+                .collect();
+            (vec![el], cut, format!("etcd ({el})"))
+        }
+        BackendKind::Redis | BackendKind::RedisNaive => {
+            let r = state.redis.as_ref().context("redis fleet without redis")?;
+            let addr = SocketAddr::from((el, r.port));
+            (
+                vec![el],
+                vec![(ns.clone(), addr)],
+                format!("redis ({addr})"),
+            )
+        }
+        BackendKind::Zk => {
+            let z = state.zk.as_ref().context("zk fleet without ZooKeeper")?;
+            let cut = z
+                .members
+                .iter()
+                .map(|m| (ns.clone(), SocketAddr::from((el, m.client_port))))
+                .collect();
+            (vec![el], cut, format!("ZooKeeper ({el})"))
+        }
+        BackendKind::PgLease => {
+            let addr = SocketAddr::from((el, state.postgres.port));
+            (
+                vec![el],
+                vec![(ns.clone(), addr)],
+                format!("the lease connection to PostgreSQL ({addr}; the resource stays on {pg})"),
+            )
+        }
+    };
+    // Clients from the root namespace keep reaching the node (that is the point).
+    kept.dedup();
+    Ok(CutPlan {
+        hosts,
+        cut,
+        kept,
+        what,
+    })
+}
+
+fn describe(probes: &[(Option<String>, SocketAddr)], results: &[anyhow::Result<Probe>]) -> String {
+    probes
+        .iter()
+        .zip(results)
+        .map(|((ns, addr), r)| {
+            format!(
+                "{}->{addr}:{}",
+                ns.as_deref().unwrap_or("root"),
+                match r {
+                    Ok(p) => format!("{p:?}"),
+                    Err(e) => format!("error({e})"),
+                }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs the probes until `cut` all time out (or all connect, when `want_cut` is false) and
+/// `kept` all connect, for up to `within`. Returns the last observation and whether it held.
+async fn verify(plan: &CutPlan, want_cut: bool, within: Duration) -> (bool, String) {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let all: Vec<_> = plan.cut.iter().chain(plan.kept.iter()).cloned().collect();
+        let all2 = all.clone();
+        let results = tokio::task::spawn_blocking(move || probe_all(&all2, PROBE_TIMEOUT))
+            .await
+            .unwrap_or_else(|_| vec![]);
+        let n_cut = plan.cut.len();
+        let ok = results.len() == all.len()
+            && results.iter().enumerate().all(|(i, r)| {
+                let want = if i < n_cut && want_cut {
+                    Probe::TimedOut
+                } else {
+                    Probe::Connected
+                };
+                matches!(r, Ok(p) if *p == want)
+            });
+        let text = describe(&all, &results);
+        if ok || tokio::time::Instant::now() > until {
+            return (ok, text);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn require_netns<'a>(state: &'a FleetState, fault: &str) -> anyhow::Result<&'a NetnsFleet> {
+    state.netns.as_ref().ok_or_else(|| {
+        anyhow!(
+            "{fault} needs a fleet started in network namespaces (`baton fleet up N --netns`); \
+             the fleet in {} was started without --netns",
+            state.dir.display()
+        )
+    })
+}
+
+/// Cuts the current leader from its election backend (etcd, Redis, ZooKeeper, the pg-lease
+/// connection) — or, on raft, from its peers — with DROP rules inside its namespace, while it
+/// keeps serving clients and reaching the fenced PostgreSQL. Verifies the cut (connects from its
+/// namespace to the backend time out, to PostgreSQL succeed, clients reach it), holds it for
+/// `hold` from when it took effect, heals, and verifies the heal. Healing also happens on error
+/// and when the future is dropped. Needs a `--netns` fleet.
+pub async fn partition_leader(state: &FleetState, hold: Duration) -> anyhow::Result<FaultReport> {
+    let net = require_netns(state, "partition-leader")?;
+    let (leader, token) = current_leader(state, FIND_LEADER_WITHIN).await?;
+    partition_node_inner(state, net, &leader, token, hold, "partition-leader").await
+}
+
+/// [`partition_leader`] for a named node (leader or not).
+pub async fn partition_node(
+    state: &FleetState,
+    node: &str,
+    hold: Duration,
+) -> anyhow::Result<FaultReport> {
+    let net = require_netns(state, "partition")?;
+    let n = state.node(node)?.clone();
+    partition_node_inner(state, net, &n, 0, hold, "partition").await
+}
+
+async fn partition_node_inner(
+    state: &FleetState,
+    net: &NetnsFleet,
+    node: &FleetNode,
+    token: i64,
+    hold: Duration,
+    fault: &str,
+) -> anyhow::Result<FaultReport> {
+    let me = net.node(&node.id)?.clone();
+    let plan = cut_plan(state, net, node)?;
+    let mut guard = RulesGuard {
+        ns: me.ns.clone(),
+        active: true,
+    };
+    let (ns, hosts) = (me.ns.clone(), plan.hosts.clone());
+    tokio::task::spawn_blocking(move || apply_rules(&ns, &hosts))
+        .await
+        .map_err(|e| anyhow!("{e}"))?
+        .with_context(|| format!("inserting the DROP rules in {}", me.ns))?;
+    let applied = monotonic_ns();
+    let (ok, seen) = verify(&plan, true, Duration::from_secs(2)).await;
+    if !ok {
+        let healed = tokio::task::spawn_blocking(move || guard.heal())
+            .await
+            .unwrap_or(false);
+        bail!(
+            "the partition of {} did not take effect as expected (rules removed again{}): {seen}",
+            node.id,
+            if healed { "" } else { ", NOT cleanly" }
+        );
+    }
+    let applied_seen = seen;
+    let end = applied + hold.as_nanos() as u64;
+    let now = monotonic_ns();
+    if end > now {
+        tokio::time::sleep(Duration::from_nanos(end - now)).await;
+    }
+    let healed_clean = tokio::task::spawn_blocking(move || guard.heal())
+        .await
+        .unwrap_or(false);
+    let healed = monotonic_ns();
+    let (ok, seen) = verify(&plan, false, Duration::from_secs(5)).await;
+    if !healed_clean || !ok {
+        bail!(
+            "healing the partition of {} did not verify (rules gone: {healed_clean}): {seen}",
+            node.id
+        );
+    }
+    Ok(FaultReport {
+        fault: fault.into(),
+        node: node.id.clone(),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: healed,
+        verified: true,
+        detail: format!(
+            "cut {} (token {token}) from {} for {:.3} s: DROP to/from {} in netns {}; applied: {applied_seen}; healed: {seen}",
+            node.id,
+            plan.what,
+            (healed - applied) as f64 / 1e9,
+            plan.hosts
+                .iter()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+            me.ns
+        ),
+    })
+}
+
+// ---------------------------------------------------------------- pause
+
+/// The scheduler state letter of `pid` (`R`, `S`, `T` stopped, ...), from `/proc/<pid>/stat`.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// Sends SIGCONT on drop unless already continued.
+struct ContGuard {
+    pid: u32,
+    active: bool,
+}
+
+impl ContGuard {
+    fn cont(&mut self) {
+        self.active = false;
+        // SAFETY: kill(2) on the node pid the fleet started.
+        unsafe { libc::kill(self.pid as i32, libc::SIGCONT) };
+    }
+}
+
+impl Drop for ContGuard {
+    fn drop(&mut self) {
+        if self.active {
+            self.cont();
+        }
+    }
+}
+
+/// A stop-the-world pause of the current leader: SIGSTOP, verify it is stopped (`T` in
+/// `/proc/<pid>/stat`), hold `pause`, SIGCONT (also on error or when the future is dropped),
+/// verify it runs again.
+pub async fn pause_leader(state: &FleetState, pause: Duration) -> anyhow::Result<FaultReport> {
+    let (leader, token) = current_leader(state, FIND_LEADER_WITHIN).await?;
+    let mut r = pause_node(state, &leader.id, pause).await?;
+    r.fault = "gc-pause-leader".into();
+    r.detail = format!("{} (token {token})", r.detail);
+    Ok(r)
+}
+
+/// [`pause_leader`] for a named node.
+pub async fn pause_node(
+    state: &FleetState,
+    node: &str,
+    pause: Duration,
+) -> anyhow::Result<FaultReport> {
+    let n = state.node(node)?;
+    let pid = n.pid;
+    if !pid_alive(pid) {
+        bail!("{node} (pid {pid}) is not running");
+    }
+    let mut guard = ContGuard { pid, active: true };
+    // SAFETY: kill(2) on the node pid the fleet started.
+    if unsafe { libc::kill(pid as i32, libc::SIGSTOP) } != 0 {
+        guard.active = false;
+        bail!("SIGSTOP {pid}: {}", std::io::Error::last_os_error());
+    }
+    let applied = monotonic_ns();
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    while proc_state(pid) != Some('T') {
+        if std::time::Instant::now() > until {
+            guard.cont();
+            bail!(
+                "{node} (pid {pid}) did not stop after SIGSTOP (state {:?})",
+                proc_state(pid)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stopped_after_us = (monotonic_ns() - applied) / 1000;
+    let end = applied + pause.as_nanos() as u64;
+    let now = monotonic_ns();
+    if end > now {
+        tokio::time::sleep(Duration::from_nanos(end - now)).await;
+    }
+    guard.cont();
+    let healed = monotonic_ns();
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    while proc_state(pid) == Some('T') {
+        if std::time::Instant::now() > until {
+            bail!("{node} (pid {pid}) still stopped 1 s after SIGCONT");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(FaultReport {
+        fault: "pause".into(),
+        node: node.into(),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: healed,
+        verified: true,
+        detail: format!(
+            "SIGSTOP pid {pid}: state T after {stopped_after_us} us; SIGCONT after {:.3} s; running again (state {})",
+            (healed - applied) as f64 / 1e9,
+            proc_state(pid).unwrap_or('?')
+        ),
+    })
+}
+
+// ---------------------------------------------------------------- clock skew
+
+/// Sets one node's clock skew (ms, wall-clock offset) and drift (rate error, e.g. 0.01 = 1 %
+/// fast) in its `config.toml`, restarts it (SIGTERM — it demotes and resigns if it led — then
+/// `FleetState::start_node`), and waits until its `/status` answers again.
+pub async fn skew_node(
+    state: &mut FleetState,
+    node: &str,
+    skew_ms: i64,
+    drift: f64,
+) -> anyhow::Result<()> {
+    skew_node_report(state, node, skew_ms, drift)
+        .await
+        .map(drop)
+}
+
+/// [`skew_node`] with a report (applied = the restarted node answers `/status`).
+pub async fn skew_node_report(
+    state: &mut FleetState,
+    node: &str,
+    skew_ms: i64,
+    drift: f64,
+) -> anyhow::Result<FaultReport> {
+    if !(drift.is_finite() && drift.abs() < 0.5) {
+        bail!("clock drift must be in (-0.5, 0.5), got {drift}");
+    }
+    let n = state.node(node)?.clone();
+    let text = std::fs::read_to_string(&n.config)
+        .with_context(|| format!("reading {}", n.config.display()))?;
+    let mut table: toml::Table = text
+        .parse()
+        .with_context(|| format!("parsing {}", n.config.display()))?;
+    let before = (
+        table
+            .get("clock_skew_ms")
+            .and_then(|v| v.as_integer())
+            .unwrap_or(0),
+        table
+            .get("clock_drift")
+            .and_then(|v| v.as_float())
+            .unwrap_or(0.0),
+    );
+    table.insert("clock_skew_ms".into(), toml::Value::Integer(skew_ms));
+    table.insert("clock_drift".into(), toml::Value::Float(drift));
+    let new_text = toml::to_string(&table)?;
+    let tmp = n.config.with_extension("toml.tmp");
+    std::fs::write(&tmp, &new_text)?;
+    let checked = baton::config::NodeConfig::from_file(&tmp)
+        .map_err(anyhow::Error::from)
+        .and_then(|c| c.validate().map_err(anyhow::Error::from));
+    if let Err(e) = checked {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("the new config of {node}")));
+    }
+    std::fs::rename(&tmp, &n.config)?;
+    let pid = n.pid;
+    tokio::task::spawn_blocking(move || stop_pid(pid, libc::SIGTERM, Duration::from_secs(8)))
+        .await?;
+    let new_pid = state.start_node(node)?;
+    let client = NodeClient::new(Duration::from_secs(1));
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.get(&n.http_addr, "/status").await {
+            if r.status == 200 && r.json()["node_id"].as_str() == Some(node) {
+                break;
+            }
+        }
+        if !pid_alive(new_pid) || tokio::time::Instant::now() > until {
+            bail!(
+                "{node} did not come back after the restart (pid {new_pid}); see {}",
+                n.log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let applied = monotonic_ns();
+    Ok(FaultReport {
+        fault: "skew".into(),
+        node: node.into(),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: 0,
+        verified: true,
+        detail: format!(
+            "clock_skew_ms {} -> {skew_ms}, clock_drift {} -> {drift}; restarted as pid {new_pid}, /status answers",
+            before.0, before.1
+        ),
+    })
+}
+
+// ---------------------------------------------------------------- heal
+
+/// Undoes every fault this module can leave behind in a fleet: removes the baton iptables
+/// rules from every node namespace and continues any stopped node. Returns what it did.
+pub fn heal_all(state: &FleetState) -> Vec<String> {
+    let mut did = Vec::new();
+    if let Some(net) = &state.netns {
+        let existing = super::netns::namespaces();
+        for n in net.nodes.iter().filter(|n| existing.contains(&n.ns)) {
+            if has_rules(&n.ns) {
+                if remove_rules(&n.ns) {
+                    did.push(format!("removed the {CHAIN} rules in {} ({})", n.ns, n.id));
+                } else {
+                    did.push(format!("FAILED to remove the {CHAIN} rules in {}", n.ns));
+                }
+            }
+        }
+    }
+    for n in &state.nodes {
+        if pid_alive(n.pid) && proc_state(n.pid) == Some('T') {
+            // SAFETY: kill(2) on the node pid the fleet started.
+            unsafe { libc::kill(n.pid as i32, libc::SIGCONT) };
+            did.push(format!("SIGCONT {} (pid {})", n.id, n.pid));
+        }
+    }
+    did
+}

@@ -1,0 +1,809 @@
+//! `baton exp NAME`: runs `experiments/NAME.toml` and writes `experiments/results/NAME/`.
+//!
+//! ```text
+//! spec.rs      the TOML: backends, fleet size, TTL sweep, fencing, load, fault schedule (spans in s/ms/ttl)
+//! faults.rs    the schedule (seeded jitter) and the faults: kill -9, SIGSTOP pause, step-down, partition
+//! run.rs       one run: fresh fleet, load, faults, checker, everything measured; fleet always stopped
+//! analysis.rs  transitions + failover (ledger), elections (actor traces), stale-leader evidence
+//! plots.rs     SVG: leaders acting, seq vs time, failover vs TTL, CDFs
+//! ```
+//!
+//! Per run `LABEL` (backend, plus `-ttlX`, `-fencing-on|off`, `-jobsN` where swept) the results
+//! directory gets `LABEL.json` (everything, with the command, commit and machine),
+//! `LABEL-timeline.csv` (leaders acting by effect), `LABEL-client.csv` (client outcomes per
+//! second), `LABEL-seq.csv` (downsampled), `LABEL-acting.svg` and `LABEL-seq.svg`. Then, from every
+//! `LABEL.json` present (so separate invocations accumulate): `summary.md`, `runs.csv`,
+//! `failover-vs-ttl.svg`, `election-cdf.svg`, `campaign-cdf.svg`, `vacant-to-won-cdf.svg`, `dark-cdf.svg`.
+//!
+//! The exit code is non-zero when a run errs or its verdict is not the expected one (fencing on:
+//! PASS; fencing off: FAIL, unless the spec says otherwise).
+
+pub mod analysis;
+pub mod faults;
+pub mod plots;
+pub mod run;
+pub mod spec;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use baton::backends::BackendKind;
+use baton::config::parse_duration_ms;
+use run::{RunOpts, RunResult};
+use spec::{ExpSpec, RunPlan, Span};
+
+/// `baton exp`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExpArgs {
+    /// Experiment name (`experiments/NAME.toml`) or a path to a `.toml`.
+    pub name: String,
+    /// Only these backends (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Option<Vec<BackendKind>>,
+    /// The spec's `[quick]` variant: short durations, for tests.
+    #[arg(long)]
+    pub quick: bool,
+    /// TTL sweep points instead of the spec's, e.g. `1s,3s`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_duration_ms)]
+    pub ttl: Option<Vec<u64>>,
+    /// Load duration instead of the spec's (a span: `60s`, `600s`, `3ttl+10s`).
+    #[arg(long)]
+    pub duration: Option<String>,
+    /// Seed instead of the spec's.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Results directory (default `experiments/results/NAME`).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Scratch root for the fleets (each run uses and removes `<dir>/<NAME>/<LABEL>`).
+    #[arg(long, default_value = "state/exp")]
+    pub state_dir: PathBuf,
+    /// Keep each run's fleet directory (logs, actor traces) instead of removing it.
+    #[arg(long)]
+    pub keep: bool,
+    /// Run nothing: regenerate `summary.md`, `runs.csv` and the cross-run plots from the
+    /// `LABEL.json` files already in the results directory.
+    #[arg(long)]
+    pub report_only: bool,
+}
+
+fn command_out(cmd: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(cmd).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// `git rev-parse HEAD`, with `+dirty` when tracked files differ from it.
+pub fn git_commit() -> String {
+    let head = command_out("git", &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = command_out("git", &["status", "--porcelain", "--untracked-files=no"])
+        .is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head}+dirty")
+    } else {
+        head
+    }
+}
+
+/// Runs the experiment; returns the process exit code.
+pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
+    let (mut spec, spec_path) = ExpSpec::load(&a.name)?;
+    if a.quick {
+        spec = spec.quick();
+    }
+    if let Some(d) = &a.duration {
+        spec.duration = Span::parse(d).context("--duration")?;
+    }
+    if let Some(s) = a.seed {
+        spec.seed = s;
+    }
+    let plans = spec.plan(a.backends.as_deref(), a.ttl.as_deref())?;
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("experiments/results").join(&spec.name));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    if a.report_only {
+        println!("{}", write_experiment(&out, &spec)?);
+        return Ok(0);
+    }
+    let opts = RunOpts {
+        state_root: a.state_dir.join(&spec.name),
+        keep: a.keep,
+    };
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let commit = git_commit();
+    let machine = crate::bench::machine_info();
+    println!(
+        "exp {}: {} run(s) [{}]{} -> {}",
+        spec.name,
+        plans.len(),
+        plans
+            .iter()
+            .map(|p| p.label.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if a.quick { " (quick)" } else { "" },
+        out.display()
+    );
+    let mut code = 0;
+    for plan in &plans {
+        println!("== {} ({}) ...", plan.label, spec.name);
+        let meta = serde_json::json!({
+            "command": command,
+            "spec_file": spec_path.display().to_string(),
+            "commit": commit,
+            "machine": machine,
+        });
+        match run::run_one(&spec, plan, a.quick, &opts).await {
+            Ok(r) => {
+                write_run(&out, &r, &meta)?;
+                print!("{}", brief(&r));
+                if !r.expectation_met || r.error.is_some() {
+                    code = 1;
+                }
+            }
+            Err(e) => {
+                code = 1;
+                println!("   ERROR: {e:#}");
+                let v = serde_json::json!({
+                    "experiment": spec.name,
+                    "label": plan.label,
+                    "backend": plan.backend,
+                    "seed": plan.seed,
+                    "quick": a.quick,
+                    "error": format!("{e:#}"),
+                    "meta": meta,
+                });
+                std::fs::write(
+                    out.join(format!("{}.json", plan.label)),
+                    serde_json::to_vec_pretty(&v)?,
+                )?;
+            }
+        }
+    }
+    let summary = write_experiment(&out, &spec)?;
+    println!("{summary}");
+    println!("results: {}", out.display());
+    Ok(code)
+}
+
+/// The lines printed after each run.
+fn brief(r: &RunResult) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "   {} [expected {:?}: {}]",
+        r.verdict.line,
+        r.expect,
+        if r.expectation_met {
+            "ok"
+        } else {
+            "UNEXPECTED"
+        }
+    );
+    let _ = writeln!(
+        s,
+        "   load: {} sent, {} ok, {} rejected, {} unknown; {} faults, {} leaderships, {} rejections; false failovers {}",
+        r.load.sent,
+        r.load.ok,
+        r.load.rejected,
+        r.load.unknown,
+        r.faults.len(),
+        r.timeline.len(),
+        r.rejections_total,
+        r.false_failovers
+    );
+    if let Some(f) = &r.failover_ms {
+        let _ = writeln!(
+            s,
+            "   failover (kill -9, resource clock): n={} median={:.1} ms p99={:.1} ms max={:.1} ms",
+            f.n, f.median, f.p99, f.max
+        );
+    }
+    if let Some(f) = &r.stepdown_dark_ms {
+        let _ = writeln!(
+            s,
+            "   step-down dark time: n={} median={:.1} ms p99={:.1} ms min={:.1} ms",
+            f.n, f.median, f.p99, f.min
+        );
+    }
+    for st in &r.stale {
+        let kind = r
+            .faults
+            .get(st.fault)
+            .map(|f| f.record.kind.as_str())
+            .unwrap_or("?");
+        let _ = writeln!(
+            s,
+            "   {} ({kind}, token {}): {}{}",
+            st.node,
+            st.token.map(|t| t.to_string()).unwrap_or_default(),
+            st.outcome,
+            st.belief_overlap_ms
+                .map(|b| format!("; believed-leader overlap with the successor {b:+.0} ms"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(e) = &r.error {
+        let _ = writeln!(s, "   fault errors: {e}");
+    }
+    s
+}
+
+/// Downsampled `next` rows: every k-th row, plus the rows around each change of token.
+fn downsample(seq: &[(f64, i64, i64)], target: usize) -> Vec<(f64, i64, i64)> {
+    if seq.len() <= target {
+        return seq.to_vec();
+    }
+    let k = seq.len().div_ceil(target).max(1);
+    let mut keep = vec![false; seq.len()];
+    for (i, k2) in keep.iter_mut().enumerate() {
+        if i % k == 0 {
+            *k2 = true;
+        }
+    }
+    for i in 1..seq.len() {
+        if seq[i].2 != seq[i - 1].2 {
+            let lo = i.saturating_sub(3);
+            for k in keep.iter_mut().take(i + 3).skip(lo) {
+                *k = true;
+            }
+        }
+    }
+    keep[seq.len() - 1] = true;
+    seq.iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(p, _)| *p)
+        .collect()
+}
+
+fn write_run(out: &Path, r: &RunResult, meta: &Value) -> anyhow::Result<()> {
+    let mut v = serde_json::to_value(r)?;
+    v["meta"] = meta.clone();
+    std::fs::write(
+        out.join(format!("{}.json", r.label)),
+        serde_json::to_vec_pretty(&v)?,
+    )?;
+    let mut csv = String::from("token,holder,first_s,last_s,writes,rejected,dark_after_ms\n");
+    for iv in &r.timeline {
+        let _ = writeln!(
+            csv,
+            "{},{},{:.6},{:.6},{},{},{}",
+            iv.token,
+            iv.holder,
+            iv.first_s,
+            iv.last_s,
+            iv.writes,
+            iv.rejected,
+            iv.dark_after_ms
+                .map(|d| format!("{d:.3}"))
+                .unwrap_or_default()
+        );
+    }
+    std::fs::write(out.join(format!("{}-timeline.csv", r.label)), csv)?;
+    let mut csv = String::from("second,ok,rejected,unknown\n");
+    for (s, a, b, c) in &r.series.client {
+        let _ = writeln!(csv, "{s},{a},{b},{c}");
+    }
+    std::fs::write(out.join(format!("{}-client.csv", r.label)), csv)?;
+    let seq = downsample(&r.series.seq, 600);
+    let mut csv = String::from("t_s,seq,token\n");
+    for (t, s, tok) in &seq {
+        let _ = writeln!(csv, "{t:.6},{s},{tok}");
+    }
+    std::fs::write(out.join(format!("{}-seq.csv", r.label)), csv)?;
+
+    draw_run(out, &v)
+}
+
+fn read_csv(path: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect()
+}
+
+/// Draws a run's `LABEL-acting.svg` and `LABEL-seq.svg` from its JSON and its CSVs (so
+/// `--report-only` redraws them exactly as a run does).
+fn draw_run(out: &Path, v: &Value) -> anyhow::Result<()> {
+    let Some(label) = v["label"].as_str() else {
+        return Ok(());
+    };
+    if v["verdict"].is_null() {
+        return Ok(());
+    }
+    let experiment = v["experiment"].as_str().unwrap_or("?");
+    let spans: Vec<plots::FaultSpan> = v["faults"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|fi| {
+            let from = f(&fi["applied_s"]).unwrap_or(0.0);
+            plots::FaultSpan {
+                from,
+                to: f(&fi["healed_s"]).unwrap_or(from),
+                label: format!(
+                    "{} {}",
+                    fi["kind"].as_str().unwrap_or("?"),
+                    fi["node"].as_str().unwrap_or("?")
+                ),
+            }
+        })
+        .collect();
+    let seq: Vec<(f64, i64, i64)> = read_csv(&out.join(format!("{label}-seq.csv")))
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.first()?.parse().ok()?,
+                r.get(1)?.parse().ok()?,
+                r.get(2)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    // Leaders acting by effect from the timeline's intervals: +1 at a first write, -1 after a last.
+    let mut ev: Vec<(f64, i32)> = Vec::new();
+    for r in read_csv(&out.join(format!("{label}-timeline.csv"))) {
+        if let (Some(a), Some(b)) = (
+            r.get(2).and_then(|x| x.parse::<f64>().ok()),
+            r.get(3).and_then(|x| x.parse::<f64>().ok()),
+        ) {
+            ev.push((a, 1));
+            ev.push((b, -1));
+        }
+    }
+    ev.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut steps = Vec::new();
+    let mut n = 0;
+    let mut initial = 0;
+    for (t, d) in ev {
+        n += d;
+        if t < 0.0 {
+            initial = n;
+        } else {
+            steps.push((t, n));
+        }
+    }
+    let x_max = seq
+        .iter()
+        .map(|p| p.0)
+        .chain(steps.iter().map(|p| p.0))
+        .fold(f(&v["duration_s"]).unwrap_or(1.0), f64::max)
+        + 0.5;
+    let pass = v["verdict"]["pass"].as_bool().unwrap_or(false);
+    plots::acting(
+        &out.join(format!("{label}-acting.svg")),
+        &format!(
+            "{experiment} / {label}: leaders acting by effect (fence_log) — {}",
+            if pass { "PASS" } else { "FAIL" }
+        ),
+        initial,
+        &steps,
+        &spans,
+        x_max,
+    )?;
+    let seq: Vec<(f64, i64, i64)> = seq.into_iter().filter(|p| p.0 >= 0.0).collect();
+    plots::seq(
+        &out.join(format!("{label}-seq.svg")),
+        &format!("{experiment} / {label}: seq vs time, colored by token"),
+        &seq,
+        &spans,
+        x_max,
+    )?;
+    Ok(())
+}
+
+fn f(v: &Value) -> Option<f64> {
+    v.as_f64()
+}
+
+/// Kill / step-down → the next `won`, ms, recomputed from a run's JSON (the rule of
+/// [`analysis::elections`]).
+fn fault_to_won_of(v: &Value) -> Vec<f64> {
+    let els: Vec<f64> = v["elections"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| f(&e["won_s"]))
+        .collect();
+    let mut used = vec![false; els.len()];
+    let mut out = Vec::new();
+    for fi in v["faults"].as_array().cloned().unwrap_or_default() {
+        if !matches!(fi["kind"].as_str(), Some("kill-leader") | Some("stepdown")) {
+            continue;
+        }
+        let at = f(&fi["applied_s"]).unwrap_or(0.0);
+        if let Some(k) = (0..els.len()).find(|&k| !used[k] && els[k] > at) {
+            used[k] = true;
+            out.push((els[k] - at) * 1000.0);
+        }
+    }
+    out
+}
+
+/// False failovers recomputed from a run's JSON (the same rule as [`analysis::false_failovers`],
+/// so results written by an older binary are counted alike).
+fn false_failovers_of(v: &Value) -> u64 {
+    let ttl_s = v["lease_ttl_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+    let faults = v["faults"].as_array().cloned().unwrap_or_default();
+    v["transitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| {
+            let Some(fi) = t["cause"].as_u64().and_then(|i| faults.get(i as usize)) else {
+                return true;
+            };
+            match fi["kind"].as_str() {
+                Some("kill-leader") | Some("stepdown") => false,
+                _ => {
+                    let len =
+                        f(&fi["healed_s"]).unwrap_or(0.0) - f(&fi["applied_s"]).unwrap_or(0.0);
+                    len < ttl_s
+                }
+            }
+        })
+        .count() as u64
+}
+
+fn ms_value(s: Value) -> String {
+    ms_cell(&s)
+}
+
+fn ms_cell(s: &Value) -> String {
+    if s.is_null() {
+        return "–".into();
+    }
+    format!(
+        "{:.0} / {:.0} / {:.0} (n={})",
+        f(&s["median"]).unwrap_or(f64::NAN),
+        f(&s["p99"]).unwrap_or(f64::NAN),
+        f(&s["max"]).unwrap_or(f64::NAN),
+        s["n"]
+    )
+}
+
+/// Regenerates `summary.md`, `runs.csv` and the cross-run plots from every `LABEL.json` in `out`.
+/// Returns the summary's verdict block (also printed).
+pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
+    let mut runs: Vec<Value> = Vec::new();
+    for e in std::fs::read_dir(out)?.flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            if let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(&p)?) {
+                if v["experiment"] == spec.name.as_str() {
+                    runs.push(v);
+                }
+            }
+        }
+    }
+    for v in &runs {
+        draw_run(out, v)?;
+    }
+    runs.sort_by(|a, b| {
+        let key = |v: &Value| {
+            (
+                v["backend"].as_str().unwrap_or("").to_owned(),
+                v["lease_ttl_ms"].as_u64().unwrap_or(0),
+                v["label"].as_str().unwrap_or("").to_owned(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+
+    // Cross-run plots.
+    let mut ttl_series: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    let mut election: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut campaign: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut vacant: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut dark: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for v in &runs {
+        let label = v["label"].as_str().unwrap_or("?").to_owned();
+        let backend = v["backend"].as_str().unwrap_or("?").to_owned();
+        let fo = &v["failover_ms"];
+        if !fo.is_null() && v["fencing"] == "on" {
+            let ttl_s = v["lease_ttl_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+            ttl_series.entry(backend.clone()).or_default().push((
+                ttl_s,
+                f(&fo["median"]).unwrap_or(0.0),
+                f(&fo["max"]).unwrap_or(0.0),
+            ));
+        }
+        let els = v["elections"].as_array().cloned().unwrap_or_default();
+        let k2w = fault_to_won_of(v);
+        if !k2w.is_empty() {
+            election.insert(label.clone(), k2w);
+        }
+        let cw: Vec<f64> = els.iter().filter_map(|e| f(&e["campaign_ms"])).collect();
+        if !cw.is_empty() {
+            campaign.insert(label.clone(), cw);
+        }
+        let vw: Vec<f64> = els.iter().filter_map(|e| f(&e["election_ms"])).collect();
+        if !vw.is_empty() {
+            vacant.insert(label.clone(), vw);
+        }
+        let gaps: Vec<f64> = v["transitions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|t| t["cause_kind"] == "kill-leader" || t["cause_kind"] == "stepdown")
+            .filter_map(|t| f(&t["gap_ms"]))
+            .collect();
+        if !gaps.is_empty() {
+            dark.insert(label, gaps);
+        }
+    }
+    let mut plots_made = Vec::new();
+    if !ttl_series.is_empty() {
+        plots::failover_vs_ttl(
+            &out.join("failover-vs-ttl.svg"),
+            &format!("{}: failover after kill -9 vs lease TTL", spec.name),
+            &ttl_series,
+        )?;
+        plots_made.push("failover-vs-ttl.svg");
+    }
+    let cdfs = [
+        (
+            "election-cdf.svg",
+            "election latency, leader killed / stepped down → successor won",
+            "ms (actor traces, CLOCK_MONOTONIC)",
+            election,
+        ),
+        (
+            "campaign-cdf.svg",
+            "campaign → won per win (baton_campaign_duration_seconds)",
+            "ms (actor traces)",
+            campaign,
+        ),
+        (
+            "vacant-to-won-cdf.svg",
+            "seat vacant → won per win (baton_election_duration_seconds)",
+            "ms (the winner's monotonic clock)",
+            vacant,
+        ),
+        (
+            "dark-cdf.svg",
+            "dark time, last old write → first new write",
+            "ms (fence_log.committed_at)",
+            dark,
+        ),
+    ];
+    for (file, title, x_label, series) in cdfs {
+        if series.is_empty() {
+            continue;
+        }
+        // At most 10 series per plot.
+        let series: BTreeMap<String, Vec<f64>> = series.into_iter().take(10).collect();
+        plots::cdf(
+            &out.join(file),
+            &format!("{}: {title}", spec.name),
+            x_label,
+            &series,
+        )?;
+        plots_made.push(file);
+    }
+
+    // runs.csv
+    let mut csv = String::from(
+        "label,backend,lease_ttl_ms,fencing,workset_rows,seed,pass,expect,expectation_met,writes,tokens,acked,rejections,faults,false_failovers,failover_median_ms,failover_p99_ms,failover_max_ms,dark_median_ms,dark_min_ms,kill_to_won_p99_ms,campaign_p99_ms,election_p99_ms,seq_not_increasing,token_backward,error\n",
+    );
+    for v in &runs {
+        let g = |k: &str, q: &str| f(&v[k][q]).map(|x| format!("{x:.1}")).unwrap_or_default();
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"",
+            v["label"].as_str().unwrap_or(""),
+            v["backend"].as_str().unwrap_or(""),
+            v["lease_ttl_ms"],
+            v["fencing"].as_str().unwrap_or(""),
+            v["workset_rows"],
+            v["seed"],
+            v["verdict"]["pass"],
+            v["expect"].as_str().unwrap_or(""),
+            v["expectation_met"],
+            v["verdict"]["writes"],
+            v["verdict"]["tokens"],
+            v["verdict"]["acked"],
+            v["rejections_total"],
+            v["faults"].as_array().map(|a| a.len()).unwrap_or(0),
+            false_failovers_of(v),
+            g("failover_ms", "median"),
+            g("failover_ms", "p99"),
+            g("failover_ms", "max"),
+            g("stepdown_dark_ms", "median"),
+            g("stepdown_dark_ms", "min"),
+            crate::bench::Summary::of(&fault_to_won_of(v))
+                .map(|s| format!("{:.1}", s.p99))
+                .unwrap_or_default(),
+            g("campaign_ms", "p99"),
+            g("election_ms", "p99"),
+            v["seq_steps"]["seq_not_increasing"],
+            v["seq_steps"]["token_backward"],
+            v["error"].as_str().unwrap_or("").replace('"', "'"),
+        );
+    }
+    std::fs::write(out.join("runs.csv"), csv)?;
+
+    // summary.md
+    let mut md = String::new();
+    let _ = writeln!(md, "# Experiment `{}`\n", spec.name);
+    if !spec.description.is_empty() {
+        let _ = writeln!(md, "{}\n", spec.description.trim());
+    }
+    let _ = writeln!(
+        md,
+        "Spec: `experiments/{}.toml` (seed {}). Generated by `baton exp`; every run below lists its own command, commit and machine in `LABEL.json` → `meta`.\n",
+        spec.name, spec.seed
+    );
+    let mut metas: Vec<(String, String, String)> = runs
+        .iter()
+        .map(|v| {
+            (
+                v["meta"]["command"].as_str().unwrap_or("?").to_owned(),
+                v["meta"]["commit"].as_str().unwrap_or("?").to_owned(),
+                format!(
+                    "nproc {}, kernel {}, {}, {} build",
+                    v["meta"]["machine"]["nproc"],
+                    v["meta"]["machine"]["kernel"].as_str().unwrap_or("?"),
+                    v["meta"]["machine"]["cpu"].as_str().unwrap_or("?"),
+                    v["meta"]["machine"]["build"].as_str().unwrap_or("?")
+                ),
+            )
+        })
+        .collect();
+    metas.sort();
+    metas.dedup();
+    let _ = writeln!(md, "## Commands, commits, machines\n");
+    for (c, commit, m) in &metas {
+        let _ = writeln!(md, "- `{c}` — commit `{commit}` — {m}");
+    }
+    let _ = writeln!(
+        md,
+        "\nThe machine is shared and noisy (2 cores running PostgreSQL, the backend servers, every node and the load generator): treat single numbers as samples, not benchmarks.\n"
+    );
+    let _ = writeln!(md, "## Verdicts\n");
+    let _ = writeln!(
+        md,
+        "| run | TTL | seed | verdict | expected | failover ms (median / p99 / max) | step-down dark ms | false failovers | refused writes | seq non-increasing steps |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    let mut verdicts = String::new();
+    for v in &runs {
+        let label = v["label"].as_str().unwrap_or("?");
+        if let Some(e) = v["error"].as_str().filter(|_| v["verdict"].is_null()) {
+            let _ = writeln!(
+                md,
+                "| {label} | | {} | ERROR: {} | | | | | | |",
+                v["seed"],
+                e.replace('|', "/")
+            );
+            let _ = writeln!(verdicts, "{}/{label}: ERROR {e}", spec.name);
+            continue;
+        }
+        let line = v["verdict"]["line"].as_str().unwrap_or("?");
+        let met = v["expectation_met"].as_bool().unwrap_or(false);
+        let _ = writeln!(
+            md,
+            "| {label} | {} ms | {} | `{}` | {} {} | {} | {} | {} | {} | {} |",
+            v["lease_ttl_ms"],
+            v["seed"],
+            line.replace('|', "/"),
+            v["expect"].as_str().unwrap_or("?"),
+            if met { "✓" } else { "✗ UNEXPECTED" },
+            ms_cell(&v["failover_ms"]),
+            ms_cell(&v["stepdown_dark_ms"]),
+            false_failovers_of(v),
+            v["rejections_total"],
+            v["seq_steps"]["seq_not_increasing"],
+        );
+        let _ = writeln!(
+            verdicts,
+            "{}/{label}: {line} [expected {}{}]",
+            spec.name,
+            v["expect"].as_str().unwrap_or("?"),
+            if met { "" } else { ": UNEXPECTED" }
+        );
+    }
+    let _ = writeln!(md, "\n```text\n{verdicts}```\n");
+    let stale: Vec<String> = runs
+        .iter()
+        .flat_map(|v| {
+            let label = v["label"].as_str().unwrap_or("?").to_owned();
+            v["stale"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |s| {
+                    // Results of older binaries: a fault no transition followed was ridden out.
+                    let led_to_change = v["transitions"]
+                        .as_array()
+                        .is_some_and(|ts| ts.iter().any(|t| t["cause"] == s["fault"]));
+                    let outcome = if !led_to_change
+                        && s["rejected"].as_array().is_none_or(|r| r.is_empty())
+                        && s["accepted_after_successor"].as_u64() == Some(0)
+                    {
+                        "rode it out: kept its lease, no leadership change, nothing refused"
+                            .to_owned()
+                    } else {
+                        s["outcome"].as_str().unwrap_or("?").to_owned()
+                    };
+                    format!(
+                        "- **{label}**, {} (token {}) hit at {:.2} s: {}{}",
+                        s["node"].as_str().unwrap_or("?"),
+                        s["token"],
+                        s["applied_s"].as_f64().unwrap_or(0.0),
+                        outcome,
+                        s["belief_overlap_ms"]
+                            .as_f64()
+                            .map(|b| format!(" (both believed they led for {b:.0} ms)"))
+                            .filter(|_| s["belief_overlap_ms"].as_f64().unwrap_or(0.0) > 0.0)
+                            .unwrap_or_default()
+                    )
+                })
+        })
+        .collect();
+    if !stale.is_empty() {
+        let _ = writeln!(md, "## The paused / partitioned leader\n");
+        for s in stale {
+            let _ = writeln!(md, "{s}");
+        }
+        let _ = writeln!(md);
+    }
+    let elections: Vec<String> = runs
+        .iter()
+        .filter(|v| !fault_to_won_of(v).is_empty() || !v["campaign_ms"].is_null())
+        .map(|v| {
+            format!(
+                "- **{}**: kill → won ms {}; seat vacant → won (the election) ms {}; campaign call → won (includes queueing) ms {}; wins per node {}; winners per round {}; backend requests per election {} (election ops only: {})",
+                v["label"].as_str().unwrap_or("?"),
+                ms_value(crate::bench::Summary::of(&fault_to_won_of(v)).map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(Value::Null)),
+                ms_cell(&v["election_ms"]),
+                ms_cell(&v["campaign_ms"]),
+                v["wins_per_node"],
+                v["winners_per_round"],
+                f(&v["backend_requests"]["per_election"]).map(|x| format!("{x:.1}")).unwrap_or_else(|| "–".into()),
+                f(&v["backend_requests"]["campaign_ops_per_election"]).map(|x| format!("{x:.1}")).unwrap_or_else(|| "–".into()),
+            )
+        })
+        .collect();
+    if !elections.is_empty() {
+        let _ = writeln!(md, "## Elections (actor traces)\n");
+        for e in elections {
+            let _ = writeln!(md, "{e}");
+        }
+        let _ = writeln!(md);
+    }
+    let _ = writeln!(md, "## Files\n");
+    for p in &plots_made {
+        let _ = writeln!(md, "- `{p}`");
+    }
+    let _ = writeln!(
+        md,
+        "- per run: `LABEL.json` (everything), `LABEL-timeline.csv` (leaders acting by effect), `LABEL-client.csv` (client outcomes per second), `LABEL-seq.csv` (downsampled next rows), `LABEL-acting.svg`, `LABEL-seq.svg`\n- `runs.csv`: one row per run"
+    );
+    std::fs::write(out.join("summary.md"), md)?;
+    Ok(verdicts)
+}
+
+/// The plans of an experiment, for listing (`--backends` filter applied).
+pub fn plans(name: &str, quick: bool) -> anyhow::Result<Vec<RunPlan>> {
+    let (mut spec, _) = ExpSpec::load(name)?;
+    if quick {
+        spec = spec.quick();
+    }
+    spec.plan(None, None)
+}

@@ -1,0 +1,625 @@
+//! One run of an experiment: a fresh fleet in a scratch directory, open-loop load on `POST /next`,
+//! the fault schedule applied while the load runs, then the checker over the ledger and the client
+//! history, and everything the results need. The fleet is always stopped and its directory
+//! removed (unless `--keep`), also on error.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::analysis::{
+    self, Clock0, Election, RejectionBrief, SeqSteps, StaleEvidence, Transition,
+};
+use super::faults::{self, FaultRecord, Occurrence};
+use super::spec::{ExpSpec, Expect, FaultKind, RunPlan};
+use crate::bench::Summary;
+use crate::check::{self, CheckInput, Violation};
+use crate::fleet::client::NodeClient;
+use crate::fleet::servers::pid_alive;
+use crate::fleet::{self, FleetSpec, FleetState};
+use crate::load::{self, LoadReport, LoadSpec, Outcome};
+use baton::backends::BackendKind;
+use baton::config::{Fencing, NodeConfig};
+
+/// Where and how a run executes.
+#[derive(Clone, Debug)]
+pub struct RunOpts {
+    /// Scratch root; the run's fleet lives in `<state_root>/<label>`.
+    pub state_root: PathBuf,
+    /// Keep the fleet directory (logs, traces) after the run.
+    pub keep: bool,
+}
+
+/// The verdict of the checker, as stored.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerdictOut {
+    pub line: String,
+    pub pass: bool,
+    pub writes: usize,
+    pub tokens: usize,
+    pub acked: usize,
+    pub rejections: usize,
+    pub violations: Vec<Violation>,
+    pub interleavings: usize,
+}
+
+/// One leader's span of accepted writes, in run time.
+#[derive(Clone, Debug, Serialize)]
+pub struct IntervalOut {
+    pub token: i64,
+    pub holder: String,
+    pub first_s: f64,
+    pub last_s: f64,
+    pub writes: usize,
+    pub rejected: usize,
+    /// Dark time to the next leader's first write (negative: overlap), ms.
+    pub dark_after_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultOut {
+    #[serde(flatten)]
+    pub record: FaultRecord,
+    pub applied_s: f64,
+    pub healed_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RequestCounts {
+    /// `baton_backend_requests_total` summed over nodes during the load, by `op`.
+    pub by_op: BTreeMap<String, u64>,
+    pub total: u64,
+    /// Won elections during the load.
+    pub elections: usize,
+    /// Requests per election (all ops / only campaign-type ops).
+    pub per_election: Option<f64>,
+    pub campaign_ops_per_election: Option<f64>,
+}
+
+/// Everything one run produced (written as `<label>.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    pub experiment: String,
+    pub label: String,
+    pub backend: BackendKind,
+    /// The effective lease TTL of the nodes.
+    pub lease_ttl_ms: u64,
+    pub ttl_swept: bool,
+    pub fencing: Fencing,
+    pub nodes: usize,
+    pub workset_rows: u64,
+    pub seed: u64,
+    pub quick: bool,
+    pub duration_s: f64,
+    pub started_unix_ms: u64,
+    pub wall_s: f64,
+    pub config: serde_json::Value,
+    pub clock0: Clock0,
+    pub load: load::Summary,
+    pub faults: Vec<FaultOut>,
+    pub restarts: Vec<(String, f64)>,
+    pub verdict: VerdictOut,
+    pub expect: Expect,
+    pub expectation_met: bool,
+    pub timeline: Vec<IntervalOut>,
+    pub transitions: Vec<Transition>,
+    /// Kill → new leader, from the ledger: last old `next` → first new `next`, ms.
+    pub failover_ms: Option<Summary>,
+    /// Step-down dark time, same measure, ms.
+    pub stepdown_dark_ms: Option<Summary>,
+    /// Leadership changes nothing justified: no fault, or a pause / partition shorter than the TTL.
+    pub false_failovers: usize,
+    pub elections: Vec<Election>,
+    pub wins_per_node: BTreeMap<String, usize>,
+    /// `{winners: rounds}` between consecutive kills / step-downs.
+    pub winners_per_round: BTreeMap<usize, usize>,
+    pub campaign_ms: Option<Summary>,
+    /// Seat vacant → won (the winner's view), ms: the election without the queueing.
+    #[serde(default)]
+    pub election_ms: Option<Summary>,
+    /// Kill → the successor's `won` (actor traces, monotonic clock), ms.
+    pub kill_to_won_ms: Option<Summary>,
+    pub stale: Vec<StaleEvidence>,
+    pub rejections_total: usize,
+    /// The first refusals (at most 50).
+    pub rejections: Vec<RejectionBrief>,
+    pub seq_steps: SeqSteps,
+    pub backend_requests: RequestCounts,
+    pub workset_seed_ms: Option<f64>,
+    pub error: Option<String>,
+    /// Series for the plots and CSVs (not serialized into the JSON).
+    #[serde(skip)]
+    pub series: Series,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Series {
+    pub acting: Vec<(f64, i32)>,
+    /// (run time, seq_hi, token) of `next` rows.
+    pub seq: Vec<(f64, i64, i64)>,
+    /// Per second of the load: (second, ok, rejected, unknown).
+    pub client: Vec<(u64, u64, u64, u64)>,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The node config the run uses: `config/<backend>.toml` with the TTL override (renewal at TTL/3,
+/// retries below that) and the spec's raft election timeout.
+pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig> {
+    let mut cfg = match fleet::default_base_config(plan.backend) {
+        Some(p) => NodeConfig::from_file(&p)?,
+        None => NodeConfig::default(),
+    };
+    cfg.backend = plan.backend;
+    cfg.fencing = plan.fencing;
+    if let Some(ttl) = plan.ttl_ms {
+        cfg.lease_ttl_ms = ttl;
+        cfg.renew_interval_ms = (ttl / 3).max(2);
+        cfg.retry_interval_ms = cfg.retry_interval_ms.min(cfg.renew_interval_ms / 3).max(1);
+    }
+    if let Some(d) = spec.clock_drift {
+        cfg.clock_drift = d;
+    }
+    if plan.backend == BackendKind::Raft {
+        if let Some(et) = &spec.election_timeout {
+            cfg.election_timeout_ms = et.clone();
+        }
+    }
+    cfg.validate().context("experiment node config")?;
+    Ok(cfg)
+}
+
+/// Sums `baton_backend_requests_total` by `op` across nodes, across restarts (a counter that went
+/// down restarted from zero).
+#[derive(Default)]
+struct RequestMeter {
+    last: BTreeMap<(String, String), f64>,
+    total: BTreeMap<String, f64>,
+}
+
+impl RequestMeter {
+    /// Scrapes every live node; a node's counters are keyed by its pid, so a restarted node's
+    /// fresh counters add up instead of looking like no change.
+    async fn scrape(&mut self, client: &NodeClient, state: &FleetState) {
+        for n in &state.nodes {
+            if !pid_alive(n.pid) {
+                continue;
+            }
+            let Ok(r) = client.get(&n.http_addr, "/metrics").await else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&r.body).into_owned();
+            for line in text.lines() {
+                let Some(rest) = line.strip_prefix("baton_backend_requests_total{") else {
+                    continue;
+                };
+                let Some((labels, value)) = rest.rsplit_once('}') else {
+                    continue;
+                };
+                let Ok(v) = value.trim().parse::<f64>() else {
+                    continue;
+                };
+                let op = labels
+                    .split(',')
+                    .find_map(|kv| kv.trim().strip_prefix("op=\""))
+                    .map(|s| s.trim_end_matches('"').to_owned())
+                    .unwrap_or_default();
+                let key = (format!("{}#{}", n.id, n.pid), op.clone());
+                let prev = self.last.get(&key).copied().unwrap_or(0.0);
+                let delta = if v >= prev { v - prev } else { v };
+                *self.total.entry(op).or_default() += delta;
+                self.last.insert(key, v);
+            }
+        }
+    }
+
+    fn baseline(&mut self) {
+        self.total.clear();
+    }
+}
+
+fn node_addrs(state: &FleetState) -> Vec<(String, String)> {
+    state
+        .nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.http_addr.clone()))
+        .collect()
+}
+
+async fn wait_leader(state: &FleetState, within: Duration) -> anyhow::Result<(String, i64)> {
+    faults::current_leader(state, within)
+        .await
+        .context("waiting for the fleet's first leader")
+}
+
+async fn admin(state: &FleetState) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) =
+        tokio_postgres::connect(&state.postgres.admin_url(), tokio_postgres::NoTls)
+            .await
+            .context("connecting to the fleet's PostgreSQL")?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// Seeds `rows` pending jobs in one statement, as the fleet's admin; returns how long it took.
+async fn seed_workset(state: &FleetState, rows: u64) -> anyhow::Result<f64> {
+    let db = admin(state).await?;
+    let t = std::time::Instant::now();
+    db.batch_execute("SET statement_timeout = 0").await?;
+    db.execute(
+        "INSERT INTO baton.jobs (job_id, scheduled_at) SELECT g, now() FROM generate_series(1, $1::bigint) g ON CONFLICT DO NOTHING",
+        &[&(rows as i64)],
+    )
+    .await
+    .context("seeding baton.jobs")?;
+    // Settle the table before measuring: otherwise an insert-triggered autovacuum and the
+    // checkpoint of ~1 GB of dirty pages run during the measurement and compete for the 2 cores.
+    db.batch_execute("VACUUM (ANALYZE) baton.jobs").await?;
+    db.batch_execute("CHECKPOINT").await?;
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// Runs one plan end to end. The fleet is stopped and (without `keep`) removed whatever happens.
+pub async fn run_one(
+    spec: &ExpSpec,
+    plan: &RunPlan,
+    quick: bool,
+    opts: &RunOpts,
+) -> anyhow::Result<RunResult> {
+    let dir = opts.state_root.join(&plan.label);
+    fleet::prepare_scratch_dir(&dir)?;
+    std::fs::create_dir_all(&dir)?;
+    let cfg = base_config(spec, plan)?;
+    let base_path = dir.join("base.toml");
+    std::fs::write(&base_path, toml::to_string(&cfg)?)?;
+    let nodes = spec.nodes;
+    let fspec = FleetSpec {
+        nodes,
+        backend: plan.backend,
+        dir: dir.clone(),
+        base_config: Some(base_path),
+        fencing: plan.fencing,
+        lease_ttl_ms: Some(cfg.lease_ttl_ms),
+        node_args: Vec::new(),
+    };
+    let up = if spec.netns {
+        fleet::up_netns(&fspec).await
+    } else {
+        fleet::up(&fspec).await
+    };
+    let state = up.context("starting the fleet")?;
+    let shared = Arc::new(Mutex::new(state));
+    let outcome = tokio::select! {
+        r = drive(spec, plan, quick, &cfg, shared.clone(), &dir) => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted (Ctrl-C)")),
+    };
+    let state = shared.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    tokio::task::spawn_blocking(move || state.down())
+        .await
+        .context("stopping the fleet")?;
+    if !opts.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    outcome
+}
+
+async fn drive(
+    spec: &ExpSpec,
+    plan: &RunPlan,
+    quick: bool,
+    cfg: &NodeConfig,
+    state: Arc<Mutex<FleetState>>,
+    dir: &Path,
+) -> anyhow::Result<RunResult> {
+    let started_unix_ms = unix_ms();
+    let t_start = std::time::Instant::now();
+    let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let node_ids: Vec<String> = snapshot.nodes.iter().map(|n| n.id.clone()).collect();
+    let addrs = node_addrs(&snapshot);
+    wait_leader(&snapshot, Duration::from_secs(60)).await?;
+    let workset_seed_ms = if plan.workset_rows > 0 {
+        Some(seed_workset(&snapshot, plan.workset_rows).await?)
+    } else {
+        None
+    };
+    // A second of steady state before the clock starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_leader(&snapshot, Duration::from_secs(60)).await?;
+
+    let ttl = cfg.lease_ttl_ms;
+    let duration = spec.duration.eval(ttl);
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let schedule: Vec<Occurrence> = faults::schedule(&spec.faults, ttl, duration, &mut rng);
+    let mut lspec = LoadSpec::new(
+        addrs.iter().map(|a| a.1.clone()).collect(),
+        spec.load.rate,
+        duration,
+    );
+    lspec.connections = spec.load.connections;
+    lspec.timeout = Duration::from_millis(spec.load.timeout_ms);
+    // Seeded pacing offset: where the load's slots fall relative to the faults.
+    let offset = Duration::from_micros(rng.gen_range(0..(1e6 / spec.load.rate).max(1.0) as u64));
+    tokio::time::sleep(offset).await;
+
+    let client = NodeClient::new(Duration::from_secs(2));
+    let mut meter = RequestMeter::default();
+    meter.scrape(&client, &snapshot).await;
+    meter.baseline();
+
+    let clock = Clock0::now();
+    let start = Instant::now();
+    let load_task = tokio::spawn(load::run(lspec));
+    let mut records: Vec<FaultRecord> = Vec::new();
+    let mut restarts = Vec::new();
+    let mut errors = Vec::new();
+    for occ in &schedule {
+        tokio::time::sleep_until(start + occ.at).await;
+        let scheduled_ms = occ.at.as_secs_f64() * 1000.0;
+        let r = match occ.kind {
+            FaultKind::KillLeader => {
+                let now = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                meter.scrape(&client, &now).await;
+                faults::kill_leader(&state, scheduled_ms).await
+            }
+            FaultKind::PauseLeader => {
+                faults::pause_leader(&state, occ.length.unwrap_or_default(), scheduled_ms).await
+            }
+            FaultKind::PartitionLeader => {
+                faults::partition_leader(&state, occ.length.unwrap_or_default(), scheduled_ms).await
+            }
+            FaultKind::Stepdown => faults::stepdown_leader(&state, scheduled_ms).await,
+        };
+        match r {
+            Ok(rec) => {
+                if let (FaultKind::KillLeader, Some(after)) = (occ.kind, occ.restart_after) {
+                    let (st, node) = (state.clone(), rec.node.clone());
+                    restarts.push(tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let at = faults::restart(&st, &node).await?;
+                        Ok::<_, anyhow::Error>((node, at))
+                    }));
+                }
+                records.push(rec);
+            }
+            Err(e) => errors.push(format!(
+                "{} at {scheduled_ms:.0} ms: {e:#}",
+                occ.kind.as_str()
+            )),
+        }
+    }
+    let report: LoadReport = load_task.await.context("load task")??;
+    let mut restarted = Vec::new();
+    for h in restarts {
+        match h.await {
+            Ok(Ok((node, at))) => restarted.push((node, clock.mono_s(at))),
+            Ok(Err(e)) => errors.push(format!("restart: {e:#}")),
+            Err(e) => errors.push(format!("restart task: {e}")),
+        }
+    }
+    let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    meter.scrape(&client, &snapshot).await;
+    tokio::time::sleep(spec.settle.eval(ttl)).await;
+
+    // The ledger, the refusals, and the client's acknowledgements: the checker's input.
+    let db = admin(&snapshot).await?;
+    let mut input: CheckInput = check::load::read(&db, None).await?;
+    input.acks = check::load::acks_from_ops(&format!("{}.history", plan.label), &report.ops);
+    let verdict = check::run(&input);
+    let events = analysis::read_traces(&dir.join("nodes"));
+
+    let result = assemble(
+        spec,
+        plan,
+        quick,
+        cfg,
+        &input,
+        &verdict,
+        &report,
+        records,
+        restarted,
+        &events,
+        &clock,
+        &node_ids,
+        meter,
+        started_unix_ms,
+    );
+    let mut result = result;
+    result.wall_s = t_start.elapsed().as_secs_f64();
+    result.workset_seed_ms = workset_seed_ms;
+    if !errors.is_empty() {
+        result.error = Some(errors.join("; "));
+    }
+    Ok(result)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    spec: &ExpSpec,
+    plan: &RunPlan,
+    quick: bool,
+    cfg: &NodeConfig,
+    input: &CheckInput,
+    verdict: &check::Verdict,
+    report: &LoadReport,
+    records: Vec<FaultRecord>,
+    restarts: Vec<(String, f64)>,
+    events: &[analysis::TraceEvent],
+    clock: &Clock0,
+    node_ids: &[String],
+    meter: RequestMeter,
+    started_unix_ms: u64,
+) -> RunResult {
+    let transitions = analysis::transitions(&input.ledger, &records, clock);
+    let kills: Vec<f64> = transitions
+        .iter()
+        .filter(|t| t.cause_kind == Some(FaultKind::KillLeader))
+        .map(|t| t.gap_ms)
+        .collect();
+    let stepdowns: Vec<f64> = transitions
+        .iter()
+        .filter(|t| t.cause_kind == Some(FaultKind::Stepdown))
+        .map(|t| t.gap_ms)
+        .collect();
+    // Elections during the load window only (the fleet's first election is not part of it).
+    let elections: Vec<Election> = analysis::elections(events, &records, clock)
+        .into_iter()
+        .filter(|e| e.won_s >= 0.0)
+        .collect();
+    let wins = analysis::wins_per_node(&elections, node_ids);
+    let campaign: Vec<f64> = elections.iter().filter_map(|e| e.campaign_ms).collect();
+    let election: Vec<f64> = elections.iter().filter_map(|e| e.election_ms).collect();
+    let kill_to_won: Vec<f64> = elections.iter().filter_map(|e| e.after_fault_ms).collect();
+    let stale = analysis::stale_evidence(input, &records, events, clock);
+    let expect = spec.expectation(plan);
+    let expectation_met = match expect {
+        Expect::Pass => verdict.pass,
+        Expect::Fail => !verdict.pass,
+        Expect::Any => true,
+    };
+    let tl = &verdict.timeline;
+    let timeline: Vec<IntervalOut> = tl
+        .intervals
+        .iter()
+        .enumerate()
+        .map(|(k, iv)| IntervalOut {
+            token: iv.token,
+            holder: iv.holder.clone(),
+            first_s: clock.wall_s(iv.first_us),
+            last_s: clock.wall_s(iv.last_us),
+            writes: iv.writes,
+            rejected: iv.rejected,
+            dark_after_ms: tl
+                .intervals
+                .get(k + 1)
+                .map(|n| (n.first_us - iv.last_us) as f64 / 1000.0),
+        })
+        .collect();
+    let faults_out: Vec<FaultOut> = records
+        .iter()
+        .map(|r| FaultOut {
+            applied_s: clock.mono_s(r.applied_at_mono_ns),
+            healed_s: r.healed_at_mono_ns.map(|h| clock.mono_s(h)),
+            record: r.clone(),
+        })
+        .collect();
+    let mut by_op: BTreeMap<String, u64> = BTreeMap::new();
+    for (op, v) in &meter.total {
+        by_op.insert(op.clone(), v.round() as u64);
+    }
+    let total: u64 = by_op.values().sum();
+    let campaign_ops: u64 = by_op
+        .iter()
+        // Election traffic: everything but lease upkeep (raft: appends and snapshots, its
+        // heartbeats) and the leader look-ups `/status` makes.
+        .filter(|(op, _)| {
+            !(op.starts_with("keepalive")
+                || op.starts_with("renew")
+                || op.starts_with("read-")
+                || matches!(op.as_str(), "leader" | "append" | "snapshot"))
+        })
+        .map(|(_, v)| *v)
+        .sum();
+    let n_el = elections.len();
+    let backend_requests = RequestCounts {
+        per_election: (n_el > 0 && total > 0).then(|| total as f64 / n_el as f64),
+        campaign_ops_per_election: (n_el > 0 && total > 0)
+            .then(|| campaign_ops as f64 / n_el as f64),
+        by_op,
+        total,
+        elections: n_el,
+    };
+    // Per-second client outcomes.
+    let mut per_sec: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    for op in &report.ops {
+        let s = op.sched_ns.saturating_sub(report.t0_ns) / 1_000_000_000;
+        let e = per_sec.entry(s).or_default();
+        match op.outcome {
+            Outcome::Ok => e.0 += 1,
+            Outcome::Rejected => e.1 += 1,
+            Outcome::Unknown => e.2 += 1,
+        }
+    }
+    let series = Series {
+        acting: analysis::acting_steps(input, clock),
+        seq: input
+            .ledger
+            .iter()
+            .filter(|r| r.op == "next")
+            .filter_map(|r| Some((clock.wall_s(r.committed_us), r.seq_hi?, r.token)))
+            .collect(),
+        client: per_sec
+            .into_iter()
+            .map(|(s, (a, b, c))| (s, a, b, c))
+            .collect(),
+    };
+    RunResult {
+        experiment: spec.name.clone(),
+        label: plan.label.clone(),
+        backend: plan.backend,
+        lease_ttl_ms: cfg.lease_ttl_ms,
+        ttl_swept: plan.ttl_ms.is_some(),
+        fencing: plan.fencing,
+        nodes: node_ids.len(),
+        workset_rows: plan.workset_rows,
+        seed: plan.seed,
+        quick,
+        duration_s: report.spec.duration.as_secs_f64(),
+        started_unix_ms,
+        wall_s: 0.0,
+        config: cfg.redacted_json(),
+        clock0: *clock,
+        load: report.summary(),
+        faults: faults_out,
+        restarts,
+        verdict: VerdictOut {
+            line: verdict.line(),
+            pass: verdict.pass,
+            writes: verdict.writes,
+            tokens: verdict.tokens,
+            acked: verdict.acked,
+            rejections: verdict.rejections,
+            violations: verdict.violations.clone(),
+            interleavings: tl.interleavings.len(),
+        },
+        expect,
+        expectation_met,
+        timeline,
+        false_failovers: analysis::false_failovers(&transitions, &records, cfg.lease_ttl_ms),
+        transitions,
+        failover_ms: Summary::of(&kills),
+        stepdown_dark_ms: Summary::of(&stepdowns),
+        wins_per_node: wins,
+        winners_per_round: analysis::winners_per_round(&elections, &records, clock),
+        campaign_ms: Summary::of(&campaign),
+        election_ms: Summary::of(&election),
+        kill_to_won_ms: Summary::of(&kill_to_won),
+        elections,
+        stale,
+        rejections_total: input.rejections.len(),
+        rejections: input
+            .rejections
+            .iter()
+            .take(50)
+            .map(|r| RejectionBrief::of(r, clock))
+            .collect(),
+        seq_steps: analysis::seq_steps(&input.ledger),
+        backend_requests,
+        workset_seed_ms: None,
+        error: None,
+        series,
+    }
+}

@@ -1,0 +1,534 @@
+//! `experiments/NAME.toml`: what one experiment runs, and its expansion into runs.
+//!
+//! Every time in a spec is a *span*: a sum of terms `<n>s`, `<n>ms` and `<n>ttl` (multiples of
+//! the run's lease TTL), e.g. `"5s"`, `"0.5ttl"`, `"ttl+500ms"`, `"2ttl+2s"`. That is how one fault
+//! schedule serves every point of a TTL sweep.
+//!
+//! ```toml
+//! name = "gc-pause"
+//! description = "..."
+//! backends = ["etcd", "raft"]
+//! nodes = 3
+//! seed = 4
+//! duration = "3ttl+12s"        # of the load; faults past it are dropped
+//! fencing = ["on"]             # one run per value
+//! [load]
+//! rate = 300.0
+//! connections = 8
+//! [[faults]]
+//! kind = "pause-leader"        # kill-leader | pause-leader | partition-leader | stepdown
+//! at = "4s"                    # from the start of the load
+//! every = "ttl+8s"             # repeat...
+//! count = 2                    # ...this many times (occurrences past `duration` are dropped)
+//! length = "ttl+500ms"         # pause / partition length
+//! jitter_ms = 300              # uniform ± jitter on each occurrence, drawn from the seed
+//! [quick]                      # `--quick` overrides, for tests
+//! duration = "8s"
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use baton::backends::BackendKind;
+use baton::config::Fencing;
+
+/// A duration relative to the run's lease TTL: `secs + ttl_mult × TTL`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Span {
+    pub secs: f64,
+    pub ttl_mult: f64,
+}
+
+impl Span {
+    pub fn parse(text: &str) -> anyhow::Result<Span> {
+        let mut span = Span {
+            secs: 0.0,
+            ttl_mult: 0.0,
+        };
+        let t = text.trim();
+        if t.is_empty() {
+            bail!("empty span");
+        }
+        for term in t.split('+') {
+            let term = term.trim();
+            let num = |s: &str| -> anyhow::Result<f64> {
+                if s.is_empty() {
+                    return Ok(1.0);
+                }
+                let v: f64 = s
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("span {text:?}: bad number {s:?}"))?;
+                if !(v.is_finite() && v >= 0.0) {
+                    bail!("span {text:?}: {v} is not a non-negative number");
+                }
+                Ok(v)
+            };
+            if let Some(v) = term.strip_suffix("ttl") {
+                span.ttl_mult += num(v)?;
+            } else if let Some(v) = term.strip_suffix("ms") {
+                span.secs += num(v)? / 1000.0;
+            } else if let Some(v) = term.strip_suffix('s') {
+                span.secs += num(v)?;
+            } else {
+                bail!("span {text:?}: term {term:?} needs a unit: s, ms or ttl");
+            }
+        }
+        Ok(span)
+    }
+
+    pub fn eval(&self, ttl_ms: u64) -> Duration {
+        Duration::from_secs_f64(self.secs + self.ttl_mult * ttl_ms as f64 / 1000.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Span, D::Error> {
+        let text = String::deserialize(d)?;
+        Span::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// `kill -9` of the node that leads (optionally restarted after `restart_after`).
+    KillLeader,
+    /// SIGSTOP of the leader for `length`, then SIGCONT: a stop-the-world pause.
+    PauseLeader,
+    /// Cut the leader from its election backend (raft: from its peers) for `length`; needs `netns`.
+    PartitionLeader,
+    /// `POST /stepdown` to the leader: checkpoint, stop, release.
+    Stepdown,
+}
+
+impl FaultKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultKind::KillLeader => "kill-leader",
+            FaultKind::PauseLeader => "pause-leader",
+            FaultKind::PartitionLeader => "partition-leader",
+            FaultKind::Stepdown => "stepdown",
+        }
+    }
+
+    /// Faults after which a leadership change is the point (not a false failover).
+    pub fn forces_change(self) -> bool {
+        matches!(self, FaultKind::KillLeader | FaultKind::Stepdown)
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultSpec {
+    pub kind: FaultKind,
+    /// First occurrence, from the start of the load.
+    pub at: Span,
+    /// Period of the repetitions.
+    #[serde(default)]
+    pub every: Option<Span>,
+    #[serde(default = "one")]
+    pub count: usize,
+    /// Pause / partition length.
+    #[serde(default)]
+    pub length: Option<Span>,
+    /// Kill: restart the killed node (with its state) after this long; unset = it stays down.
+    #[serde(default)]
+    pub restart_after: Option<Span>,
+    /// Uniform ± jitter on each occurrence, drawn from the run's seed.
+    #[serde(default)]
+    pub jitter_ms: u64,
+}
+
+fn one() -> usize {
+    1
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadCfg {
+    /// Offered `POST /next` per second (open loop).
+    pub rate: f64,
+    #[serde(default = "default_connections")]
+    pub connections: usize,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_connections() -> usize {
+    4
+}
+fn default_timeout_ms() -> u64 {
+    2000
+}
+
+/// `--quick` overrides (every field optional).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuickCfg {
+    #[serde(default)]
+    pub duration: Option<Span>,
+    #[serde(default)]
+    pub lease_ttl: Option<Vec<String>>,
+    #[serde(default)]
+    pub nodes: Option<usize>,
+    #[serde(default)]
+    pub workset_rows: Option<Vec<u64>>,
+    #[serde(default)]
+    pub fault_count: Option<usize>,
+}
+
+/// What the checker must say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Expect {
+    Pass,
+    Fail,
+    /// Reported, not judged (e.g. a fencing-off run that may or may not hit the race).
+    Any,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub backends: Vec<BackendKind>,
+    #[serde(default = "default_nodes")]
+    pub nodes: usize,
+    /// Lease TTLs to sweep (e.g. `["1s", "3s"]`); empty: each backend's `config/<backend>.toml`.
+    #[serde(default)]
+    pub lease_ttl: Vec<String>,
+    /// Backends the TTL sweep applies to (default: all but raft, whose lease is bounded by its
+    /// election timeout).
+    #[serde(default)]
+    pub ttl_backends: Option<Vec<BackendKind>>,
+    /// Raft election timeout range in ms, `MIN-MAX` (default: `config/raft.toml`).
+    #[serde(default)]
+    pub election_timeout: Option<String>,
+    #[serde(default = "default_fencing")]
+    pub fencing: Vec<Fencing>,
+    /// Whether the fleet must run in network namespaces (partitions).
+    #[serde(default)]
+    pub netns: bool,
+    /// Rate error of every node's clock (`clock_drift`, e.g. -0.45 = 45% slow): breaks the
+    /// watchdog's bounded-drift assumption on purpose, so only the fence is left.
+    #[serde(default)]
+    pub clock_drift: Option<f64>,
+    pub seed: u64,
+    /// How long the load runs.
+    pub duration: Span,
+    /// Pause after the load before the ledger is read.
+    #[serde(default = "default_settle")]
+    pub settle: Span,
+    pub load: LoadCfg,
+    #[serde(default)]
+    pub faults: Vec<FaultSpec>,
+    /// Rows seeded into `baton.jobs` before the load (one run per value; empty = no seeding).
+    #[serde(default)]
+    pub workset_rows: Vec<u64>,
+    /// The verdict expected with fencing on (default pass).
+    #[serde(default = "default_expect_on")]
+    pub expect_on: Expect,
+    /// The verdict expected with fencing off (default fail).
+    #[serde(default = "default_expect_off")]
+    pub expect_off: Expect,
+    /// Backends whose verdict is reported but not judged (e.g. redis-naive has no real token).
+    #[serde(default)]
+    pub unjudged: Vec<BackendKind>,
+    /// Backends whose fencing-off verdict is reported but not judged (the fault may not defeat
+    /// their watchdog, e.g. raft's lease is shorter than any election).
+    #[serde(default)]
+    pub unjudged_off: Vec<BackendKind>,
+    #[serde(default)]
+    pub quick: QuickCfg,
+}
+
+fn default_nodes() -> usize {
+    3
+}
+fn default_fencing() -> Vec<Fencing> {
+    vec![Fencing::On]
+}
+fn default_settle() -> Span {
+    Span {
+        secs: 1.0,
+        ttl_mult: 0.0,
+    }
+}
+fn default_expect_on() -> Expect {
+    Expect::Pass
+}
+fn default_expect_off() -> Expect {
+    Expect::Fail
+}
+
+/// One run: a fresh fleet, the load, the fault schedule, the checker.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunPlan {
+    /// File stem of this run's results, e.g. `etcd`, `etcd-ttl3s`, `raft-fencing-off`.
+    pub label: String,
+    pub backend: BackendKind,
+    /// TTL override (None: the backend's config file).
+    pub ttl_ms: Option<u64>,
+    pub fencing: Fencing,
+    pub workset_rows: u64,
+    /// This run's seed (the experiment's seed mixed with the label).
+    pub seed: u64,
+}
+
+impl ExpSpec {
+    /// Reads `experiments/NAME.toml` (or a path to a `.toml`).
+    pub fn load(name_or_path: &str) -> anyhow::Result<(ExpSpec, PathBuf)> {
+        let p = Path::new(name_or_path);
+        let path = if p.extension().is_some_and(|e| e == "toml") {
+            p.to_path_buf()
+        } else {
+            crate::repo_path("experiments").join(format!("{name_or_path}.toml"))
+        };
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading experiment {}", path.display()))?;
+        let spec: ExpSpec =
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        spec.validate()?;
+        Ok((spec, path))
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.backends.is_empty() {
+            bail!("{}: no backends", self.name);
+        }
+        if self.nodes < 2 {
+            bail!("{}: a fleet needs at least 2 nodes to fail over", self.name);
+        }
+        if !(self.load.rate.is_finite() && self.load.rate > 0.0) {
+            bail!("{}: load.rate must be positive", self.name);
+        }
+        for t in &self.lease_ttl {
+            baton::config::parse_duration_ms(t)
+                .with_context(|| format!("{}: lease_ttl {t:?}", self.name))?;
+        }
+        for f in &self.faults {
+            match f.kind {
+                FaultKind::PauseLeader | FaultKind::PartitionLeader if f.length.is_none() => {
+                    bail!("{}: a {} fault needs a length", self.name, f.kind.as_str())
+                }
+                FaultKind::PartitionLeader if !self.netns => {
+                    bail!("{}: partition-leader needs netns = true", self.name)
+                }
+                _ => {}
+            }
+            if f.count > 1 && f.every.is_none() {
+                bail!("{}: a repeated fault needs `every`", self.name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the `[quick]` overrides.
+    pub fn quick(mut self) -> ExpSpec {
+        let q = self.quick.clone();
+        if let Some(d) = q.duration {
+            self.duration = d;
+        }
+        if let Some(t) = q.lease_ttl {
+            self.lease_ttl = t;
+        }
+        if let Some(n) = q.nodes {
+            self.nodes = n;
+        }
+        if let Some(w) = q.workset_rows {
+            self.workset_rows = w;
+        }
+        if let Some(c) = q.fault_count {
+            for f in &mut self.faults {
+                f.count = f.count.min(c);
+            }
+        }
+        self
+    }
+
+    fn sweeps_ttl(&self, b: BackendKind) -> bool {
+        !self.lease_ttl.is_empty()
+            && match &self.ttl_backends {
+                Some(list) => list.contains(&b),
+                None => b != BackendKind::Raft,
+            }
+    }
+
+    /// Every run, in order: backend × TTL × fencing × work-set size.
+    pub fn plan(
+        &self,
+        backends: Option<&[BackendKind]>,
+        ttl_override: Option<&[u64]>,
+    ) -> anyhow::Result<Vec<RunPlan>> {
+        let mut ttls: Vec<u64> = match ttl_override {
+            Some(t) => t.to_vec(),
+            None => self
+                .lease_ttl
+                .iter()
+                .map(|t| baton::config::parse_duration_ms(t).map_err(anyhow::Error::from))
+                .collect::<anyhow::Result<_>>()?,
+        };
+        ttls.dedup();
+        let mut runs = Vec::new();
+        for &b in &self.backends {
+            if backends.is_some_and(|only| !only.contains(&b)) {
+                continue;
+            }
+            let ttl_points: Vec<Option<u64>> = if self.sweeps_ttl(b) && !ttls.is_empty() {
+                ttls.iter().map(|t| Some(*t)).collect()
+            } else {
+                vec![None]
+            };
+            let rows: Vec<u64> = if self.workset_rows.is_empty() {
+                vec![0]
+            } else {
+                self.workset_rows.clone()
+            };
+            for ttl in &ttl_points {
+                for &fencing in &self.fencing {
+                    for &w in &rows {
+                        let mut label = b.as_str().to_owned();
+                        if let Some(t) = ttl {
+                            label.push_str(&format!("-ttl{}", fmt_ttl(*t)));
+                        }
+                        if self.fencing.len() > 1 || fencing == Fencing::Off {
+                            label.push_str(match fencing {
+                                Fencing::On => "-fencing-on",
+                                Fencing::Off => "-fencing-off",
+                            });
+                        }
+                        if self.workset_rows.len() > 1 {
+                            label.push_str(&format!("-jobs{}", fmt_count(w)));
+                        }
+                        runs.push(RunPlan {
+                            seed: mix_seed(self.seed, &label),
+                            label,
+                            backend: b,
+                            ttl_ms: *ttl,
+                            fencing,
+                            workset_rows: w,
+                        });
+                    }
+                }
+            }
+        }
+        if runs.is_empty() {
+            bail!("{}: no run matches the selected backends", self.name);
+        }
+        Ok(runs)
+    }
+
+    /// The expected verdict of a run (`Any` for unjudged backends).
+    pub fn expectation(&self, plan: &RunPlan) -> Expect {
+        if self.unjudged.contains(&plan.backend)
+            || (plan.fencing == Fencing::Off && self.unjudged_off.contains(&plan.backend))
+        {
+            return Expect::Any;
+        }
+        match plan.fencing {
+            Fencing::On => self.expect_on,
+            Fencing::Off => self.expect_off,
+        }
+    }
+}
+
+/// `1500` → `1.5s`, `3000` → `3s`.
+pub fn fmt_ttl(ms: u64) -> String {
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{}ms", ms)
+    }
+}
+
+/// `10000000` → `10M`, `0` → `0`.
+pub fn fmt_count(n: u64) -> String {
+    if n >= 1_000_000 && n % 1_000_000 == 0 {
+        format!("{}M", n / 1_000_000)
+    } else if n >= 1000 && n % 1000 == 0 {
+        format!("{}k", n / 1000)
+    } else {
+        n.to_string()
+    }
+}
+
+/// FNV-1a of the label, mixed into the experiment's seed: each run gets its own stream, stable
+/// across invocations that select different backends.
+pub fn mix_seed(seed: u64, label: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in label.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    seed ^ h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_add_seconds_millis_and_ttls() {
+        assert_eq!(
+            Span::parse("ttl+500ms").unwrap().eval(3000),
+            Duration::from_millis(3500)
+        );
+        assert_eq!(
+            Span::parse("0.5ttl").unwrap().eval(1000),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            Span::parse("2ttl + 2s").unwrap().eval(10_000),
+            Duration::from_secs(22)
+        );
+        assert_eq!(Span::parse("5s").unwrap().eval(0), Duration::from_secs(5));
+        assert!(Span::parse("5").is_err());
+        assert!(Span::parse("-1s").is_err());
+    }
+
+    #[test]
+    fn plan_expands_backends_ttls_and_fencing_with_stable_labels() {
+        let spec: ExpSpec = toml::from_str(
+            r#"
+            name = "t"
+            backends = ["etcd", "raft"]
+            lease_ttl = ["1s", "3s"]
+            fencing = ["off", "on"]
+            seed = 7
+            duration = "10s"
+            [load]
+            rate = 100.0
+            [[faults]]
+            kind = "pause-leader"
+            at = "2s"
+            length = "ttl+500ms"
+        "#,
+        )
+        .unwrap();
+        spec.validate().unwrap();
+        let runs = spec.plan(None, None).unwrap();
+        let labels: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "etcd-ttl1s-fencing-off",
+                "etcd-ttl1s-fencing-on",
+                "etcd-ttl3s-fencing-off",
+                "etcd-ttl3s-fencing-on",
+                "raft-fencing-off",
+                "raft-fencing-on"
+            ]
+        );
+        assert_eq!(spec.expectation(&runs[0]), Expect::Fail);
+        assert_eq!(spec.expectation(&runs[1]), Expect::Pass);
+        let only = spec.plan(Some(&[BackendKind::Raft]), None).unwrap();
+        assert_eq!(only.len(), 2);
+        assert_eq!(only[0].seed, runs[4].seed);
+    }
+}

@@ -1,0 +1,485 @@
+//! Local fleets: private backend servers plus N detached `baton node` processes on loopback,
+//! described by a state file (`fleet.json`) that `baton fleet status|down|kill|start` read.
+
+pub mod client;
+pub mod redis_server;
+pub mod servers;
+pub mod zk_server;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use baton::backends::BackendKind;
+use baton::config::{Fencing, NodeConfig};
+use redis_server::RedisServer;
+use servers::{free_ports, pid_alive, spawn_detached, stop_pid, EtcdCluster, PgServer};
+use zk_server::ZkEnsemble;
+
+pub const STATE_FILE: &str = "fleet.json";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FleetNode {
+    pub id: String,
+    pub pid: u32,
+    pub http_addr: String,
+    pub config: PathBuf,
+    pub log: PathBuf,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct FleetState {
+    pub dir: PathBuf,
+    pub backend: BackendKind,
+    pub fencing: Fencing,
+    pub postgres: PgServer,
+    pub etcd: Option<EtcdCluster>,
+    /// The private Redis of the `redis` / `redis-naive` backends (no persistence).
+    #[serde(default)]
+    pub redis: Option<RedisServer>,
+    /// The private 3-server ZooKeeper ensemble of the `zk` backend.
+    #[serde(default)]
+    pub zk: Option<ZkEnsemble>,
+    pub nodes: Vec<FleetNode>,
+    /// `fleet up --netns`: the bridge and per-node namespaces (`crate::chaos::netns`).
+    #[serde(default)]
+    pub netns: Option<crate::chaos::netns::NetnsFleet>,
+}
+
+/// What `baton fleet up` was asked for.
+#[derive(Clone, Debug)]
+pub struct FleetSpec {
+    pub nodes: usize,
+    pub backend: BackendKind,
+    pub dir: PathBuf,
+    /// Base node config (a `config/*.toml`); per-node fields are filled in.
+    pub base_config: Option<PathBuf>,
+    pub fencing: Fencing,
+    pub lease_ttl_ms: Option<u64>,
+    pub node_args: Vec<String>,
+}
+
+impl FleetState {
+    pub fn load(dir: &Path) -> anyhow::Result<FleetState> {
+        let path = dir.join(STATE_FILE);
+        let text = fs::read_to_string(&path).with_context(|| {
+            format!(
+                "no fleet at {} (start one with `baton fleet up`)",
+                path.display()
+            )
+        })?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn save(&self) -> anyhow::Result<()> {
+        let path = self.dir.join(STATE_FILE);
+        let tmp = path.with_extension("json.tmp");
+        fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        fs::rename(&tmp, &path)?;
+        // Prometheus file-based discovery (config/prometheus.yml reads it).
+        let targets = serde_json::json!([{
+            "targets": self.nodes.iter().map(|n| n.http_addr.clone()).collect::<Vec<_>>(),
+            "labels": { "backend": self.backend.as_str() },
+        }]);
+        fs::write(
+            self.dir.join("prometheus-targets.json"),
+            serde_json::to_vec_pretty(&targets)?,
+        )?;
+        Ok(())
+    }
+
+    pub fn node(&self, id: &str) -> anyhow::Result<&FleetNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .with_context(|| format!("no node {id:?} in this fleet"))
+    }
+
+    /// Starts (or restarts) one node process from its config; keeps its state dir.
+    pub fn start_node(&mut self, id: &str) -> anyhow::Result<u32> {
+        let exe = std::env::current_exe().context("locating the baton binary")?;
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .with_context(|| format!("no node {id:?}"))?;
+        if pid_alive(node.pid) {
+            bail!("node {id} is already running as pid {}", node.pid);
+        }
+        let mut cmd = match self.netns.as_ref().and_then(|n| n.ns_of(id)) {
+            Some(ns) => crate::chaos::netns::command_in(ns, &exe),
+            None => Command::new(exe),
+        };
+        cmd.arg("node").arg("--config").arg(&node.config);
+        node.pid = spawn_detached(&mut cmd, &node.log)?;
+        let pid = node.pid;
+        self.save()?;
+        Ok(pid)
+    }
+
+    /// `kill -9` of one node.
+    pub fn kill_node(&self, id: &str) -> anyhow::Result<()> {
+        let node = self.node(id)?;
+        // SAFETY: kill(2) on the pid we started.
+        unsafe { libc::kill(node.pid as i32, libc::SIGKILL) };
+        Ok(())
+    }
+
+    /// Stops everything: nodes first (they demote and resign), then the servers.
+    pub fn down(&self) {
+        for n in &self.nodes {
+            if pid_alive(n.pid) {
+                stop_pid(n.pid, libc::SIGTERM, Duration::from_secs(8));
+            }
+        }
+        if let Some(etcd) = &self.etcd {
+            etcd.stop();
+        }
+        if let Some(redis) = &self.redis {
+            redis.stop();
+        }
+        if let Some(zk) = &self.zk {
+            zk.stop();
+        }
+        self.postgres.stop();
+        if let Some(net) = &self.netns {
+            let left = net.teardown();
+            if left.is_empty() {
+                let _ = fs::remove_file(self.dir.join(crate::chaos::netns::NETNS_FILE));
+            } else {
+                eprintln!("fleet down: could not remove {left:?}");
+            }
+        }
+    }
+}
+
+/// Starts the servers the backend needs, migrates the resource, and starts the nodes.
+pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
+    up_opts(spec, false).await
+}
+
+/// [`up`] with each node in its own network namespace behind a bridge (`crate::chaos::netns`),
+/// so `baton chaos partition-leader` can cut one node's paths. Needs root.
+pub async fn up_netns(spec: &FleetSpec) -> anyhow::Result<FleetState> {
+    up_opts(spec, true).await
+}
+
+async fn up_opts(spec: &FleetSpec, netns: bool) -> anyhow::Result<FleetState> {
+    if spec.nodes == 0 {
+        bail!("a fleet needs at least one node");
+    }
+    fs::create_dir_all(&spec.dir).with_context(|| format!("creating {}", spec.dir.display()))?;
+    let dir = spec.dir.canonicalize()?;
+    if dir.join(STATE_FILE).exists() {
+        if let Ok(old) = FleetState::load(&dir) {
+            if old.nodes.iter().any(|n| pid_alive(n.pid)) {
+                bail!(
+                    "a fleet is already running in {} (stop it with `baton fleet down --dir {}`)",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    let started = start(spec, &dir, netns).await;
+    if started.is_err() {
+        // Whatever did start (and was recorded) must not outlive the failure.
+        if let Ok(partial) = FleetState::load(&dir) {
+            let _ = tokio::task::spawn_blocking(move || partial.down()).await;
+        }
+    }
+    started
+}
+
+/// `config/<backend>.toml` when it exists (the committed per-backend defaults), else none.
+pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
+    let p = crate::repo_path(format!("config/{}.toml", backend.as_str()));
+    p.exists().then_some(p)
+}
+
+/// Makes `dir` ready for a fresh fleet: absent or empty is fine; a stopped fleet's directory is
+/// wiped (its servers stopped, should any have survived); a running fleet, or a directory that is
+/// not a fleet's, is refused, so a scratch `--dir` typo never deletes someone's files.
+pub fn prepare_scratch_dir(dir: &Path) -> anyhow::Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let is_empty = fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .next()
+        .is_none();
+    if is_empty {
+        return Ok(());
+    }
+    let old = FleetState::load(dir).with_context(|| {
+        format!(
+            "{} exists and is not a stopped fleet's directory; pass another --dir",
+            dir.display()
+        )
+    })?;
+    if old.nodes.iter().any(|n| pid_alive(n.pid)) {
+        bail!(
+            "a fleet is running in {} (stop it with `baton fleet down --dir {}`)",
+            dir.display(),
+            dir.display()
+        );
+    }
+    old.down();
+    fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))
+}
+
+/// The body of [`up`]: servers, then nodes, recording each in the fleet's state file.
+async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<FleetState> {
+    let dir = dir.to_path_buf();
+    let base = match &spec.base_config {
+        Some(p) => NodeConfig::from_file(p)?,
+        None => NodeConfig::default(),
+    };
+    let mut base = base;
+    base.backend = spec.backend;
+    base.fencing = spec.fencing;
+    if let Some(ttl) = spec.lease_ttl_ms {
+        base.lease_ttl_ms = ttl;
+    }
+    base.validate().context("fleet node config")?;
+    // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
+    let mut net = crate::chaos::netns::NetnsGuard::new(
+        &dir,
+        if netns {
+            Some(crate::chaos::netns::NetnsFleet::create(&dir, spec.nodes)?)
+        } else {
+            None
+        },
+    );
+
+    let pg_port = free_ports(1)?[0];
+    let pg_root = dir.join("postgres");
+    let pg_listen = net.pg_listen();
+    let postgres =
+        tokio::task::spawn_blocking(move || PgServer::start_on(&pg_root, pg_port, &pg_listen))
+            .await??;
+    // From here on, a failure stops what was already started.
+    let servers = start_backend_servers(spec, &dir, &base, &postgres, net.election_ip()).await;
+    let (etcd, redis, zk) = match servers {
+        Ok(s) => s,
+        Err(e) => {
+            postgres.stop();
+            return Err(e);
+        }
+    };
+    if let Err(e) = net.attach_servers(redis.as_ref(), zk.as_ref()) {
+        redis.iter().for_each(RedisServer::stop);
+        zk.iter().for_each(ZkEnsemble::stop);
+        postgres.stop();
+        return Err(e);
+    }
+
+    let ports = free_ports(spec.nodes)?;
+    let mut nodes = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let id = format!("n{}", i + 1);
+        let node_dir = dir.join("nodes").join(&id);
+        fs::create_dir_all(&node_dir)?;
+        let mut cfg = base.clone();
+        cfg.node_id = id.clone();
+        cfg.http_listen = format!("127.0.0.1:{port}").parse()?;
+        cfg.advertise_addr = Some(format!("127.0.0.1:{port}"));
+        cfg.state_dir = node_dir.clone();
+        cfg.resource.database_url = postgres.app_url();
+        if let Some(e) = &etcd {
+            cfg.etcd.endpoints = e.endpoints();
+        }
+        if let Some(r) = &redis {
+            cfg.redis.url = r.url();
+        }
+        if let Some(z) = &zk {
+            cfg.zk.connect = z.connect_string();
+        }
+        if spec.backend == BackendKind::Raft {
+            // Every member, this node included: the raft group is the fleet.
+            cfg.raft.peers = ports
+                .iter()
+                .enumerate()
+                .map(|(j, p)| baton::config::PeerSpec {
+                    id: format!("n{}", j + 1),
+                    addr: format!("127.0.0.1:{p}"),
+                })
+                .collect();
+        }
+        if spec.backend == BackendKind::PgLease {
+            // Its own role and schema: lease credentials cannot reach the fenced resource.
+            cfg.pg_lease.database_url = format!(
+                "postgres://{}@127.0.0.1:{}/baton",
+                baton::backends::pg_lease::LEASE_ROLE,
+                postgres.port
+            );
+        }
+        if let Some(n) = net.get() {
+            let (e, r, z) = (etcd.as_ref(), redis.as_ref(), zk.as_ref());
+            n.node_config(i, &mut cfg, &ports, &postgres, e, r, z)?;
+        }
+        let config = node_dir.join("config.toml");
+        fs::write(&config, toml::to_string(&cfg)?)?;
+        nodes.push(FleetNode {
+            id,
+            pid: 0,
+            http_addr: cfg
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| format!("127.0.0.1:{port}")),
+            config,
+            log: node_dir.join("node.log"),
+        });
+    }
+    let mut state = FleetState {
+        dir: dir.clone(),
+        backend: spec.backend,
+        fencing: spec.fencing,
+        postgres,
+        etcd,
+        redis,
+        zk,
+        nodes,
+        netns: net.get().cloned(),
+    };
+    state.save()?;
+    let ids: Vec<String> = state.nodes.iter().map(|n| n.id.clone()).collect();
+    for id in ids {
+        state.start_node(&id)?;
+    }
+    net.disarm();
+    Ok(state)
+}
+
+async fn start_backend_servers(
+    spec: &FleetSpec,
+    dir: &Path,
+    base: &NodeConfig,
+    postgres: &PgServer,
+    election_ip: Option<std::net::IpAddr>,
+) -> anyhow::Result<(Option<EtcdCluster>, Option<RedisServer>, Option<ZkEnsemble>)> {
+    baton::work::fence::migrate(&postgres.admin_url(), Some(spec.fencing == Fencing::On))
+        .await
+        .context("migrating the fenced resource")?;
+    match spec.backend {
+        BackendKind::Etcd => {
+            let root = dir.join("etcd");
+            // etcd's minimum lease TTL is 1.5 × its election timeout: shrink it for short leases.
+            let (hb, el) = if base.lease_ttl_ms < 2000 {
+                (50, 500)
+            } else {
+                (100, 1000)
+            };
+            Ok((
+                Some(
+                    tokio::task::spawn_blocking(move || {
+                        EtcdCluster::start_on(&root, 3, hb, el, election_ip)
+                    })
+                    .await??,
+                ),
+                None,
+                None,
+            ))
+        }
+        BackendKind::RedisNaive | BackendKind::Redis => {
+            let root = dir.join("redis");
+            let port = free_ports(1)?[0];
+            Ok((
+                None,
+                Some(tokio::task::spawn_blocking(move || RedisServer::start(&root, port)).await??),
+                None,
+            ))
+        }
+        // The lease row lives in the fleet's PostgreSQL, already running.
+        BackendKind::PgLease => {
+            baton::backends::pg_lease::provision(&postgres.admin_url())
+                .await
+                .context("provisioning the pg-lease role")?;
+            Ok((None, None, None))
+        }
+        // Raft runs among the nodes themselves: no server to start.
+        BackendKind::Raft => Ok((None, None, None)),
+        BackendKind::Zk => {
+            // tickTime = TTL / 10: the TTL sits inside ZooKeeper's [2, 20] × tickTime bounds.
+            let root = dir.join("zk");
+            let tick = ZkEnsemble::tick_for_ttl(base.lease_ttl());
+            Ok((
+                None,
+                None,
+                Some(
+                    tokio::task::spawn_blocking(move || ZkEnsemble::start(&root, 3, tick))
+                        .await??,
+                ),
+            ))
+        }
+    }
+}
+
+/// One row of `baton fleet status`.
+#[derive(Debug, Serialize)]
+pub struct NodeRow {
+    pub id: String,
+    pub pid: u32,
+    pub alive: bool,
+    pub http_addr: String,
+    pub role: Option<String>,
+    pub token: Option<i64>,
+    pub leader: Option<String>,
+}
+
+pub async fn status(state: &FleetState) -> Vec<NodeRow> {
+    let client = client::NodeClient::new(Duration::from_secs(2));
+    let mut rows = Vec::new();
+    for n in &state.nodes {
+        let alive = pid_alive(n.pid);
+        let st = if alive {
+            client
+                .get(&n.http_addr, "/status")
+                .await
+                .ok()
+                .map(|r| r.json())
+        } else {
+            None
+        };
+        rows.push(NodeRow {
+            id: n.id.clone(),
+            pid: n.pid,
+            alive,
+            http_addr: n.http_addr.clone(),
+            role: st
+                .as_ref()
+                .and_then(|s| s["role"].as_str().map(str::to_owned)),
+            token: st.as_ref().and_then(|s| s["fence_token"].as_i64()),
+            leader: st
+                .as_ref()
+                .and_then(|s| s["leader"]["node_id"].as_str().map(str::to_owned)),
+        });
+    }
+    rows
+}
+
+pub fn print_status(rows: &[NodeRow]) {
+    println!(
+        "{:<6} {:>8} {:<22} {:<10} {:>12} {:<8}",
+        "node", "pid", "http", "role", "token", "leader"
+    );
+    for r in rows {
+        println!(
+            "{:<6} {:>8} {:<22} {:<10} {:>12} {:<8}",
+            r.id,
+            if r.alive {
+                r.pid.to_string()
+            } else {
+                "dead".into()
+            },
+            r.http_addr,
+            r.role.as_deref().unwrap_or("-"),
+            r.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+            r.leader.as_deref().unwrap_or("-"),
+        );
+    }
+}

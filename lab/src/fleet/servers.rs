@@ -1,0 +1,512 @@
+//! Private backend servers, started by us on loopback ports inside a state directory: never the
+//! machine's shared services. PostgreSQL runs as the `postgres` OS user (initdb refuses root).
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{what} not found ({hint})")]
+    Missing { what: String, hint: &'static str },
+    #[error("{0}: {1}")]
+    Io(String, io::Error),
+    #[error("{what} failed: {detail}")]
+    Failed { what: String, detail: String },
+    #[error("{0} did not become ready in time; see its log in {1}")]
+    NotReady(String, PathBuf),
+}
+
+const INSTALL_HINT: &str = "run scripts/ensure-deps.sh to install the Debian packages";
+
+/// Picks `n` distinct free loopback ports (all bound at once, then released together).
+pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<io::Result<_>>()?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect()
+}
+
+/// Starts `cmd` in its own session (so a terminal's Ctrl-C reaches only us, and we stop it by pid),
+/// output appended to `log`. Returns the pid.
+pub fn spawn_detached(cmd: &mut Command, log: &Path) -> Result<u32, ServerError> {
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| ServerError::Io(log.display().to_string(), e))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| ServerError::Io(log.display().to_string(), e))?;
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| ServerError::Io(format!("{:?}", cmd.get_program()), e))?;
+    Ok(child.id())
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false; // kill(0, ..) would address our own process group
+    }
+    // Reap it if it is our own exited child.
+    let mut status = 0;
+    // SAFETY: WNOHANG never blocks; a pid that is not our child just returns -1.
+    unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    // A zombie (killed, not yet reaped by its parent) is not alive: read its state from /proc.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Sends `sig`, then waits up to `grace` for the process to go, then SIGKILLs it.
+pub fn stop_pid(pid: u32, sig: i32, grace: Duration) {
+    if !pid_alive(pid) {
+        return;
+    }
+    // SAFETY: plain kill(2) on a pid we started.
+    unsafe { libc::kill(pid as i32, sig) };
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        if !pid_alive(pid) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until && pid_alive(pid) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn which(bin: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join(bin))
+            .find(|f| f.is_file())
+    })
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no failure mode.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn chown_to_postgres(path: &Path) -> Result<(), ServerError> {
+    if !is_root() {
+        return Ok(());
+    }
+    let st = Command::new("chown")
+        .arg("-R")
+        .arg("postgres:postgres")
+        .arg(path)
+        .status()
+        .map_err(|e| ServerError::Io("chown".into(), e))?;
+    if !st.success() {
+        return Err(ServerError::Failed {
+            what: "chown".into(),
+            detail: format!("{st}"),
+        });
+    }
+    Ok(())
+}
+
+/// Makes `dir` (and its parents up to the first one we did not create) traversable, so the
+/// `postgres` user can reach its data dir inside a 0700 temp dir.
+fn open_up(dir: &Path) -> Result<(), ServerError> {
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        if d == Path::new("/") || d.as_os_str().is_empty() {
+            break;
+        }
+        let meta = fs::metadata(d).map_err(|e| ServerError::Io(d.display().to_string(), e))?;
+        let mode = meta.permissions().mode();
+        if mode & 0o011 != 0o011 {
+            let _ = fs::set_permissions(d, fs::Permissions::from_mode(mode | 0o711));
+        }
+        cur = d.parent();
+    }
+    Ok(())
+}
+
+/// The newest PostgreSQL server binaries on the machine.
+pub fn pg_bin_dir() -> Result<PathBuf, ServerError> {
+    let mut dirs: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|v| v.parse::<u32>().ok())
+                        .map(|v| (v, e.path().join("bin")))
+                })
+                .filter(|(_, p)| p.join("postgres").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.pop().map(|(_, p)| p).ok_or(ServerError::Missing {
+        what: "PostgreSQL server (/usr/lib/postgresql/*/bin/postgres)".into(),
+        hint: INSTALL_HINT,
+    })
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PgServer {
+    pub port: u16,
+    pub root: PathBuf,
+    pub bin_dir: PathBuf,
+}
+
+impl PgServer {
+    pub fn data_dir(&self) -> PathBuf {
+        self.root.join("data")
+    }
+    /// Superuser URL (trust auth on loopback: a private, throwaway instance).
+    pub fn admin_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/baton", self.port)
+    }
+    /// The application role's URL: it may only call the fenced functions.
+    pub fn app_url(&self) -> String {
+        format!("postgres://baton_app@127.0.0.1:{}/baton", self.port)
+    }
+
+    fn as_postgres(&self, bin: &str) -> Command {
+        let exe = self.bin_dir.join(bin);
+        if is_root() {
+            let mut c = Command::new("runuser");
+            c.arg("-u").arg("postgres").arg("--").arg(exe);
+            c
+        } else {
+            Command::new(exe)
+        }
+    }
+
+    /// initdb (first time only) and start, then create the `baton` database.
+    pub fn start(root: &Path, port: u16) -> Result<PgServer, ServerError> {
+        PgServer::start_on(root, port, &[])
+    }
+
+    /// [`PgServer::start`], also listening on `extra_listen` (a `--netns` fleet's bridge
+    /// addresses), with trust auth for clients on each one's /24 (our namespaces).
+    pub fn start_on(
+        root: &Path,
+        port: u16,
+        extra_listen: &[std::net::IpAddr],
+    ) -> Result<PgServer, ServerError> {
+        let pg = PgServer {
+            port,
+            root: root.to_owned(),
+            bin_dir: pg_bin_dir()?,
+        };
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |e| ServerError::Io(what, e)
+        };
+        fs::create_dir_all(root.join("sock")).map_err(io("pg dir"))?;
+        open_up(root)?;
+        if !pg.data_dir().join("PG_VERSION").exists() {
+            fs::create_dir_all(pg.data_dir()).map_err(io("pg data dir"))?;
+            chown_to_postgres(root)?;
+            let out = pg
+                .as_postgres("initdb")
+                .args([
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "-D",
+                ])
+                .arg(pg.data_dir())
+                .output()
+                .map_err(io("initdb"))?;
+            if !out.status.success() {
+                return Err(ServerError::Failed {
+                    what: "initdb".into(),
+                    detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+                });
+            }
+        }
+        let listen: Vec<String> = std::iter::once("127.0.0.1".to_string())
+            .chain(extra_listen.iter().map(|a| a.to_string()))
+            .collect();
+        let hba = pg.data_dir().join("pg_hba.conf");
+        for a in extra_listen {
+            let line = match a {
+                std::net::IpAddr::V4(v4) => {
+                    let o = v4.octets();
+                    format!("host all all {}.{}.{}.0/24 trust", o[0], o[1], o[2])
+                }
+                std::net::IpAddr::V6(v6) => format!("host all all {v6}/128 trust"),
+            };
+            let cur = fs::read_to_string(&hba).map_err(io("pg_hba.conf"))?;
+            if !cur.lines().any(|l| l.trim() == line) {
+                fs::write(&hba, format!("{cur}\n{line}\n")).map_err(io("pg_hba.conf"))?;
+            }
+        }
+        let conf = format!(
+            "listen_addresses = '{}'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 200\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
+            listen.join(","),
+            root.join("sock").display()
+        );
+        fs::write(pg.data_dir().join("postgresql.auto.conf"), conf)
+            .map_err(io("postgresql.auto.conf"))?;
+        chown_to_postgres(root)?;
+        let log = root.join("postgres.log");
+        let out = pg
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(pg.data_dir())
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60", "start"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("pg_ctl start"))?;
+        if !out.status.success() {
+            return Err(ServerError::Failed {
+                what: "pg_ctl start".into(),
+                detail: format!(
+                    "{}{} (log: {})",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr),
+                    log.display()
+                ),
+            });
+        }
+        pg.psql(
+            "postgres",
+            "SELECT 1 FROM pg_database WHERE datname = 'baton'",
+        )
+        .and_then(|found| {
+            if found.trim().is_empty() {
+                pg.psql("postgres", "CREATE DATABASE baton").map(drop)
+            } else {
+                Ok(())
+            }
+        })?;
+        Ok(pg)
+    }
+
+    /// Runs one statement with psql as the superuser; returns its unaligned output.
+    pub fn psql(&self, db: &str, sql: &str) -> Result<String, ServerError> {
+        let out = Command::new(self.bin_dir.join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-p",
+            ])
+            .arg(self.port.to_string())
+            .arg("-d")
+            .arg(db)
+            .arg("-c")
+            .arg(sql)
+            .output()
+            .map_err(|e| ServerError::Io("psql".into(), e))?;
+        if !out.status.success() {
+            return Err(ServerError::Failed {
+                what: format!("psql {sql:?}"),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        fs::read_to_string(self.data_dir().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Fast shutdown (SIGINT to the postmaster), SIGKILL after a grace period.
+    pub fn stop(&self) {
+        if let Some(pid) = self.postmaster_pid() {
+            stop_pid(pid, libc::SIGINT, Duration::from_secs(10));
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EtcdMember {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    pub pid: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EtcdCluster {
+    pub root: PathBuf,
+    pub members: Vec<EtcdMember>,
+    pub heartbeat_ms: u64,
+    pub election_ms: u64,
+}
+
+impl EtcdCluster {
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// Starts an `n`-member cluster. etcd's minimum lease TTL is 1.5 × its election timeout, so
+    /// short-TTL experiments pass smaller `heartbeat_ms`/`election_ms`.
+    pub fn start(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+    ) -> Result<EtcdCluster, ServerError> {
+        EtcdCluster::start_on(root, n, heartbeat_ms, election_ms, None)
+    }
+
+    /// [`EtcdCluster::start`] with the client ports also listening on `extra_listen` (a
+    /// `--netns` fleet's election address); peers and advertised URLs stay on loopback.
+    pub fn start_on(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+        extra_listen: Option<std::net::IpAddr>,
+    ) -> Result<EtcdCluster, ServerError> {
+        let etcd = which("etcd").ok_or(ServerError::Missing {
+            what: "etcd (Debian package etcd-server)".into(),
+            hint: INSTALL_HINT,
+        })?;
+        let ports = free_ports(2 * n).map_err(|e| ServerError::Io("free ports".into(), e))?;
+        fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
+        let names: Vec<String> = (0..n).map(|i| format!("e{i}")).collect();
+        let initial: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, nm)| format!("{nm}=http://127.0.0.1:{}", ports[2 * i + 1]))
+            .collect();
+        let token = format!(
+            "baton-{}-{}",
+            std::process::id(),
+            baton::clock::monotonic_ns()
+        );
+        let mut members = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let (cp, pp) = (ports[2 * i], ports[2 * i + 1]);
+            let mut cmd = Command::new(&etcd);
+            cmd.arg("--name")
+                .arg(name)
+                .arg("--data-dir")
+                .arg(root.join(name))
+                .arg("--listen-client-urls")
+                .arg(match extra_listen {
+                    Some(ip) => format!("http://127.0.0.1:{cp},http://{ip}:{cp}"),
+                    None => format!("http://127.0.0.1:{cp}"),
+                })
+                .arg("--advertise-client-urls")
+                .arg(format!("http://127.0.0.1:{cp}"))
+                .arg("--listen-peer-urls")
+                .arg(format!("http://127.0.0.1:{pp}"))
+                .arg("--initial-advertise-peer-urls")
+                .arg(format!("http://127.0.0.1:{pp}"))
+                .arg("--initial-cluster")
+                .arg(initial.join(","))
+                .arg("--initial-cluster-state")
+                .arg("new")
+                .arg("--initial-cluster-token")
+                .arg(&token)
+                .arg("--heartbeat-interval")
+                .arg(heartbeat_ms.to_string())
+                .arg("--election-timeout")
+                .arg(election_ms.to_string())
+                .arg("--log-level")
+                .arg("warn")
+                .arg("--logger")
+                .arg("zap");
+            let pid = spawn_detached(&mut cmd, &root.join(format!("{name}.log")))?;
+            members.push(EtcdMember {
+                name: name.clone(),
+                client_port: cp,
+                peer_port: pp,
+                pid,
+            });
+        }
+        let cluster = EtcdCluster {
+            root: root.to_owned(),
+            members,
+            heartbeat_ms,
+            election_ms,
+        };
+        cluster.wait_healthy(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    fn wait_healthy(&self, within: Duration) -> Result<(), ServerError> {
+        let etcdctl = which("etcdctl").ok_or(ServerError::Missing {
+            what: "etcdctl (Debian package etcd-client)".into(),
+            hint: INSTALL_HINT,
+        })?;
+        let until = Instant::now() + within;
+        loop {
+            let ok = Command::new(&etcdctl)
+                .env("ETCDCTL_API", "3")
+                .arg("--endpoints")
+                .arg(self.endpoints().join(","))
+                .args(["--command-timeout=2s", "endpoint", "health"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > until {
+                return Err(ServerError::NotReady(
+                    "etcd cluster".into(),
+                    self.root.clone(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn stop(&self) {
+        for m in &self.members {
+            stop_pid(m.pid, libc::SIGTERM, Duration::from_secs(5));
+        }
+    }
+}

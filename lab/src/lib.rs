@@ -1,0 +1,39 @@
+//! The lab that proves baton: everything here depends on the `baton` library, never the other way
+//! round (Cargo enforces it: `baton` does not depend on this crate).
+//!
+//! # Layout
+//!
+//! ```text
+//! fleet/             private servers (PostgreSQL, etcd, Redis, ZooKeeper) and local fleets (`baton fleet`)
+//! load/              open-loop load on POST /next: the client history + HDR latency (`baton load`)
+//! check/             the history checker: one invariant per file over the ledger + histories (`baton check`)
+//! bench/             `baton bench failover|next`: kill -9 / step-down trials, the sequencer benchmark
+//! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
+//! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
+//! main.rs            the `baton` binary (clap)
+//! ```
+
+pub mod bench;
+pub mod chaos;
+pub mod check;
+pub mod exp;
+pub mod fleet;
+pub mod load;
+
+use std::path::{Path, PathBuf};
+
+/// The repository root, where `config/` and `experiments/` live. Commands run from the root find
+/// them relative to the working directory; tests (whose working directory is `lab/`) and a binary
+/// started elsewhere fall back to the checkout this crate was built from.
+pub fn repo_path(rel: impl AsRef<Path>) -> PathBuf {
+    let rel = rel.as_ref();
+    if rel.is_absolute() || rel.exists() {
+        return rel.to_path_buf();
+    }
+    let built_from = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    if built_from.exists() {
+        built_from
+    } else {
+        rel.to_path_buf()
+    }
+}

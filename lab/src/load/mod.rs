@@ -1,0 +1,757 @@
+//! Open-loop load against `POST /next` of whichever node leads, recording a history for
+//! `baton check` and an HDR latency histogram.
+//!
+//! Request `i` is *scheduled* at `t0 + i / rate` whatever happened to earlier requests, and its
+//! latency is measured from that scheduled time, so a stalled server shows up as latency instead
+//! of silently lowering the offered load (no coordinated omission). `connections` workers, each
+//! with its own keep-alive connection, take the next unclaimed slot when free; if all are busy
+//! the backlog is paid for in latency.
+//!
+//! The core is [`run`]: a target list, a rate and a duration in; every request's record
+//! ([`Op`]) and the histograms out. `baton load` and benchmarks are thin wrappers around it.
+
+pub mod conn;
+pub mod leader;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use hyper::{Method, StatusCode};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use baton::clock::monotonic_ns;
+use conn::{Conn, Exchange};
+use leader::LeaderTracker;
+
+/// 503 error codes the server only sends when nothing was issued to this request.
+pub const DEFINITE_503: &[&str] = &["no_leader", "not_ready", "fenced"];
+
+/// How many 409 redirects one request follows before it counts as rejected.
+const MAX_HOPS: u32 = 3;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    /// Node HTTP addresses (`host:port`); the generator finds the leader among them.
+    pub targets: Vec<String>,
+    /// Requests per second offered.
+    pub rate: f64,
+    pub duration: Duration,
+    /// Concurrent keep-alive connections (workers).
+    pub connections: usize,
+    /// Per-request deadline (redirects included); past it the outcome is unknown.
+    pub timeout: Duration,
+    /// After `duration`, how long scheduled-but-unsent requests may still go out; the rest are
+    /// counted as `unsent`.
+    pub drain: Duration,
+    /// Request path, e.g. `/next`.
+    pub path: String,
+}
+
+impl LoadSpec {
+    pub fn new(targets: Vec<String>, rate: f64, duration: Duration) -> LoadSpec {
+        LoadSpec {
+            targets,
+            rate,
+            duration,
+            connections: 8,
+            timeout: Duration::from_secs(2),
+            drain: Duration::from_secs(3),
+            path: "/next".into(),
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.targets.is_empty() {
+            bail!("load needs at least one target");
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            bail!("rate must be a positive number of requests per second");
+        }
+        if self.connections == 0 {
+            bail!("load needs at least one connection");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// 200 with a `(token, seq)`.
+    Ok,
+    /// Definitely not issued: a 409 / 4xx, a 503 in [`DEFINITE_503`], or never sent.
+    Rejected,
+    /// May or may not have been issued: timeout, reset after send, other 5xx.
+    Unknown,
+}
+
+/// One request of the history. Times are `CLOCK_MONOTONIC` ns ([`monotonic_ns`]), comparable
+/// with every other process on this machine.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Op {
+    /// Slot index: scheduled at `t0 + id / rate`.
+    pub id: u64,
+    /// Worker (connection) that sent it.
+    pub conn: u32,
+    pub sched_ns: u64,
+    /// First byte of the first attempt was about to be written.
+    pub invoke_ns: u64,
+    /// The final answer (or the failure) was in.
+    pub complete_ns: u64,
+    pub outcome: Outcome,
+    /// The node of the last attempt.
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<i64>,
+    /// HTTP attempts (1 + redirects/reconnects followed).
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What a run produced.
+pub struct LoadReport {
+    pub spec: LoadSpec,
+    pub t0_ns: u64,
+    /// From the first scheduled slot to the last completion.
+    pub elapsed: Duration,
+    /// Every request that was sent, by `id`.
+    pub ops: Vec<Op>,
+    /// Slots never sent (the drain deadline passed first).
+    pub unsent: u64,
+    /// Scheduled time → completion, µs, over `ok` requests.
+    pub latency_us: Histogram<u64>,
+    /// Invoke → completion, µs, over `ok` requests (without queueing behind busy connections).
+    pub service_us: Histogram<u64>,
+}
+
+/// Counts and percentiles, for printing and `--json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub offered_rate: f64,
+    pub achieved_rate: f64,
+    pub ok_rate: f64,
+    pub elapsed_s: f64,
+    pub sent: usize,
+    pub ok: usize,
+    pub rejected: usize,
+    pub unknown: usize,
+    pub unsent: u64,
+    pub tokens: Vec<i64>,
+    pub latency_ms: Percentiles,
+    pub service_ms: Percentiles,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 µs .. 1 h, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+fn percentiles(h: &Histogram<u64>) -> Percentiles {
+    let ms = |v: u64| v as f64 / 1000.0;
+    if h.is_empty() {
+        return Percentiles {
+            p50: 0.0,
+            p99: 0.0,
+            p999: 0.0,
+            max: 0.0,
+        };
+    }
+    Percentiles {
+        p50: ms(h.value_at_quantile(0.50)),
+        p99: ms(h.value_at_quantile(0.99)),
+        p999: ms(h.value_at_quantile(0.999)),
+        max: ms(h.max()),
+    }
+}
+
+impl LoadReport {
+    pub fn count(&self, o: Outcome) -> usize {
+        self.ops.iter().filter(|op| op.outcome == o).count()
+    }
+
+    /// The acknowledged `(token, seq)` pairs, in slot order.
+    pub fn acked(&self) -> Vec<(i64, i64)> {
+        self.ops
+            .iter()
+            .filter(|o| o.outcome == Outcome::Ok)
+            .filter_map(|o| Some((o.token?, o.seq?)))
+            .collect()
+    }
+
+    pub fn summary(&self) -> Summary {
+        let secs = self.elapsed.as_secs_f64().max(1e-9);
+        let ok = self.count(Outcome::Ok);
+        let mut tokens: Vec<i64> = self.ops.iter().filter_map(|o| o.token).collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        Summary {
+            offered_rate: self.spec.rate,
+            achieved_rate: self.ops.len() as f64 / secs,
+            ok_rate: ok as f64 / secs,
+            elapsed_s: secs,
+            sent: self.ops.len(),
+            ok,
+            rejected: self.count(Outcome::Rejected),
+            unknown: self.count(Outcome::Unknown),
+            unsent: self.unsent,
+            tokens,
+            latency_ms: percentiles(&self.latency_us),
+            service_ms: percentiles(&self.service_us),
+        }
+    }
+
+    /// Human-readable summary lines.
+    pub fn render(&self) -> String {
+        let s = self.summary();
+        let mut out = String::new();
+        out.push_str(&format!(
+            "load: {} requests in {:.2}s: offered {:.0}/s, achieved {:.1}/s (ok {:.1}/s)\n",
+            s.sent, s.elapsed_s, s.offered_rate, s.achieved_rate, s.ok_rate
+        ));
+        out.push_str(&format!(
+            "outcomes: ok {}  rejected {}  unknown {}  unsent {}  tokens {:?}\n",
+            s.ok, s.rejected, s.unknown, s.unsent, s.tokens
+        ));
+        out.push_str(&format!(
+            "latency from scheduled time (ok): p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  max {:.3} ms\n",
+            s.latency_ms.p50, s.latency_ms.p99, s.latency_ms.p999, s.latency_ms.max
+        ));
+        out.push_str(&format!(
+            "service time (ok):                p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  max {:.3} ms\n",
+            s.service_ms.p50, s.service_ms.p99, s.service_ms.p999, s.service_ms.max
+        ));
+        out
+    }
+}
+
+/// Writes a history as JSON lines, one [`Op`] per line.
+pub fn write_history(path: &Path, ops: &[Op]) -> anyhow::Result<()> {
+    let f = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = BufWriter::new(f);
+    for op in ops {
+        serde_json::to_writer(&mut w, op)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads a history written by [`write_history`]; blank lines are skipped.
+pub fn read_history(path: &Path) -> anyhow::Result<Vec<Op>> {
+    let f = File::open(path).with_context(|| format!("opening history {}", path.display()))?;
+    let mut ops = Vec::new();
+    for (i, line) in BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        ops.push(
+            serde_json::from_str(&line)
+                .with_context(|| format!("{}:{}: not a history line", path.display(), i + 1))?,
+        );
+    }
+    Ok(ops)
+}
+
+struct Shared {
+    spec: LoadSpec,
+    leader: Arc<LeaderTracker>,
+    next_slot: AtomicU64,
+    total: u64,
+    t0: Instant,
+    t0_ns: u64,
+    hard_deadline: Instant,
+}
+
+struct WorkerOut {
+    ops: Vec<Op>,
+    unsent: u64,
+}
+
+/// Runs the load and returns every request's record. Errors only on a bad spec.
+pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
+    spec.validate()?;
+    let total = (spec.rate * spec.duration.as_secs_f64()).round() as u64;
+    let leader = Arc::new(LeaderTracker::new(
+        spec.targets.clone(),
+        Duration::from_millis(500),
+    ));
+    // Find the leader before the clock starts, so the first slots are not all redirects.
+    leader.refresh(leader.generation()).await;
+    // Open every connection before the clock starts too: opening hundreds of them inside the
+    // measured window put a ~100 ms connect storm into the first slots' latency. A connection
+    // that fails here is simply opened (and its failure recorded) by its first request.
+    let opened = futures::future::join_all((0..spec.connections).map(|w| {
+        let addr = leader.current(w);
+        async move { Conn::open(&addr, Duration::from_secs(2)).await.ok() }
+    }))
+    .await;
+    // Likewise each worker's record buffer, so no slot waits on a reallocation. (Histograms are
+    // built from the records afterwards: per-connection HDR histograms, ~180 MB at 256
+    // connections, faulted in after t0 made the first slots tens of ms late.)
+    let per_worker_ops = (total as usize / spec.connections.max(1)) * 5 / 4 + 16;
+    let outs: Vec<WorkerOut> = (0..spec.connections)
+        .map(|_| WorkerOut::with_capacity(per_worker_ops))
+        .collect();
+    // Read the ns clock first: the Instant read after it is no earlier, so no slot is sent
+    // before its recorded `sched_ns`.
+    let t0_ns = monotonic_ns() + 1_000_000;
+    let t0 = Instant::now() + Duration::from_millis(1);
+    let shared = Arc::new(Shared {
+        hard_deadline: t0 + spec.duration + spec.drain,
+        spec: spec.clone(),
+        leader,
+        next_slot: AtomicU64::new(0),
+        total,
+        t0,
+        t0_ns,
+    });
+    let workers: Vec<_> = opened
+        .into_iter()
+        .zip(outs)
+        .enumerate()
+        .map(|(w, (conn, out))| tokio::spawn(worker(shared.clone(), w as u32, conn, out)))
+        .collect();
+    let mut ops = Vec::with_capacity(total as usize);
+    let mut unsent = 0;
+    let mut latency_us = new_histogram();
+    let mut service_us = new_histogram();
+    for w in workers {
+        let out = w.await.context("load worker panicked")?;
+        ops.extend(out.ops);
+        unsent += out.unsent;
+    }
+    ops.sort_by_key(|o| o.id);
+    for op in ops.iter().filter(|o| o.outcome == Outcome::Ok) {
+        let _ = latency_us.record((op.complete_ns.saturating_sub(op.sched_ns) / 1000).max(1));
+        let _ = service_us.record((op.complete_ns.saturating_sub(op.invoke_ns) / 1000).max(1));
+    }
+    let last = ops.iter().map(|o| o.complete_ns).max().unwrap_or(t0_ns);
+    Ok(LoadReport {
+        spec,
+        t0_ns,
+        elapsed: Duration::from_nanos(last.saturating_sub(t0_ns)),
+        ops,
+        unsent,
+        latency_us,
+        service_us,
+    })
+}
+
+impl WorkerOut {
+    fn with_capacity(ops: usize) -> WorkerOut {
+        WorkerOut {
+            ops: Vec::with_capacity(ops),
+            unsent: 0,
+        }
+    }
+}
+
+async fn worker(sh: Arc<Shared>, w: u32, mut conn: Option<Conn>, mut out: WorkerOut) -> WorkerOut {
+    let period_ns = 1e9 / sh.spec.rate;
+    loop {
+        let id = sh.next_slot.fetch_add(1, Ordering::Relaxed);
+        if id >= sh.total {
+            break;
+        }
+        let offset = Duration::from_nanos((id as f64 * period_ns) as u64);
+        let sched = sh.t0 + offset;
+        let sched_ns = sh.t0_ns + offset.as_nanos() as u64;
+        if sched > Instant::now() {
+            tokio::time::sleep_until(sched).await;
+        }
+        if Instant::now() > sh.hard_deadline {
+            out.unsent += 1;
+            continue;
+        }
+        let op = one_request(&sh, w, id, sched_ns, &mut conn).await;
+        out.ops.push(op);
+    }
+    out
+}
+
+/// One slot: send to the believed leader, follow up to [`MAX_HOPS`] redirects, classify.
+async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Option<Conn>) -> Op {
+    let invoke_ns = monotonic_ns();
+    let deadline = Instant::now() + sh.spec.timeout;
+    let mut op = Op {
+        id,
+        conn: w,
+        sched_ns,
+        invoke_ns,
+        complete_ns: 0,
+        outcome: Outcome::Unknown,
+        node: String::new(),
+        status: None,
+        token: None,
+        seq: None,
+        attempts: 0,
+        error: None,
+    };
+    let mut not_sent_retries = 0;
+    loop {
+        op.attempts += 1;
+        let generation = sh.leader.generation();
+        let addr = sh.leader.current(w as usize + id as usize);
+        op.node = addr.clone();
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        if conn.as_ref().is_none_or(|c| c.addr != addr) {
+            *conn = None;
+            match Conn::open(&addr, remaining).await {
+                Ok(c) => *conn = Some(c),
+                Err(e) => {
+                    // Nothing reached the server: definite.
+                    op.outcome = Outcome::Rejected;
+                    op.error = Some(e);
+                    op.complete_ns = monotonic_ns();
+                    sh.leader.refresh_soon(generation);
+                    return op;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connection just opened");
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match c.exchange(Method::POST, &sh.spec.path, remaining).await {
+            Exchange::Reply {
+                status,
+                leader_header,
+                body,
+            } => {
+                op.complete_ns = monotonic_ns();
+                op.status = Some(status.as_u16());
+                let v: serde_json::Value =
+                    serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                if status == StatusCode::OK {
+                    match (v["token"].as_i64(), v["seq"].as_i64()) {
+                        (Some(t), Some(s)) => {
+                            op.outcome = Outcome::Ok;
+                            op.token = Some(t);
+                            op.seq = Some(s);
+                        }
+                        _ => {
+                            op.outcome = Outcome::Unknown;
+                            op.error = Some(format!(
+                                "200 without token/seq: {}",
+                                String::from_utf8_lossy(&body)
+                            ));
+                        }
+                    }
+                    return op;
+                }
+                let code = v["error"].as_str().unwrap_or("").to_owned();
+                if status == StatusCode::CONFLICT {
+                    match leader_header {
+                        Some(l) if l != addr && op.attempts <= MAX_HOPS => {
+                            sh.leader.set(&l);
+                            continue;
+                        }
+                        _ => {
+                            op.outcome = Outcome::Rejected;
+                            op.error = Some(format!("409 {code}"));
+                            sh.leader.refresh_soon(generation);
+                            return op;
+                        }
+                    }
+                }
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    op.outcome = if DEFINITE_503.contains(&code.as_str()) {
+                        Outcome::Rejected
+                    } else {
+                        Outcome::Unknown
+                    };
+                    op.error = Some(format!("503 {code}"));
+                    if code == "no_leader" {
+                        sh.leader.refresh_soon(generation);
+                    }
+                    return op;
+                }
+                op.outcome = if status.is_client_error() {
+                    Outcome::Rejected
+                } else {
+                    Outcome::Unknown
+                };
+                op.error = Some(format!("{} {code}", status.as_u16()));
+                return op;
+            }
+            Exchange::NotSent(e) => {
+                *conn = None;
+                // A closed keep-alive connection: reconnect once and send for real.
+                if not_sent_retries < 1 && Instant::now() < deadline {
+                    not_sent_retries += 1;
+                    continue;
+                }
+                op.outcome = Outcome::Rejected;
+                op.error = Some(e);
+                op.complete_ns = monotonic_ns();
+                sh.leader.refresh_soon(generation);
+                return op;
+            }
+            Exchange::Unknown(e) => {
+                *conn = None;
+                op.outcome = Outcome::Unknown;
+                op.error = Some(e);
+                op.complete_ns = monotonic_ns();
+                sh.leader.refresh_soon(generation);
+                return op;
+            }
+        }
+    }
+}
+
+/// `baton load`.
+#[derive(clap::Args, Debug)]
+pub struct LoadArgs {
+    /// Fleet directory (its `fleet.json` lists the nodes).
+    #[arg(long, default_value = "state/fleet")]
+    pub dir: PathBuf,
+    /// Explicit node addresses instead of the fleet's (comma-separated host:port).
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Option<Vec<String>>,
+    /// Offered requests per second.
+    #[arg(long, default_value_t = 200.0)]
+    pub rate: f64,
+    /// e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = baton::config::parse_duration_ms)]
+    pub duration: u64,
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Per-request deadline, e.g. 2s.
+    #[arg(long, default_value = "2s", value_parser = baton::config::parse_duration_ms)]
+    pub timeout: u64,
+    /// Write every request's record here (JSON lines) for `baton check --history`.
+    #[arg(long)]
+    pub history: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
+    let targets = match a.targets {
+        Some(t) => t,
+        None => crate::fleet::FleetState::load(&a.dir)?
+            .nodes
+            .iter()
+            .map(|n| n.http_addr.clone())
+            .collect(),
+    };
+    let mut spec = LoadSpec::new(targets, a.rate, Duration::from_millis(a.duration));
+    spec.connections = a.connections;
+    spec.timeout = Duration::from_millis(a.timeout);
+    let report = run(spec).await?;
+    if let Some(p) = &a.history {
+        write_history(p, &report.ops)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report.summary())?);
+    } else {
+        print!("{}", report.render());
+        if let Some(p) = &a.history {
+            println!("history: {} ({} records)", p.display(), report.ops.len());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against in-process fake nodes (no fleet): redirects, outcome classification, and the
+    //! open loop's accounting of a slow server.
+    use super::*;
+    use std::convert::Infallible;
+    use std::sync::atomic::AtomicI64;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper::body::Incoming;
+    use hyper::service::service_fn;
+    use hyper::{Request, Response};
+    use hyper_util::rt::TokioIo;
+
+    type Handler = Arc<dyn Fn(&str, i64) -> (u16, Option<String>, String, Duration) + Send + Sync>;
+
+    /// A fake node on a free loopback port; `handler(path, n)` sees the n-th `/next` (from 0).
+    async fn fake_node(handler: Handler) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let count = Arc::new(AtomicI64::new(0));
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (handler, count) = (handler.clone(), count.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (handler, count) = (handler.clone(), count.clone());
+                        async move {
+                            let path = req.uri().path().to_owned();
+                            let n = if path == "/next" {
+                                count.fetch_add(1, Ordering::SeqCst)
+                            } else {
+                                -1
+                            };
+                            let (status, leader, body, delay) = handler(&path, n);
+                            tokio::time::sleep(delay).await;
+                            let mut resp = Response::builder().status(status);
+                            if let Some(l) = leader {
+                                resp = resp.header(baton::http::LEADER_HEADER, l);
+                            }
+                            Ok::<_, Infallible>(resp.body(Full::new(Bytes::from(body))).unwrap())
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn follows_redirects_and_classifies_every_outcome() {
+        let leader = fake_node(Arc::new(|path, n| match (path, n % 4) {
+            ("/status", _) => (
+                200,
+                None,
+                r#"{"role":"leader","fence_token":7}"#.into(),
+                Duration::ZERO,
+            ),
+            (_, 0) => (
+                200,
+                None,
+                format!(r#"{{"token":7,"seq":{}}}"#, n + 1),
+                Duration::ZERO,
+            ),
+            (_, 1) => (503, None, r#"{"error":"not_ready"}"#.into(), Duration::ZERO),
+            (_, 2) => (
+                503,
+                None,
+                r#"{"error":"resource_unavailable"}"#.into(),
+                Duration::ZERO,
+            ),
+            _ => (400, None, r#"{"error":"bad_n"}"#.into(), Duration::ZERO),
+        }))
+        .await;
+        let l = leader.clone();
+        let follower = fake_node(Arc::new(move |path, _| match path {
+            // Knows no leader by /status: only the 409's header leads the way.
+            "/status" => (
+                200,
+                None,
+                r#"{"role":"follower","leader":null}"#.into(),
+                Duration::ZERO,
+            ),
+            _ => (
+                409,
+                Some(l.clone()),
+                r#"{"error":"not_leader"}"#.into(),
+                Duration::ZERO,
+            ),
+        }))
+        .await;
+        // Only the follower is a target: every request starts there... until the hint says otherwise.
+        let mut spec = LoadSpec::new(vec![follower.clone()], 400.0, Duration::from_millis(100));
+        spec.connections = 1;
+        let report = run(spec).await.unwrap();
+        assert_eq!(report.ops.len(), 40);
+        let by_outcome = |o| report.ops.iter().filter(|op| op.outcome == o).count();
+        assert_eq!(
+            (
+                by_outcome(Outcome::Ok),
+                by_outcome(Outcome::Rejected),
+                by_outcome(Outcome::Unknown)
+            ),
+            (10, 20, 10)
+        );
+        for op in &report.ops {
+            assert_eq!(op.node, leader, "every request ends at the leader: {op:?}");
+            match op.outcome {
+                Outcome::Ok => assert_eq!((op.token, op.status), (Some(7), Some(200))),
+                Outcome::Unknown => {
+                    assert_eq!(op.error.as_deref(), Some("503 resource_unavailable"))
+                }
+                Outcome::Rejected => assert!(
+                    matches!(
+                        op.error.as_deref(),
+                        Some("503 not_ready") | Some("400 bad_n")
+                    ),
+                    "{op:?}"
+                ),
+            }
+        }
+        assert_eq!(
+            report.ops[0].attempts, 2,
+            "the first request follows the follower's 409"
+        );
+        assert!(
+            report.ops[1..].iter().all(|o| o.attempts == 1),
+            "later ones go straight to the leader"
+        );
+        let mut seqs: Vec<i64> = report.acked().iter().map(|a| a.1).collect();
+        seqs.dedup();
+        assert_eq!(seqs.len(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_slow_server_shows_as_latency_from_the_schedule_not_as_a_lower_rate() {
+        // 50 ms per answer, one connection, 100 slots/s offered: at most ~20/s can be served.
+        let slow = fake_node(Arc::new(|path, n| match path {
+            "/status" => (
+                200,
+                None,
+                r#"{"role":"leader","fence_token":1}"#.into(),
+                Duration::ZERO,
+            ),
+            _ => (
+                200,
+                None,
+                format!(r#"{{"token":1,"seq":{}}}"#, n + 1),
+                Duration::from_millis(50),
+            ),
+        }))
+        .await;
+        let mut spec = LoadSpec::new(vec![slow], 100.0, Duration::from_secs(1));
+        spec.connections = 1;
+        spec.drain = Duration::from_millis(500);
+        let report = run(spec).await.unwrap();
+        let s = report.summary();
+        // The backlog is paid for: slots past the drain deadline are counted, not forgotten.
+        assert_eq!(report.ops.len() as u64 + report.unsent, 100);
+        assert!(report.unsent >= 50, "{s:?}");
+        for op in &report.ops {
+            assert_eq!(op.sched_ns, report.t0_ns + op.id * 10_000_000);
+        }
+        // Service time stays ~50 ms; latency from the schedule grows with the queue.
+        assert!(
+            s.service_ms.p50 >= 50.0 && s.service_ms.p50 < 150.0,
+            "{s:?}"
+        );
+        assert!(
+            s.latency_ms.max > 700.0,
+            "queueing behind the slow server must show: {s:?}"
+        );
+    }
+}

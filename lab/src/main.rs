@@ -1,0 +1,408 @@
+//! The `baton` binary: thin subcommands over the library.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton::backends::BackendKind;
+use baton::config::{parse_duration_ms, Fencing, NodeConfig};
+use baton_lab::fleet::{self, FleetSpec, FleetState};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "baton",
+    version,
+    about = "Leader election that stays correct when leadership is wrong"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run one fleet member: campaign, lead while (and only while) elected, serve HTTP.
+    Node(NodeArgs),
+    /// Start, inspect and stop a local fleet (private servers + N nodes on loopback).
+    Fleet {
+        #[command(subcommand)]
+        cmd: FleetCmd,
+    },
+    /// Benchmarks against a local fleet (e.g. `baton bench failover --backend raft --trials 20`).
+    Bench {
+        #[command(subcommand)]
+        cmd: baton_lab::bench::BenchCmd,
+    },
+    /// Open-loop load on POST /next of whichever node leads; writes a history for `baton check`.
+    Load(baton_lab::load::LoadArgs),
+    /// Check the fence ledger and client histories against the invariants; non-zero exit on a violation.
+    Check(baton_lab::check::CheckArgs),
+    /// Faults against a running fleet: kill-leader, partition-leader, gc-pause-leader, skew, heal.
+    Chaos(baton_lab::chaos::ChaosArgs),
+    /// Run an experiment (`experiments/NAME.toml`) and write `experiments/results/NAME/`.
+    Exp(baton_lab::exp::ExpArgs),
+    /// Apply the fenced resource's roles and schema (as a superuser); optionally flip its fencing switch.
+    Migrate {
+        #[arg(long)]
+        admin_url: String,
+        #[arg(long)]
+        fencing: Option<Fencing>,
+    },
+}
+
+#[derive(Args)]
+struct NodeArgs {
+    /// A TOML config (see config/); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    node_id: Option<String>,
+    #[arg(long)]
+    backend: Option<BackendKind>,
+    /// HTTP listen address, e.g. 127.0.0.1:7001.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Lease TTL, e.g. 3s.
+    #[arg(long, value_parser = parse_duration_ms)]
+    lease_ttl: Option<u64>,
+    #[arg(long, value_parser = parse_duration_ms)]
+    renew_interval: Option<u64>,
+    #[arg(long, value_parser = parse_duration_ms)]
+    retry_interval: Option<u64>,
+    /// Offset of this node's wall clock, e.g. 200ms or -200 (labels only; never decides a lease).
+    #[arg(long, allow_hyphen_values = true)]
+    clock_skew: Option<String>,
+    /// Rate error of this node's clock, e.g. 0.01 for 1% fast.
+    #[arg(long, allow_hyphen_values = true)]
+    clock_drift: Option<f64>,
+    /// Raft election timeout range in ms, MIN-MAX.
+    #[arg(long)]
+    election_timeout: Option<String>,
+    /// Raft heartbeat interval, e.g. 50ms (must be well under the election timeout's minimum).
+    #[arg(long, value_parser = parse_duration_ms)]
+    heartbeat_interval: Option<u64>,
+    #[arg(long)]
+    fencing: Option<Fencing>,
+    /// Comma-separated etcd endpoints.
+    #[arg(long, value_delimiter = ',')]
+    etcd_endpoints: Option<Vec<String>>,
+    #[arg(long)]
+    database_url: Option<String>,
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    #[arg(long, env = "BATON_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum FleetCmd {
+    /// Start N nodes and the servers their backend needs.
+    Up {
+        nodes: usize,
+        #[arg(long, default_value = "raft")]
+        backend: BackendKind,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+        /// Base node config; defaults to config/<backend>.toml when present.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value = "on")]
+        fencing: Fencing,
+        #[arg(long, value_parser = parse_duration_ms)]
+        lease_ttl: Option<u64>,
+        /// Stay in the foreground, print leadership changes, stop everything on Ctrl-C.
+        #[arg(long)]
+        foreground: bool,
+        /// With --foreground: stop by itself after this long (e.g. 20s).
+        #[arg(long = "for", value_parser = parse_duration_ms)]
+        run_for: Option<u64>,
+        /// One network namespace per node behind a bridge (needs root): for `baton chaos
+        /// partition-leader`. Removed again by `fleet down`.
+        #[arg(long)]
+        netns: bool,
+    },
+    /// Print each node's id, pid, HTTP address, role and token.
+    Status {
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop every node and server of the fleet, by pid.
+    Down {
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+    /// kill -9 one node.
+    Kill {
+        id: String,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+    /// (Re)start one node with its config and state dir.
+    Start {
+        id: String,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+}
+
+fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
+    let mut c = match &a.config {
+        Some(p) => NodeConfig::from_file(p)?,
+        None => NodeConfig::default(),
+    };
+    if let Some(v) = a.node_id {
+        c.state_dir = PathBuf::from("state").join(&v);
+        c.node_id = v;
+    }
+    if let Some(v) = a.backend {
+        c.backend = v;
+    }
+    if let Some(v) = a.listen {
+        c.http_listen = v;
+    }
+    if let Some(v) = a.lease_ttl {
+        c.lease_ttl_ms = v;
+    }
+    if let Some(v) = a.renew_interval {
+        c.renew_interval_ms = v;
+    }
+    if let Some(v) = a.retry_interval {
+        c.retry_interval_ms = v;
+    }
+    if let Some(v) = a.clock_skew {
+        let neg = v.starts_with('-');
+        let ms = parse_duration_ms(v.trim_start_matches('-'))? as i64;
+        c.clock_skew_ms = if neg { -ms } else { ms };
+    }
+    if let Some(v) = a.clock_drift {
+        c.clock_drift = v;
+    }
+    if let Some(v) = a.election_timeout {
+        c.election_timeout_ms = v;
+    }
+    if let Some(v) = a.heartbeat_interval {
+        c.raft.heartbeat_interval_ms = v;
+    }
+    if let Some(v) = a.fencing {
+        c.fencing = v;
+    }
+    if let Some(v) = a.etcd_endpoints {
+        c.etcd.endpoints = v;
+    }
+    if let Some(v) = a.database_url {
+        c.resource.database_url = v;
+    }
+    if let Some(v) = a.state_dir {
+        c.state_dir = v;
+    }
+    if let Some(v) = a.admin_token {
+        c.admin_token = Some(v);
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// mimalloc instead of glibc malloc: at 50k requests/s malloc/free were ~7% of the machine's CPU
+/// (perf during `baton bench next`), and this binary is both the node and the load generator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,baton::trace=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Node(args) => {
+            let cfg = node_config(args)?;
+            let listener = tokio::net::TcpListener::bind(cfg.http_listen)
+                .await
+                .with_context(|| format!("binding {}", cfg.http_listen))?;
+            baton::node::NodeBuilder::new(cfg)
+                .with_default_work()
+                .run(listener, shutdown_signal())
+                .await
+        }
+        Cmd::Migrate { admin_url, fencing } => {
+            baton::work::fence::migrate(&admin_url, fencing.map(|f| f == Fencing::On)).await?;
+            println!(
+                "migrated; fencing {}",
+                match fencing {
+                    Some(Fencing::Off) => "off",
+                    Some(Fencing::On) => "on",
+                    None => "unchanged",
+                }
+            );
+            Ok(())
+        }
+        Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
+        Cmd::Load(args) => baton_lab::load::cli_main(args).await,
+        Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),
+        Cmd::Bench { cmd } => baton_lab::bench::run(cmd).await,
+        Cmd::Exp(args) => std::process::exit(baton_lab::exp::cli_main(args).await?),
+        Cmd::Chaos(args) => baton_lab::chaos::cli_main(args).await,
+    }
+}
+
+async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
+    match cmd {
+        FleetCmd::Up {
+            nodes,
+            backend,
+            dir,
+            config,
+            fencing,
+            lease_ttl,
+            foreground,
+            run_for,
+            netns,
+        } => {
+            let base_config = config.or_else(|| fleet::default_base_config(backend));
+            let spec = FleetSpec {
+                nodes,
+                backend,
+                dir,
+                base_config,
+                fencing,
+                lease_ttl_ms: lease_ttl,
+                node_args: Vec::new(),
+            };
+            let state = if netns {
+                baton_lab::chaos::netns::up_interruptible(&spec).await?
+            } else {
+                fleet::up(&spec).await?
+            };
+            println!(
+                "fleet up in {}: {} nodes on {}, PostgreSQL on 127.0.0.1:{}",
+                state.dir.display(),
+                state.nodes.len(),
+                backend,
+                state.postgres.port
+            );
+            if let Some(n) = &state.netns {
+                println!(
+                    "network namespaces {}-n1..n{} on bridge {} ({}): PostgreSQL via {}, election backend via {}",
+                    n.bridge,
+                    n.nodes.len(),
+                    n.bridge,
+                    n.subnet,
+                    n.gateway,
+                    n.election
+                );
+            }
+            let rows = wait_for_leader(&state, Duration::from_secs(30)).await;
+            fleet::print_status(&rows);
+            if foreground {
+                run_foreground(&state, run_for.map(Duration::from_millis)).await;
+                state.down();
+                println!("fleet stopped");
+            }
+            Ok(())
+        }
+        FleetCmd::Status { dir, json } => {
+            let state = FleetState::load(&dir)?;
+            let rows = fleet::status(&state).await;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                fleet::print_status(&rows);
+            }
+            Ok(())
+        }
+        FleetCmd::Down { dir } => {
+            let state = FleetState::load(&dir)?;
+            tokio::task::spawn_blocking(move || state.down()).await?;
+            println!("fleet stopped");
+            Ok(())
+        }
+        FleetCmd::Kill { id, dir } => {
+            FleetState::load(&dir)?.kill_node(&id)?;
+            println!("killed {id} (SIGKILL)");
+            Ok(())
+        }
+        FleetCmd::Start { id, dir } => {
+            let pid = FleetState::load(&dir)?.start_node(&id)?;
+            println!("started {id} as pid {pid}");
+            Ok(())
+        }
+    }
+}
+
+async fn wait_for_leader(state: &FleetState, within: Duration) -> Vec<fleet::NodeRow> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let rows = fleet::status(state).await;
+        if rows.iter().any(|r| r.role.as_deref() == Some("leader"))
+            || tokio::time::Instant::now() > until
+        {
+            return rows;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Takes a few IDs from the leader, then prints every leadership change until Ctrl-C.
+async fn run_foreground(state: &FleetState, run_for: Option<Duration>) {
+    let client = fleet::client::NodeClient::new(Duration::from_secs(2));
+    for r in fleet::status(state)
+        .await
+        .iter()
+        .filter(|r| r.role.as_deref() == Some("leader"))
+    {
+        for _ in 0..3 {
+            if let Ok(reply) = client.post(&r.http_addr, "/next").await {
+                println!(
+                    "POST /next on {} -> {} {}",
+                    r.id,
+                    reply.status.as_u16(),
+                    String::from_utf8_lossy(&reply.body)
+                );
+            }
+        }
+    }
+    println!("watching leadership (Ctrl-C stops the fleet)...");
+    let stop = async {
+        match run_for {
+            Some(d) => tokio::time::sleep(d).await,
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    };
+    tokio::pin!(stop);
+    let mut last: Option<(String, i64)> = None;
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        let rows = fleet::status(state).await;
+        let now = rows
+            .iter()
+            .find(|r| r.role.as_deref() == Some("leader"))
+            .map(|r| (r.id.clone(), r.token.unwrap_or(0)));
+        if now != last {
+            match &now {
+                Some((id, tok)) => println!("leader: {id} (token {tok})"),
+                None => println!("no leader"),
+            }
+            last = now;
+        }
+    }
+}

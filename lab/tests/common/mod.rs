@@ -1,0 +1,303 @@
+//! Test harness: a real local fleet (private PostgreSQL + 3-member etcd + N `baton node`
+//! processes) started through the `baton` binary in a temp dir, and torn down on drop.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use baton_lab::fleet::client::NodeClient;
+use baton_lab::fleet::{FleetNode, FleetState};
+use tokio_postgres::NoTls;
+
+pub const BATON: &str = env!("CARGO_BIN_EXE_baton");
+
+pub struct Fleet {
+    pub dir: tempfile::TempDir,
+    pub client: NodeClient,
+}
+
+pub fn baton(args: &[&str]) -> String {
+    let out = Command::new(BATON)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run baton");
+    assert!(
+        out.status.success(),
+        "baton {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Fleet {
+    /// `baton fleet up N --backend etcd` in a fresh temp dir, plus `extra` flags.
+    pub fn up(nodes: usize, extra: &[&str]) -> Fleet {
+        Fleet::up_with("etcd", nodes, extra)
+    }
+
+    /// `baton fleet up N --backend BACKEND` in a fresh temp dir, plus `extra` flags.
+    pub fn up_with(backend: &str, nodes: usize, extra: &[&str]) -> Fleet {
+        let dir = tempfile::Builder::new()
+            .prefix("baton-test-")
+            .tempdir()
+            .expect("tempdir");
+        let n = nodes.to_string();
+        let dir_arg = dir.path().to_str().unwrap().to_owned();
+        let mut args = vec![
+            "fleet",
+            "up",
+            n.as_str(),
+            "--backend",
+            backend,
+            "--dir",
+            dir_arg.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let fleet = Fleet {
+            dir,
+            client: NodeClient::new(Duration::from_secs(3)),
+        };
+        let out = Command::new(BATON)
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run baton fleet up");
+        if !out.status.success() {
+            let _ = Command::new(BATON)
+                .args(["fleet", "down", "--dir", fleet.path().to_str().unwrap()])
+                .output();
+            panic!(
+                "fleet up failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        fleet
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn state(&self) -> FleetState {
+        FleetState::load(self.path()).expect("fleet state")
+    }
+
+    pub fn node(&self, id: &str) -> FleetNode {
+        self.state().node(id).expect("node").clone()
+    }
+
+    pub fn kill9(&self, id: &str) {
+        baton(&["fleet", "kill", id, "--dir", self.path().to_str().unwrap()]);
+    }
+
+    pub fn start(&self, id: &str) {
+        baton(&["fleet", "start", id, "--dir", self.path().to_str().unwrap()]);
+    }
+
+    /// The node that says it leads, once every live node agrees on it; `(id, addr, token)`.
+    pub async fn leader(&self, within: Duration) -> (String, String, i64) {
+        let until = Instant::now() + within;
+        loop {
+            let rows = baton_lab::fleet::status(&self.state()).await;
+            let leaders: Vec<_> = rows
+                .iter()
+                .filter(|r| r.role.as_deref() == Some("leader"))
+                .collect();
+            if leaders.len() == 1 {
+                let l = leaders[0];
+                let agreed = rows
+                    .iter()
+                    .filter(|r| r.alive)
+                    .all(|r| r.leader.as_deref() == Some(l.id.as_str()));
+                if agreed {
+                    return (
+                        l.id.clone(),
+                        l.http_addr.clone(),
+                        l.token.expect("leader has a token"),
+                    );
+                }
+            }
+            assert!(
+                Instant::now() < until,
+                "no agreed leader within {within:?}: {rows:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Like [`Fleet::leader`] but for a leader other than `not`, with a higher token than `above`.
+    pub async fn new_leader(
+        &self,
+        not: &str,
+        above: i64,
+        within: Duration,
+    ) -> (String, String, i64) {
+        let until = Instant::now() + within;
+        loop {
+            let (id, addr, token) = self
+                .leader(
+                    until
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(200)),
+                )
+                .await;
+            if id != not && token > above {
+                return (id, addr, token);
+            }
+            assert!(
+                Instant::now() < until,
+                "no new leader (other than {not}, token > {above}) within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Superuser connection to the fenced resource.
+    pub async fn admin_db(&self) -> tokio_postgres::Client {
+        connect(&self.state().postgres.admin_url()).await
+    }
+
+    /// Connection as the application role (may only call the fenced functions).
+    pub async fn app_db(&self) -> tokio_postgres::Client {
+        connect(&self.state().postgres.app_url()).await
+    }
+}
+
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connect to the private PostgreSQL");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_trace_tails(40);
+        }
+        let _ = Command::new(BATON)
+            .args(["fleet", "down", "--dir", self.path().to_str().unwrap()])
+            .output();
+    }
+}
+
+impl Fleet {
+    /// The last `n` actor-trace steps of every node, for a failed test's output (the fleet's
+    /// temp dir is gone afterwards).
+    fn print_trace_tails(&self, n: usize) {
+        let Ok(state) = FleetState::load(self.path()) else {
+            return;
+        };
+        for node in &state.nodes {
+            let trace = node.log.with_file_name("actor-trace.jsonl");
+            let text = std::fs::read_to_string(&trace).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- {} actor trace, last {n} steps ({}):",
+                node.id,
+                trace.display()
+            );
+            for l in &lines[lines.len().saturating_sub(n)..] {
+                eprintln!("{l}");
+            }
+        }
+    }
+}
+
+/// One `POST /next` against whoever leads, following 409s; `(token, seq)` or why not.
+pub async fn next_anywhere(
+    client: &NodeClient,
+    nodes: &[FleetNode],
+    hint: &mut Option<String>,
+) -> Result<(i64, i64), String> {
+    let mut addrs: Vec<String> = hint.iter().cloned().collect();
+    addrs.extend(nodes.iter().map(|n| n.http_addr.clone()));
+    for addr in addrs {
+        match client.post(&addr, "/next").await {
+            Ok(r) if r.status == 200 => {
+                let v = r.json();
+                *hint = Some(addr);
+                return Ok((v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap()));
+            }
+            Ok(r) if r.status == 409 => {
+                if let Some(l) = r.leader_header {
+                    *hint = Some(l);
+                }
+            }
+            _ => {}
+        }
+    }
+    *hint = None;
+    Err("no node answered 200".into())
+}
+
+pub fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+/// The ledger view, in commit order: no `next` range overlaps or steps back, tokens never
+/// decrease; and every ID a client was given is in the ledger exactly once, under its token.
+pub async fn assert_ledger_monotonic(db: &tokio_postgres::Client, got: &[(i64, i64)]) {
+    let bad: i64 = db
+        .query_one(
+            "SELECT count(*) FROM (SELECT token, seq_lo, lag(seq_hi) OVER w AS prev_hi, lag(token) OVER w AS prev_token
+               FROM baton.fence_log WHERE op = 'next' WINDOW w AS (ORDER BY pos)) x
+             WHERE seq_lo <= prev_hi OR token < prev_token",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bad, 0, "the ledger has non-increasing steps");
+    for (token, seq) in got {
+        let n: i64 = db
+            .query_one(
+                "SELECT count(*) FROM baton.fence_log WHERE op = 'next' AND token = $1 AND $2 BETWEEN seq_lo AND seq_hi",
+                &[token, seq],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            n, 1,
+            "acknowledged ({token}, {seq}) is not in the ledger exactly once"
+        );
+    }
+}
+
+/// A sequential `POST /next` client following redirects: every answer it got, in order.
+pub struct NextLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<(i64, i64)>>,
+}
+
+impl NextLoad {
+    pub fn start(fleet: &Fleet) -> NextLoad {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (client, nodes, flag) = (fleet.client.clone(), fleet.state().nodes, stop.clone());
+        let task = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut hint = None;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                match next_anywhere(&client, &nodes, &mut hint).await {
+                    Ok(ts) => got.push(ts),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+            got
+        });
+        NextLoad { stop, task }
+    }
+
+    pub async fn finish(self) -> Vec<(i64, i64)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}

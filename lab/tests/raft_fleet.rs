@@ -1,0 +1,444 @@
+//! Issue 3's end-to-end checks on the raft backend: real `baton node` processes electing among
+//! themselves (openraft over their own HTTP ports), the private PostgreSQL as the fenced resource,
+//! every claim checked against the resource's ledger (`baton.fence_log`, its own clock).
+//!
+//! The peer cut uses the raft backend's fault hook (`<state_dir>/faults/isolate-peers`, see
+//! `src/backends/raft/faults.rs`): no network namespaces needed.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton::config::NodeConfig;
+use baton_lab::fleet::client::NodeClient;
+use common::{assert_ledger_monotonic, next_anywhere, Fleet, NextLoad, BATON};
+
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// 150-300 ms elections on a 2-core machine, one PostgreSQL per fleet: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The client view: seq strictly increasing, tokens never going back.
+fn assert_client_view_monotonic(got: &[(i64, i64)]) {
+    for w in got.windows(2) {
+        assert!(w[1].1 > w[0].1, "seq went from {:?} to {:?}", w[0], w[1]);
+        assert!(
+            w[1].0 >= w[0].0,
+            "token went back from {:?} to {:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+/// `first(new) − last(old)` in ms on the resource's clock, over all ops (`op = 'next'` if `next_only`).
+async fn gap_ms(db: &tokio_postgres::Client, old: i64, new: i64, next_only: bool) -> f64 {
+    let filter = if next_only { "AND op = 'next'" } else { "" };
+    let sql = format!(
+        "SELECT (extract(epoch FROM (SELECT min(committed_at) FROM baton.fence_log WHERE token = $2 {filter})
+                                  - (SELECT max(committed_at) FROM baton.fence_log WHERE token = $1 {filter})) * 1000)::float8"
+    );
+    let v: Option<f64> = db.query_one(&sql, &[&old, &new]).await.unwrap().get(0);
+    v.unwrap_or_else(|| panic!("fence_log lacks rows of token {old} or {new}"))
+}
+
+fn leaders_acting(text: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with("leaders_acting{") || l.starts_with("leaders_acting "))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("leaders_acting exported")
+}
+
+/// Several samples of the whole fleet: exactly one node says leader (always the same one, with
+/// the same token), all others follow it and redirect `/next` to it, and `leaders_acting` sums to 1.
+async fn assert_exactly_one_leader(fleet: &Fleet, n: usize) {
+    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    assert!(token > 0);
+    assert_eq!(fleet.state().nodes.len(), n);
+    for _ in 0..8 {
+        let rows = baton_lab::fleet::status(&fleet.state()).await;
+        let leaders: Vec<_> = rows
+            .iter()
+            .filter(|r| r.role.as_deref() == Some("leader"))
+            .collect();
+        assert_eq!(leaders.len(), 1, "{rows:?}");
+        assert_eq!(
+            (leaders[0].id.as_str(), leaders[0].token),
+            (leader.as_str(), Some(token)),
+            "{rows:?}"
+        );
+        for r in rows.iter().filter(|r| r.id != leader) {
+            assert_eq!(r.role.as_deref(), Some("follower"), "{rows:?}");
+            assert_eq!(r.leader.as_deref(), Some(leader.as_str()), "{rows:?}");
+            assert_eq!(r.token, None, "{rows:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let ok = fleet.client.post(&addr, "/next").await.unwrap();
+    assert_eq!(ok.status, 200, "{:?}", ok.body);
+    assert_eq!(ok.json()["token"].as_i64(), Some(token));
+    let mut acting = 0.0;
+    for node in fleet.state().nodes {
+        if node.id != leader {
+            let r = fleet.client.post(&node.http_addr, "/next").await.unwrap();
+            assert_eq!(r.status, 409, "follower {} answered {:?}", node.id, r.body);
+            assert_eq!(r.leader_header.as_deref(), Some(addr.as_str()));
+        }
+        let text = fleet
+            .client
+            .get(&node.http_addr, "/metrics")
+            .await
+            .unwrap()
+            .body;
+        acting += leaders_acting(&String::from_utf8_lossy(&text));
+    }
+    assert_eq!(acting, 1.0, "leaders_acting summed over the fleet");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_among_three_with_raft_as_the_default_backend() {
+    let _g = SERIAL.lock().await;
+    // No --backend: raft is the default.
+    let dir = tempfile::Builder::new()
+        .prefix("baton-test-")
+        .tempdir()
+        .unwrap();
+    let fleet = Fleet {
+        dir,
+        client: NodeClient::new(Duration::from_secs(3)),
+    };
+    let out = Command::new(BATON)
+        .args(["fleet", "up", "3", "--dir", fleet.path().to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fleet.state().backend, baton::backends::BackendKind::Raft);
+    // Its nodes got config/raft.toml as their base (the raft timing, not the generic defaults).
+    let cfg = NodeConfig::from_file(&fleet.node("n1").config).unwrap();
+    assert_eq!(
+        (
+            cfg.election_timeout_ms.as_str(),
+            cfg.lease_ttl_ms,
+            cfg.renew_interval_ms
+        ),
+        ("150-300", 150, 40)
+    );
+    assert_eq!(cfg.raft.peers.len(), 3);
+    assert_exactly_one_leader(&fleet, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_among_five() {
+    let _g = SERIAL.lock().await;
+    let fleet = Fleet::up_with("raft", 5, &[]);
+    assert_exactly_one_leader(&fleet, 5).await;
+}
+
+/// kill -9 of the leader under sequential load: a new leader with a higher term serves, and seq
+/// keeps strictly increasing (client view and ledger); failover is printed from the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
+    let _g = SERIAL.lock().await;
+    let fleet = Fleet::up_with("raft", 3, &[]);
+    let (l1, _, t1) = fleet.leader(SETTLE).await;
+    let load = NextLoad::start(&fleet);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let killed_at = Instant::now();
+    fleet.kill9(&l1);
+    let (l2, addr2, t2) = fleet.new_leader(&l1, t1, SETTLE).await;
+    let observed = killed_at.elapsed();
+    assert!(t2 > t1 && l2 != l1);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The killed node comes back with its state and follows; a second kill moves on again.
+    fleet.start(&l1);
+    let (l3, _, t3) = fleet.leader(SETTLE).await;
+    assert_eq!(
+        (l3.as_str(), t3),
+        (l2.as_str(), t2),
+        "a restarted follower disturbed the leader"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fleet.kill9(&l2);
+    let (l4, _, t4) = fleet.new_leader(&l2, t2, SETTLE).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let got = load.finish().await;
+
+    let r = fleet.client.post(&addr2, "/next").await;
+    assert!(r.is_err(), "the killed leader answered");
+    let tokens: BTreeSet<i64> = got.iter().map(|g| g.0).collect();
+    assert!(
+        tokens.contains(&t1) && tokens.contains(&t2) && tokens.contains(&t4),
+        "tokens seen {tokens:?}, leaders {l1}:{t1} {l2}:{t2} {l4}:{t4}"
+    );
+    assert!(got.len() > 50, "too few IDs: {}", got.len());
+    assert_client_view_monotonic(&got);
+
+    let db = fleet.admin_db().await;
+    assert_ledger_monotonic(&db, &got).await;
+    let f1 = gap_ms(&db, t1, t2, true).await;
+    let f2 = gap_ms(&db, t2, t4, true).await;
+    eprintln!("raft kill -9 failover (resource clock): {f1:.0} ms, {f2:.0} ms; first observed by status after {observed:?}");
+    for f in [f1, f2] {
+        assert!(f > 0.0 && f < 3000.0, "kill -9 failover {f} ms");
+    }
+}
+
+/// `baton fleet kill` every node, then `baton fleet start` every node: the terms were persisted,
+/// so every token accepted after the restart is above every token accepted before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_fleet_restart_every_token_after_exceeds_every_token_before() {
+    let _g = SERIAL.lock().await;
+    let fleet = Fleet::up_with("raft", 3, &[]);
+    let db = fleet.admin_db().await;
+    let mut hint = None;
+    // Two terms before the restart, so "before" is more than one token.
+    let (l1, _, t1) = fleet.leader(SETTLE).await;
+    for _ in 0..20 {
+        next_anywhere(&fleet.client, &fleet.state().nodes, &mut hint)
+            .await
+            .unwrap();
+    }
+    fleet.kill9(&l1);
+    fleet.new_leader(&l1, t1, SETTLE).await;
+    fleet.start(&l1);
+    fleet.leader(SETTLE).await;
+    for _ in 0..20 {
+        next_anywhere(&fleet.client, &fleet.state().nodes, &mut hint)
+            .await
+            .unwrap();
+    }
+    let row = db
+        .query_one(
+            "SELECT max(pos), max(token), count(DISTINCT token) FROM baton.fence_log",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (pos_before, max_before, distinct_before): (i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2));
+    assert!(
+        distinct_before >= 2,
+        "expected two terms before the restart"
+    );
+
+    for n in fleet.state().nodes {
+        fleet.kill9(&n.id);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in fleet.state().nodes {
+        fleet.start(&n.id);
+    }
+    let (_, addr, t_after) = fleet.leader(SETTLE).await;
+    assert!(
+        t_after > max_before,
+        "leader token {t_after} after the restart, {max_before} before"
+    );
+    for _ in 0..20 {
+        next_anywhere(&fleet.client, &fleet.state().nodes, &mut hint)
+            .await
+            .unwrap();
+    }
+    assert_eq!(fleet.client.post(&addr, "/next").await.unwrap().status, 200);
+    let row = db
+        .query_one(
+            "SELECT min(token), count(*) FROM baton.fence_log WHERE pos > $1",
+            &[&pos_before],
+        )
+        .await
+        .unwrap();
+    let (min_after, rows_after): (Option<i64>, i64) = (row.get(0), row.get(1));
+    assert!(
+        rows_after >= 20,
+        "only {rows_after} accepted writes after the restart"
+    );
+    let min_after = min_after.unwrap();
+    assert!(min_after > max_before, "a token accepted after the restart ({min_after}) is not above every token before it ({max_before})");
+    assert_ledger_monotonic(&db, &[]).await;
+}
+
+fn isolate_file(fleet: &Fleet, id: &str) -> PathBuf {
+    let cfg = NodeConfig::from_file(&fleet.node(id).config).unwrap();
+    baton::backends::raft::faults::isolate_peers_path(&cfg.state_dir)
+}
+
+/// A leader cut from its peers (the `isolate-peers` hook: raft traffic dropped both ways, clients
+/// and PostgreSQL still reachable) keeps being asked for IDs, but stops acting on its own — its
+/// last accepted write is before the new leader's first, and the fence never had to refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
+    let _g = SERIAL.lock().await;
+    let fleet = Fleet::up_with("raft", 3, &[]);
+    let (l1, addr1, t1) = fleet.leader(SETTLE).await;
+    let load = NextLoad::start(&fleet);
+    // A second client talks to the old leader only, all along: it would see any write it still made.
+    let stop_direct = Arc::new(AtomicBool::new(false));
+    let direct = {
+        let (client, addr, flag) = (fleet.client.clone(), addr1.clone(), stop_direct.clone());
+        tokio::spawn(async move {
+            let mut ok = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                match client.post(&addr, "/next").await {
+                    Ok(r) if r.status == 200 => ok.push((
+                        r.json()["token"].as_i64().unwrap(),
+                        r.json()["seq"].as_i64().unwrap(),
+                    )),
+                    _ => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+            ok
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let file = isolate_file(&fleet, &l1);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, b"").unwrap();
+    let cut_at = Instant::now();
+
+    // The other two elect a new leader among themselves.
+    let others: Vec<_> = fleet
+        .state()
+        .nodes
+        .into_iter()
+        .filter(|n| n.id != l1)
+        .collect();
+    let (l2, t2) = loop {
+        let mut seen = None;
+        for n in &others {
+            if let Ok(r) = fleet.client.get(&n.http_addr, "/status").await {
+                let st = r.json();
+                if st["role"] == "leader" && st["fence_token"].as_i64().is_some_and(|t| t > t1) {
+                    seen = Some((n.id.clone(), st["fence_token"].as_i64().unwrap()));
+                }
+            }
+        }
+        if let Some(s) = seen {
+            break s;
+        }
+        assert!(
+            cut_at.elapsed() < SETTLE,
+            "no new leader among {others:?} after isolating {l1}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // The isolated node, still reachable by clients, no longer says it leads and serves nothing.
+    let st = fleet.client.get(&addr1, "/status").await.unwrap().json();
+    assert_ne!(
+        st["role"], "leader",
+        "isolated {l1} still says leader: {st}"
+    );
+    assert_ne!(
+        fleet.client.post(&addr1, "/next").await.unwrap().status,
+        200
+    );
+    let m = fleet.client.get(&addr1, "/metrics").await.unwrap().body;
+    assert_eq!(leaders_acting(&String::from_utf8_lossy(&m)), 0.0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // Heal: the old leader rejoins as a follower of the new one, which keeps leading.
+    std::fs::remove_file(&file).unwrap();
+    let (l3, _, t3) = fleet.leader(SETTLE).await;
+    assert_eq!(
+        (l3.as_str(), t3),
+        (l2.as_str(), t2),
+        "healing {l1} disturbed the new leader"
+    );
+    stop_direct.store(true, Ordering::Relaxed);
+    let got = load.finish().await;
+    let direct = direct.await.unwrap();
+    assert!(
+        direct.iter().all(|(t, _)| *t == t1),
+        "the old leader's address served another token"
+    );
+    assert!(
+        got.iter().any(|g| g.0 == t2),
+        "the new leader never served the load"
+    );
+    assert_client_view_monotonic(&got);
+
+    let db = fleet.admin_db().await;
+    assert_ledger_monotonic(&db, &got).await;
+    let row = db
+        .query_one(
+            "SELECT (SELECT max(committed_at) FROM baton.fence_log WHERE token = $1 AND holder = $2)
+                  < (SELECT min(committed_at) FROM baton.fence_log WHERE token = $3 AND holder = $4),
+                    (SELECT count(*) FROM baton.fence_log WHERE token = $1),
+                    (SELECT count(*) FROM baton.fence_rejections WHERE token = $1 AND holder = $2)",
+            &[&t1, &l1, &t2, &l2],
+        )
+        .await
+        .unwrap();
+    let (before, old_rows, refused): (Option<bool>, i64, i64) =
+        (row.get(0), row.get(1), row.get(2));
+    assert!(old_rows > 0, "the old leader wrote nothing before the cut");
+    assert_eq!(
+        before,
+        Some(true),
+        "the isolated leader's last accepted write is not before the new leader's first"
+    );
+    assert_eq!(
+        refused, 0,
+        "the isolated leader kept acting until the fence refused it"
+    );
+    let gap = gap_ms(&db, t1, t2, false).await;
+    eprintln!("isolated leader {l1} (term {t1}): its last write {gap:.0} ms before {l2}'s (term {t2}) first");
+    assert!(gap > 0.0);
+}
+
+/// `POST /stepdown?to=X`: X leads next, after a positive dark time (old's last row → new's first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
+    let _g = SERIAL.lock().await;
+    let fleet = Fleet::up_with("raft", 3, &[]);
+    let (mut leader, mut addr, mut token) = fleet.leader(SETTLE).await;
+    let load = NextLoad::start(&fleet);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let db = fleet.admin_db().await;
+    let mut darks = Vec::new();
+    // Twice, to a different named follower each time.
+    for round in 0..2 {
+        let target = fleet
+            .state()
+            .nodes
+            .iter()
+            .map(|n| n.id.clone())
+            .filter(|id| *id != leader)
+            .nth(round % 2)
+            .unwrap();
+        let r = fleet
+            .client
+            .post(&addr, &format!("/stepdown?to={target}"))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        assert_eq!(
+            r.json()["stepped_down"]["successor"].as_str(),
+            Some(target.as_str())
+        );
+        let (next, next_addr, next_token) = fleet.new_leader(&leader, token, SETTLE).await;
+        assert_eq!(next, target, "stepped down to {target}, but {next} leads");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let dark = gap_ms(&db, token, next_token, false).await;
+        eprintln!("step-down {leader} -> {next}: dark {dark:.1} ms (resource clock)");
+        assert!(dark > 0.0, "step-down overlap: {dark} ms");
+        darks.push(dark);
+        (leader, addr, token) = (next, next_addr, next_token);
+    }
+    let got = load.finish().await;
+    assert_client_view_monotonic(&got);
+    assert_ledger_monotonic(&db, &got).await;
+    assert!(darks.iter().all(|d| *d < 3000.0), "dark times {darks:?}");
+}

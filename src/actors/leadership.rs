@@ -1,0 +1,161 @@
+//! The one place that answers "who leads, am I acting, and until when" for this node.
+//!
+//! Each fact has exactly one writer, an actor of the tree: the supervisor writes the term's token
+//! and whether leader work runs; the watchdog writes the lease deadline it enforces (so the
+//! deadline read here moves with every renewal, as the watchdog's does); the elector's observer
+//! writes who the backend says leads. HTTP, the node handle and metrics only read. Reads never
+//! block on an actor: a read lock on a few words.
+
+use std::sync::RwLock;
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::elector::{BackendKind, FenceToken, LeaderInfo};
+
+#[derive(Clone, Copy, Default)]
+struct TermView {
+    /// The token of the term this node believes it holds (set on Elected, cleared on demote-begin).
+    token: Option<FenceToken>,
+    /// The watchdog's deadline for that term: this node stops acting when it passes.
+    lease_deadline: Option<Instant>,
+    /// Set while leader work runs (from work-started to work-stopped).
+    acting: Option<FenceToken>,
+}
+
+/// This node's role as `/status` and the node handle report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+        }
+    }
+}
+
+/// A point-in-time view (the body of `GET /status`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    pub node_id: String,
+    pub role: Role,
+    pub fence_token: Option<FenceToken>,
+    /// Time left before the watchdog's deadline; `None` when this node holds no term.
+    pub lease_ttl_remaining_ms: Option<u64>,
+    pub leader: Option<LeaderInfo>,
+    pub backend: BackendKind,
+    /// Whether this node's leader work is running (may outlast `role = leader` while it drains).
+    pub acting: bool,
+}
+
+/// See the module docs. Shared as `Arc<Leadership>`.
+pub struct Leadership {
+    node_id: String,
+    http_addr: Option<String>,
+    backend: BackendKind,
+    term: RwLock<TermView>,
+    leader: watch::Receiver<Option<LeaderInfo>>,
+}
+
+impl Leadership {
+    pub(crate) fn new(
+        node_id: String,
+        http_addr: Option<String>,
+        backend: BackendKind,
+        leader: watch::Receiver<Option<LeaderInfo>>,
+    ) -> Leadership {
+        Leadership {
+            node_id,
+            http_addr,
+            backend,
+            term: RwLock::new(TermView::default()),
+            leader,
+        }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// The supervisor: a term begins (`Some`) or demotion begins (`None`, which also clears the
+    /// deadline: a node that is demoting no longer claims a lease).
+    pub(crate) fn set_term(&self, token: Option<FenceToken>) {
+        if let Ok(mut t) = self.term.write() {
+            t.token = token;
+            if token.is_none() {
+                t.lease_deadline = None;
+            }
+        }
+    }
+
+    /// The watchdog: the deadline it now enforces for `token` (armed or moved by a renewal).
+    pub(crate) fn set_deadline(&self, token: FenceToken, deadline: Option<Instant>) {
+        if let Ok(mut t) = self.term.write() {
+            if t.token == Some(token) {
+                t.lease_deadline = deadline;
+            }
+        }
+    }
+
+    /// The supervisor: leader work started (`Some`) or has fully stopped (`None`).
+    pub(crate) fn set_acting(&self, token: Option<FenceToken>) {
+        if let Ok(mut t) = self.term.write() {
+            t.acting = token;
+        }
+    }
+
+    /// Whether this node currently holds a term (the cheap check on the `/next` hot path).
+    pub fn is_leading(&self) -> bool {
+        self.term.read().map(|t| t.token.is_some()).unwrap_or(false)
+    }
+
+    /// The token of the term this node holds, if any.
+    pub fn token(&self) -> Option<FenceToken> {
+        self.term.read().ok().and_then(|t| t.token)
+    }
+
+    /// A watch of who leads, as the backend reports it.
+    pub fn leader_watch(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        self.leader.clone()
+    }
+
+    pub fn status(&self) -> Status {
+        let t = self.term.read().map(|g| *g).unwrap_or_default();
+        let leader = self.leader.borrow().clone();
+        let leading = t.token.is_some();
+        let role = if leading {
+            Role::Leader
+        } else if leader.as_ref().is_some_and(|l| l.node_id != self.node_id) {
+            Role::Follower
+        } else {
+            Role::Candidate
+        };
+        Status {
+            node_id: self.node_id.clone(),
+            role,
+            fence_token: t.token,
+            lease_ttl_remaining_ms: t
+                .lease_deadline
+                .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+            leader: if leading {
+                Some(LeaderInfo {
+                    node_id: self.node_id.clone(),
+                    http_addr: self.http_addr.clone(),
+                })
+            } else {
+                leader
+            },
+            backend: self.backend,
+            acting: t.acting.is_some(),
+        }
+    }
+}
