@@ -23,6 +23,8 @@ pub const NEXT_SECONDS: &str = "baton_next_request_duration_seconds";
 pub const SCHED_TICKS: &str = "baton_scheduler_ticks_total";
 pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
+/// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
+pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -139,5 +141,9 @@ pub fn describe() {
         DEMOTION_SECONDS,
         Unit::Seconds,
         "Demotion: checkpoint + stop + release"
+    );
+    describe_counter!(
+        WORK_RESTARTS,
+        "Restarts of leader work inside a term under a Restart supervision policy, by work"
     );
 }

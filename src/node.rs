@@ -1,14 +1,24 @@
 //! One fleet member, assembled: the supervision tree, the fenced resource, the registered leader
-//! work and the HTTP server. [`NodeBuilder`] is the library entry point; `baton node` is a thin
-//! wrapper over it.
+//! work and, optionally, baton's own HTTP server. [`NodeBuilder`] is the library entry point;
+//! `baton node` is a thin wrapper over it.
+//!
+//! [`NodeBuilder::start`] returns a [`NodeHandle`]: ask it whether this node leads and with which
+//! token, watch the leader, step down, shut down. baton's HTTP server is optional
+//! ([`NodeBuilder::serve_http`], feature `http`): a service may answer `/status` from its own
+//! server by reading the handle, or not at all.
 //!
 //! ```no_run
 //! # async fn demo(cfg: baton::config::NodeConfig) -> anyhow::Result<()> {
-//! let listener = tokio::net::TcpListener::bind(cfg.http_listen).await?;
-//! baton::node::NodeBuilder::new(cfg)
-//!     .with_default_work()
-//!     .run(listener, async { let _ = tokio::signal::ctrl_c().await; })
-//!     .await
+//! let node = baton::node::NodeBuilder::new(cfg)
+//!     .with_job("report", |mut term| async move {
+//!         println!("leading with token {}", term.token());
+//!         term.stopping().await;
+//!         Ok(())
+//!     })
+//!     .start()
+//!     .await?;
+//! println!("leading: {}", node.is_leading());
+//! node.shutdown().await
 //! # }
 //! ```
 
@@ -17,27 +27,35 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ractor::Actor;
-use tokio::net::TcpListener;
+use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
-use crate::actors::leadership::Leadership;
-use crate::actors::supervisor::{NodeSupervisor, SupervisorArgs, SupervisorMsg};
+use crate::actors::leadership::{Leadership, Status};
+use crate::actors::supervisor::{
+    NodeSupervisor, StepDownError, StepDownReport, SupervisorArgs, SupervisorMsg,
+};
 use crate::backends;
 use crate::clock::NodeClock;
 use crate::config::{Fencing, NodeConfig};
+use crate::elector::{Elector, FenceToken, LeaderInfo};
 #[cfg(feature = "http")]
 use crate::http::{self, HttpApp};
 use crate::trace::ActorTrace;
+use crate::work::job::{FnWork, Term};
 use crate::work::scheduler::SchedulerWork;
 use crate::work::sequencer::{SequencerHandle, SequencerWork};
-use crate::work::{Fence, LeaderWork};
+use crate::work::{Fence, LeaderWork, Registered, SupervisionPolicy};
 
-/// Assembles a node. Register leader work with [`NodeBuilder::with_work`].
+/// Assembles a node. Register leader work with [`NodeBuilder::with_job`] (a closure) or
+/// [`NodeBuilder::with_work`] (an actor-based [`LeaderWork`]).
 pub struct NodeBuilder {
     cfg: NodeConfig,
-    works: Vec<Arc<dyn LeaderWork>>,
+    works: Vec<Registered>,
     sequencer: Option<SequencerHandle>,
+    elector: Option<Arc<dyn Elector>>,
+    #[cfg(feature = "http")]
+    http: Option<tokio::net::TcpListener>,
 }
 
 impl NodeBuilder {
@@ -46,41 +64,92 @@ impl NodeBuilder {
             cfg,
             works: Vec::new(),
             sequencer: None,
+            elector: None,
+            #[cfg(feature = "http")]
+            http: None,
         }
     }
 
     /// Registers a singleton job: started on every win, checkpointed and stopped on every loss.
-    pub fn with_work(mut self, work: Arc<dyn LeaderWork>) -> NodeBuilder {
-        self.works.push(work);
+    /// If it fails during a term, the node demotes ([`SupervisionPolicy::Demote`]).
+    pub fn with_work(self, work: Arc<dyn LeaderWork>) -> NodeBuilder {
+        self.with_work_supervised(work, SupervisionPolicy::Demote)
+    }
+
+    /// [`NodeBuilder::with_work`] with another supervision policy.
+    pub fn with_work_supervised(
+        mut self,
+        work: Arc<dyn LeaderWork>,
+        policy: SupervisionPolicy,
+    ) -> NodeBuilder {
+        self.works.push(Registered { work, policy });
         self
+    }
+
+    /// Registers a closure job: called with a [`Term`] each time this node wins; it returns when
+    /// [`Term::stopping`] resolves (after publishing its progress). See [`crate::work::job`].
+    pub fn with_job<F, Fut>(self, name: &'static str, job: F) -> NodeBuilder
+    where
+        F: Fn(Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.with_job_supervised(name, SupervisionPolicy::Demote, job)
+    }
+
+    /// [`NodeBuilder::with_job`] with another supervision policy.
+    pub fn with_job_supervised<F, Fut>(
+        self,
+        name: &'static str,
+        policy: SupervisionPolicy,
+        job: F,
+    ) -> NodeBuilder
+    where
+        F: Fn(Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.with_work_supervised(Arc::new(FnWork::new(name, job)), policy)
     }
 
     /// The built-in sequencer (`POST /next`) and scheduler, as enabled in the config.
     pub fn with_default_work(mut self) -> NodeBuilder {
         if self.cfg.sequencer.enabled {
             let handle = SequencerHandle::default();
-            self.works.push(Arc::new(SequencerWork {
+            let work = Arc::new(SequencerWork {
                 handle: handle.clone(),
                 max_batch_ids: self.cfg.sequencer.max_batch_ids,
-            }));
+            });
+            self = self.with_work(work);
             self.sequencer = Some(handle);
         }
         if self.cfg.scheduler.enabled {
-            self.works.push(Arc::new(SchedulerWork {
+            let work = Arc::new(SchedulerWork {
                 cfg: self.cfg.scheduler.clone(),
-            }));
+            });
+            self = self.with_work(work);
         }
         self
     }
 
-    /// Runs the node until `shutdown` resolves, then demotes (checkpoint, stop, release) and exits.
-    pub async fn run(
-        self,
-        listener: TcpListener,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> anyhow::Result<()> {
+    /// Elects with your own [`Elector`] instead of the configured backend (`cfg.backend` is
+    /// then only a label). Check it first with the conformance suite (feature `conformance`).
+    pub fn with_elector(mut self, elector: Arc<dyn Elector>) -> NodeBuilder {
+        self.elector = Some(elector);
+        self
+    }
+
+    /// Serves baton's HTTP API (`/status /next /metrics /stepdown /healthz`) on `listener`.
+    #[cfg(feature = "http")]
+    pub fn serve_http(mut self, listener: tokio::net::TcpListener) -> NodeBuilder {
+        self.http = Some(listener);
+        self
+    }
+
+    /// Starts the node: validates the config, connects to the fenced resource and the backend,
+    /// spawns the supervision tree (and the HTTP server, if asked) and returns its handle.
+    pub async fn start(self) -> anyhow::Result<NodeHandle> {
         let mut cfg = self.cfg;
         cfg.validate().context("config")?;
+        crate::metrics::describe();
         #[cfg(feature = "prometheus")]
         let prometheus = crate::metrics::install(&cfg.node_id);
         let clock = NodeClock {
@@ -93,23 +162,27 @@ impl NodeBuilder {
             &cfg.state_dir.join("actor-trace.jsonl"),
         )
         .with_context(|| format!("opening the actor trace in {}", cfg.state_dir.display()))?;
-        let bound = listener.local_addr()?;
-        let http_addr = cfg
-            .advertise_addr
-            .clone()
-            .unwrap_or_else(|| bound.to_string());
-        // The backend publishes this address as our candidacy, so followers can redirect to us.
-        cfg.advertise_addr = Some(http_addr.clone());
+        #[cfg(feature = "http")]
+        if let Some(listener) = &self.http {
+            let bound = listener.local_addr()?;
+            // The backend publishes this address as our candidacy, so followers can redirect.
+            cfg.advertise_addr.get_or_insert_with(|| bound.to_string());
+        }
+        let http_addr = cfg.advertise_addr.clone();
 
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
-        let backend = backends::build(&cfg).await?;
+        let backend = match self.elector {
+            Some(e) => e,
+            None => backends::build(&cfg).await?,
+        };
+        #[cfg(feature = "http")]
         let peer = backend.peer_rpc();
 
         let (leader_tx, leader_rx) = watch::channel(None);
-        let shared = Arc::new(Leadership::new(
+        let leadership = Arc::new(Leadership::new(
             cfg.node_id.clone(),
-            Some(http_addr.clone()),
+            http_addr.clone(),
             cfg.backend,
             leader_rx,
         ));
@@ -119,57 +192,143 @@ impl NodeBuilder {
             works: self.works,
             fence,
             trace: trace.clone(),
-            shared: shared.clone(),
+            shared: leadership.clone(),
             leader_tx,
         };
         let (supervisor, sup_handle) = Actor::spawn(None, NodeSupervisor, args)
             .await
             .context("starting the supervision tree")?;
-        tracing::info!(node = %cfg.node_id, %http_addr, backend = %cfg.backend, "node started");
+        tracing::info!(node = %cfg.node_id, http_addr = http_addr.as_deref().unwrap_or("-"), backend = %cfg.backend, "node started");
 
-        #[cfg(feature = "http")]
-        let app = Arc::new(HttpApp {
-            shared,
-            supervisor: supervisor.clone(),
-            sequencer: self.sequencer.unwrap_or_default(),
-            #[cfg(feature = "prometheus")]
-            prometheus,
-            admin_token: cfg.admin_token.clone(),
-            max_block: cfg.sequencer.max_block,
-            peer,
-        });
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         #[cfg(feature = "http")]
-        let server = tokio::spawn(http::serve(listener, app, async move {
-            let _ = http_stop_rx.await;
-        }));
+        let server = self.http.map(|listener| {
+            let app = Arc::new(HttpApp {
+                shared: leadership.clone(),
+                supervisor: supervisor.clone(),
+                sequencer: self.sequencer.unwrap_or_default(),
+                #[cfg(feature = "prometheus")]
+                prometheus,
+                admin_token: cfg.admin_token.clone(),
+                max_block: cfg.sequencer.max_block,
+                peer,
+            });
+            tokio::spawn(http::serve(listener, app, async move {
+                let _ = http_stop_rx.await;
+            }))
+        });
         #[cfg(not(feature = "http"))]
-        let server = {
-            let _ = (listener, peer, http_stop_rx);
-            tokio::spawn(async {})
+        let server: Option<JoinHandle<()>> = {
+            let _ = (http_stop_rx, self.sequencer);
+            None
         };
+        Ok(NodeHandle {
+            leadership,
+            supervisor,
+            tree: sup_handle,
+            server,
+            http_stop: Some(http_stop_tx),
+            trace,
+            stop_bound: cfg.work_stop_timeout() * 3 + Duration::from_secs(2),
+        })
+    }
 
-        // Either the caller shuts us down, or the tree stopped on its own (a fatal error).
-        let mut sup_handle = sup_handle;
-        let fatal = tokio::select! {
-            _ = shutdown => false,
-            _ = &mut sup_handle => true,
-        };
-        if !fatal {
-            trace.step("node", "shutdown", None, "");
-            let _ = supervisor
-                .call(
-                    SupervisorMsg::Shutdown,
-                    Some(cfg.work_stop_timeout() * 3 + Duration::from_secs(2)),
-                )
-                .await;
-            supervisor.stop(Some("shutdown".into()));
-            let _ = sup_handle.await;
+    /// Serves HTTP on `listener` and runs the node until `shutdown` resolves, then demotes
+    /// (checkpoint, stop, release) and returns. An error if the tree stopped on its own.
+    #[cfg(feature = "http")]
+    pub async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> anyhow::Result<()> {
+        let mut node = self.serve_http(listener).start().await?;
+        tokio::select! {
+            _ = shutdown => node.shutdown().await,
+            why = node.stopped() => {
+                node.shutdown().await?;
+                anyhow::bail!("the supervision tree stopped on its own ({why}); see the actor trace")
+            }
         }
-        let _ = http_stop_tx.send(());
-        let _ = server.await;
-        if fatal {
-            anyhow::bail!("the supervision tree stopped on its own; see the actor trace");
+    }
+}
+
+/// A running node. Dropping it does not stop the node; call [`NodeHandle::shutdown`].
+pub struct NodeHandle {
+    leadership: Arc<Leadership>,
+    supervisor: ActorRef<SupervisorMsg>,
+    tree: JoinHandle<()>,
+    server: Option<JoinHandle<()>>,
+    http_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    trace: ActorTrace,
+    stop_bound: Duration,
+}
+
+impl NodeHandle {
+    /// What `GET /status` reports: role, token, time left on the lease, leader, acting.
+    pub fn status(&self) -> Status {
+        self.leadership.status()
+    }
+
+    /// Whether this node holds a term right now.
+    pub fn is_leading(&self) -> bool {
+        self.leadership.is_leading()
+    }
+
+    /// The fencing token of the term this node holds, if any.
+    pub fn token(&self) -> Option<FenceToken> {
+        self.leadership.token()
+    }
+
+    /// A watch of who leads, as the backend reports it.
+    pub fn leader(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        self.leadership.leader_watch()
+    }
+
+    /// Graceful demotion: checkpoint, stop, release; with `successor`, hand leadership to that
+    /// node where the backend can (raft).
+    pub async fn step_down(
+        &self,
+        successor: Option<&str>,
+    ) -> Result<StepDownReport, StepDownError> {
+        let successor = successor.map(str::to_owned);
+        match self
+            .supervisor
+            .call(
+                |reply| SupervisorMsg::StepDown { successor, reply },
+                Some(self.stop_bound + Duration::from_secs(10)),
+            )
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(r)) => r,
+            Ok(_) | Err(_) => Err(StepDownError::Unsupported(
+                "the supervisor did not answer (stopping or stopped)".into(),
+            )),
+        }
+    }
+
+    /// Resolves when the supervision tree stops on its own (a fatal error, or leader work under
+    /// the `Shutdown` policy failed); returns why, as far as the handle knows.
+    pub async fn stopped(&mut self) -> String {
+        let _ = (&mut self.tree).await;
+        "the supervision tree stopped".to_owned()
+    }
+
+    /// Demotes if leading (checkpoint, stop, release), stops the tree and the HTTP server.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        if !self.tree.is_finished() {
+            self.trace.step("node", "shutdown", None, "");
+            let _ = self
+                .supervisor
+                .call(SupervisorMsg::Shutdown, Some(self.stop_bound))
+                .await;
+            self.supervisor.stop(Some("shutdown".into()));
+            let _ = (&mut self.tree).await;
+        }
+        if let Some(tx) = self.http_stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
         }
         Ok(())
     }

@@ -14,6 +14,7 @@
 //! so is the end of a work actor during the start (a refused claim ends one within milliseconds),
 //! because a term with part of its work dead must not keep its lease.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,7 +31,7 @@ use crate::clock::monotonic_ns;
 use crate::config::NodeConfig;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
-use crate::work::{Fence, LeaderWork, RunningWork, WorkContext};
+use crate::work::{Fence, Registered, RunningWork, SupervisionPolicy, WorkContext};
 
 pub enum SupervisorMsg {
     Elected {
@@ -39,7 +40,18 @@ pub enum SupervisorMsg {
     },
     WorkStarted {
         token: FenceToken,
-        result: Result<Vec<Box<dyn RunningWork>>, String>,
+        result: Result<Vec<Slot>, String>,
+    },
+    /// A `Restart` policy's backoff has passed: start work `index` again in term `token`.
+    RestartDue {
+        token: FenceToken,
+        index: usize,
+    },
+    /// A restarted work is running again (or failed to start).
+    WorkRestarted {
+        token: FenceToken,
+        index: usize,
+        result: Result<Box<dyn RunningWork>, String>,
     },
     /// `token`: the term this is about (`None`: whatever term is current).
     Demoted {
@@ -81,7 +93,7 @@ pub enum StepDownError {
 pub struct SupervisorArgs {
     pub cfg: NodeConfig,
     pub backend: Arc<dyn Elector>,
-    pub works: Vec<Arc<dyn LeaderWork>>,
+    pub works: Vec<Registered>,
     pub fence: Fence,
     pub trace: ActorTrace,
     pub shared: Arc<Leadership>,
@@ -93,7 +105,7 @@ enum Phase {
     Starting(FenceToken),
     Leading {
         token: FenceToken,
-        works: Vec<Box<dyn RunningWork>>,
+        works: Vec<Slot>,
     },
     Demoting {
         token: FenceToken,
@@ -104,6 +116,12 @@ enum Phase {
         reason: DemotionReason,
         work_stopped_mono_ns: u64,
     },
+}
+
+/// One running piece of leader work and which registration it came from.
+pub struct Slot {
+    index: usize,
+    running: Box<dyn RunningWork>,
 }
 
 pub struct SupervisorState {
@@ -117,6 +135,12 @@ pub struct SupervisorState {
     /// The elector or watchdog died: finish stopping work, then stop the node.
     fatal: Option<String>,
     demotion_started: Option<Instant>,
+    /// Restarts of each work (by registration index) in the current term, for `Restart`'s window.
+    restarts: HashMap<usize, VecDeque<Instant>>,
+    /// Restarted works whose start is in flight; a demotion waits for them (like `Starting`).
+    restarting: usize,
+    /// A `Shutdown` policy fired: stop the node once the lease is released.
+    stop_after_release: Option<String>,
 }
 
 pub struct NodeSupervisor;
@@ -161,6 +185,9 @@ impl Actor for NodeSupervisor {
             shutdown_waiters: Vec::new(),
             fatal: None,
             demotion_started: None,
+            restarts: HashMap::new(),
+            restarting: 0,
+            stop_after_release: None,
         })
     }
 
@@ -193,9 +220,17 @@ impl Actor for NodeSupervisor {
             SupervisorMsg::WorkStarted { token, result } => {
                 state.on_work_started(&myself, token, result)
             }
+            SupervisorMsg::RestartDue { token, index } => {
+                state.on_restart_due(&myself, token, index)
+            }
+            SupervisorMsg::WorkRestarted {
+                token,
+                index,
+                result,
+            } => state.on_work_restarted(&myself, token, index, result),
             SupervisorMsg::Demoted { token, reason } => state.demote(&myself, token, reason),
             SupervisorMsg::WorkStopped { token } => state.on_work_stopped(&myself, token),
-            SupervisorMsg::Released { result } => state.on_released(result),
+            SupervisorMsg::Released { result } => state.on_released(&myself, result),
             SupervisorMsg::StepDown { successor, reply } => {
                 if !matches!(state.phase, Phase::Leading { .. } | Phase::Starting(_)) {
                     let _ = reply.send(Err(StepDownError::NotLeader));
@@ -258,10 +293,14 @@ impl Actor for NodeSupervisor {
         }
         // A work that ends while its term is still starting is not in the phase yet:
         // `on_work_started` finds it by its status instead.
-        if let Phase::Leading { works, .. } = &state.phase {
-            if let Some(w) = works.iter().find(|w| w.cell().get_id() == cell.get_id()) {
-                let reason = DemotionReason::WorkFailed(format!("{}: {why}", w.name()));
-                state.demote(&myself, None, reason);
+        if let Phase::Leading { works, .. } = &mut state.phase {
+            if let Some(pos) = works
+                .iter()
+                .position(|w| w.running.cell().get_id() == cell.get_id())
+            {
+                let slot = works.remove(pos);
+                let why = format!("{}: {why}", slot.running.name());
+                state.on_work_ended(&myself, slot.index, why);
             }
         }
         Ok(())
@@ -296,13 +335,14 @@ impl SupervisorState {
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
         };
+        self.restarts.clear();
         let (works, me) = (self.args.works.clone(), myself.clone());
         tokio::spawn(async move {
-            let mut started: Vec<Box<dyn RunningWork>> = Vec::new();
+            let mut started: Vec<Slot> = Vec::new();
             let mut failure = None;
-            for w in works {
-                match w.start(ctx.clone()).await {
-                    Ok(r) => started.push(r),
+            for (index, w) in works.iter().enumerate() {
+                match w.work.start(ctx.clone()).await {
+                    Ok(running) => started.push(Slot { index, running }),
                     Err(e) => {
                         failure = Some(e.to_string());
                         break;
@@ -324,7 +364,7 @@ impl SupervisorState {
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         token: FenceToken,
-        result: Result<Vec<Box<dyn RunningWork>>, String>,
+        result: Result<Vec<Slot>, String>,
     ) {
         if !matches!(self.phase, Phase::Starting(t) if t == token) {
             return;
@@ -340,9 +380,16 @@ impl SupervisorState {
                 self.args
                     .trace
                     .step("supervisor", "work-started", Some(token), "");
-                if let Some(name) = ended {
-                    let why = format!("{name}: ended while the term was starting");
-                    self.deferred.get_or_insert(DemotionReason::WorkFailed(why));
+                // A work that ended while the term was starting is handled by its policy now.
+                let mut ended_slots = Vec::new();
+                if let Phase::Leading { works, .. } = &mut self.phase {
+                    for pos in ended.into_iter().rev() {
+                        ended_slots.push(works.remove(pos));
+                    }
+                }
+                for slot in ended_slots {
+                    let why = format!("{}: ended while the term was starting", slot.running.name());
+                    self.on_work_ended(myself, slot.index, why);
                 }
                 if let Some(reason) = self.deferred.take() {
                     self.demote(myself, Some(token), reason);
@@ -378,6 +425,11 @@ impl SupervisorState {
             Phase::Leading { token, works } => {
                 let token = *token;
                 if about.is_some_and(|t| t != token) {
+                    return;
+                }
+                if self.restarting > 0 {
+                    // A restarted work is starting: demote once it has (it must be stopped too).
+                    self.deferred.get_or_insert(reason);
                     return;
                 }
                 let works = std::mem::take(works);
@@ -434,7 +486,8 @@ impl SupervisorState {
             DemotionReason::StepDown { successor } => successor.clone(),
             _ => None,
         };
-        let backoff = matches!(reason, DemotionReason::StepDown { .. });
+        let backoff =
+            matches!(reason, DemotionReason::StepDown { .. }) || self.stop_after_release.is_some();
         self.phase = Phase::Releasing {
             token,
             reason,
@@ -445,7 +498,7 @@ impl SupervisorState {
             .cast(ElectorMsg::Release { successor, backoff });
     }
 
-    fn on_released(&mut self, result: Result<(), String>) {
+    fn on_released(&mut self, myself: &ActorRef<SupervisorMsg>, result: Result<(), String>) {
         let Phase::Releasing {
             token,
             reason,
@@ -476,6 +529,129 @@ impl SupervisorState {
         for w in self.shutdown_waiters.drain(..) {
             let _ = w.send(());
         }
+        if let Some(why) = self.stop_after_release.take() {
+            self.args
+                .trace
+                .step("supervisor", "policy-shutdown", Some(token), &why);
+            tracing::error!(%why, "leader work failed under the Shutdown policy; stopping the node");
+            myself.stop(Some(why));
+        }
+    }
+
+    /// A work of the current term ended on its own (already removed from the phase): apply its
+    /// supervision policy.
+    fn on_work_ended(&mut self, myself: &ActorRef<SupervisorMsg>, index: usize, why: String) {
+        let Phase::Leading { token, .. } = self.phase else {
+            return;
+        };
+        let policy = self.args.works[index].policy.clone();
+        match policy {
+            SupervisionPolicy::Demote => {
+                self.demote(myself, Some(token), DemotionReason::WorkFailed(why))
+            }
+            SupervisionPolicy::Shutdown => {
+                self.stop_after_release.get_or_insert(why.clone());
+                self.demote(myself, Some(token), DemotionReason::WorkFailed(why))
+            }
+            SupervisionPolicy::Restart {
+                max,
+                within,
+                backoff,
+            } => {
+                let now = Instant::now();
+                let history = self.restarts.entry(index).or_default();
+                while history
+                    .front()
+                    .is_some_and(|t| now.duration_since(*t) > within)
+                {
+                    history.pop_front();
+                }
+                if history.len() as u64 >= u64::from(max) {
+                    let why = format!("{why} (restarted {max} times within {within:?})");
+                    self.demote(myself, Some(token), DemotionReason::WorkFailed(why));
+                    return;
+                }
+                history.push_back(now);
+                let name = self.args.works[index].work.name();
+                self.args.trace.step(
+                    name,
+                    "restart-scheduled",
+                    Some(token),
+                    &format!("{why}; backoff_ms={}", backoff.as_millis()),
+                );
+                metrics::counter!(m::WORK_RESTARTS, "work" => name).increment(1);
+                myself.send_after(backoff, move || SupervisorMsg::RestartDue { token, index });
+            }
+        }
+    }
+
+    fn on_restart_due(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        token: FenceToken,
+        index: usize,
+    ) {
+        // Only inside the same term, and not once demotion has begun.
+        if !matches!(self.phase, Phase::Leading { token: t, .. } if t == token) {
+            return;
+        }
+        self.restarting += 1;
+        let ctx = WorkContext {
+            token,
+            node_id: self.args.cfg.node_id.clone(),
+            fence: self.args.fence.clone(),
+            trace: self.args.trace.clone(),
+            supervisor: myself.get_cell(),
+        };
+        let (work, me) = (self.args.works[index].work.clone(), myself.clone());
+        tokio::spawn(async move {
+            let result = work.start(ctx).await.map_err(|e| e.to_string());
+            let _ = me.cast(SupervisorMsg::WorkRestarted {
+                token,
+                index,
+                result,
+            });
+        });
+    }
+
+    fn on_work_restarted(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg>,
+        token: FenceToken,
+        index: usize,
+        result: Result<Box<dyn RunningWork>, String>,
+    ) {
+        self.restarting = self.restarting.saturating_sub(1);
+        let Phase::Leading { token: t, works } = &mut self.phase else {
+            return;
+        };
+        if *t != token {
+            return;
+        }
+        let name = self.args.works[index].work.name();
+        match result {
+            Ok(running) => {
+                let ended = running.cell().get_status() >= ractor::ActorStatus::Stopping;
+                works.push(Slot { index, running });
+                self.args.trace.step(name, "restarted", Some(token), "");
+                if ended {
+                    let slot = works.pop().expect("just pushed");
+                    let why = format!("{}: ended while restarting", slot.running.name());
+                    self.on_work_ended(myself, index, why);
+                }
+            }
+            Err(e) => {
+                self.args
+                    .trace
+                    .step(name, "restart-failed", Some(token), &e);
+                self.on_work_ended(myself, index, format!("{name}: restart failed: {e}"));
+            }
+        }
+        if self.restarting == 0 {
+            if let Some(reason) = self.deferred.take() {
+                self.demote(myself, Some(token), reason);
+            }
+        }
     }
 }
 
@@ -483,20 +659,17 @@ impl SupervisorState {
 /// milliseconds, often before the rest of the term has started). ractor marks an actor Stopping
 /// before it notifies its supervisor, so a supervision event that arrived while the term was
 /// starting, and was not matched then, shows here as well as one still on its way.
-fn ended_early(works: &[Box<dyn RunningWork>]) -> Option<&'static str> {
+fn ended_early(works: &[Slot]) -> Vec<usize> {
     works
         .iter()
-        .find(|w| w.cell().get_status() >= ractor::ActorStatus::Stopping)
-        .map(|w| w.name())
+        .enumerate()
+        .filter(|(_, w)| w.running.cell().get_status() >= ractor::ActorStatus::Stopping)
+        .map(|(pos, _)| pos)
+        .collect()
 }
 
-async fn checkpoint_all(
-    works: &[Box<dyn RunningWork>],
-    trace: &ActorTrace,
-    token: FenceToken,
-    bound: Duration,
-) {
-    for w in works {
+async fn checkpoint_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: Duration) {
+    for w in works.iter().map(|s| &s.running) {
         match tokio::time::timeout(bound, w.checkpoint()).await {
             Ok(Ok(())) => trace.step(w.name(), "checkpointed", Some(token), ""),
             Ok(Err(e)) => trace.step(w.name(), "checkpoint-failed", Some(token), &e.to_string()),
@@ -506,13 +679,8 @@ async fn checkpoint_all(
 }
 
 /// Stops every work actor and waits until each has fully stopped; kills one that overruns `bound`.
-async fn stop_all(
-    works: &[Box<dyn RunningWork>],
-    trace: &ActorTrace,
-    token: FenceToken,
-    bound: Duration,
-) {
-    for w in works {
+async fn stop_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: Duration) {
+    for w in works.iter().map(|s| &s.running) {
         let cell: ActorCell = w.cell();
         if cell
             .stop_and_wait(Some("demoted".into()), Some(bound))

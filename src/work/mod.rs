@@ -6,8 +6,11 @@
 //! linked to `ctx.supervisor`, and send every protected write through `ctx.fence` with `ctx.token`.
 
 pub mod fence;
+pub mod job;
 pub mod scheduler;
 pub mod sequencer;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use ractor::ActorCell;
@@ -15,6 +18,7 @@ use ractor::ActorCell;
 use crate::backends::FenceToken;
 use crate::trace::ActorTrace;
 pub use fence::{Fence, FenceError};
+pub use job::Term;
 
 /// What a piece of leader work is given when its node wins.
 #[derive(Clone)]
@@ -51,4 +55,29 @@ pub trait RunningWork: Send + Sync {
     fn cell(&self) -> ActorCell;
     /// Quiesce and publish durable progress through the fence. Called on demotion, before stop.
     async fn checkpoint(&self) -> Result<(), WorkError>;
+}
+
+/// What the supervisor does when a piece of leader work fails (or returns) on its own during a
+/// term. Whatever the policy, demotion still runs checkpoint → stop → release.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum SupervisionPolicy {
+    /// Give up the term so another node tries (the default: the failure may be this node's).
+    #[default]
+    Demote,
+    /// Start the work again inside the same term, with the same token, after `backoff`; at most
+    /// `max` restarts within any window of `within`, after which the node demotes.
+    Restart {
+        max: u32,
+        within: Duration,
+        backoff: Duration,
+    },
+    /// Demote (checkpoint, stop, release), then stop the whole node.
+    Shutdown,
+}
+
+/// A registered piece of leader work and its supervision policy.
+#[derive(Clone)]
+pub struct Registered {
+    pub work: std::sync::Arc<dyn LeaderWork>,
+    pub policy: SupervisionPolicy,
 }
