@@ -147,6 +147,7 @@ impl NodeBuilder {
     /// Starts the node: validates the config, connects to the fenced resource and the backend,
     /// spawns the supervision tree (and the HTTP server, if asked) and returns its handle.
     pub async fn start(self) -> anyhow::Result<NodeHandle> {
+        #[cfg_attr(not(feature = "http"), allow(unused_mut))]
         let mut cfg = self.cfg;
         cfg.validate().context("config")?;
         crate::metrics::describe();
