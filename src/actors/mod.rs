@@ -16,10 +16,12 @@
 //!   lease is never released while work may still run;
 //! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
 
-pub mod elector;
+pub(crate) mod elector;
 pub mod leadership;
-pub mod supervisor;
-pub mod watchdog;
+pub(crate) mod supervisor;
+pub(crate) mod watchdog;
+
+pub use supervisor::{StepDownError, StepDownReport};
 
 use std::fmt;
 

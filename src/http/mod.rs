@@ -20,7 +20,7 @@ use crate::work::sequencer::SequencerHandle;
 pub use routes::LEADER_HEADER;
 
 /// Everything a request handler may touch.
-pub struct HttpApp {
+pub(crate) struct HttpApp {
     pub shared: Arc<Leadership>,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub sequencer: SequencerHandle,
@@ -35,7 +35,7 @@ pub struct HttpApp {
 }
 
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.
-pub async fn serve(listener: TcpListener, app: Arc<HttpApp>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(listener: TcpListener, app: Arc<HttpApp>, shutdown: impl Future<Output = ()>) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

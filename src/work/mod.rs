@@ -7,8 +7,8 @@
 
 pub mod fence;
 pub mod job;
-pub mod scheduler;
-pub mod sequencer;
+pub(crate) mod scheduler;
+pub(crate) mod sequencer;
 
 use std::time::Duration;
 
