@@ -46,6 +46,8 @@ pub enum BackendKind {
     Redis,
     Zk,
     PgLease,
+    /// A user's own [`Elector`], given to `NodeBuilder::with_elector`.
+    Custom,
 }
 
 impl BackendKind {
@@ -57,6 +59,7 @@ impl BackendKind {
             BackendKind::Redis => "redis",
             BackendKind::Zk => "zk",
             BackendKind::PgLease => "pg-lease",
+            BackendKind::Custom => "custom",
         }
     }
 }

@@ -226,9 +226,11 @@ impl NodeBuilder {
         Ok(NodeHandle {
             leadership,
             supervisor,
-            tree: sup_handle,
-            server,
-            http_stop: Some(http_stop_tx),
+            tasks: Arc::new(tokio::sync::Mutex::new(NodeTasks {
+                tree: sup_handle,
+                server,
+                http_stop: Some(http_stop_tx),
+            })),
             trace,
             stop_bound: cfg.work_stop_timeout() * 3 + Duration::from_secs(2),
         })
@@ -242,26 +244,32 @@ impl NodeBuilder {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
-        let mut node = self.serve_http(listener).start().await?;
+        let node = self.serve_http(listener).start().await?;
         tokio::select! {
             _ = shutdown => node.shutdown().await,
-            why = node.stopped() => {
+            _ = node.stopped() => {
                 node.shutdown().await?;
-                anyhow::bail!("the supervision tree stopped on its own ({why}); see the actor trace")
+                anyhow::bail!("the supervision tree stopped on its own; see the actor trace")
             }
         }
     }
 }
 
-/// A running node. Dropping it does not stop the node; call [`NodeHandle::shutdown`].
+/// A running node. Cheap to clone (every clone is the same node), so a service can hand it to
+/// its own request handlers. Dropping it does not stop the node; call [`NodeHandle::shutdown`].
+#[derive(Clone)]
 pub struct NodeHandle {
     leadership: Arc<Leadership>,
     supervisor: ActorRef<SupervisorMsg>,
+    tasks: Arc<tokio::sync::Mutex<NodeTasks>>,
+    trace: ActorTrace,
+    stop_bound: Duration,
+}
+
+struct NodeTasks {
     tree: JoinHandle<()>,
     server: Option<JoinHandle<()>>,
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
-    trace: ActorTrace,
-    stop_bound: Duration,
 }
 
 impl NodeHandle {
@@ -307,28 +315,31 @@ impl NodeHandle {
         }
     }
 
-    /// Resolves when the supervision tree stops on its own (a fatal error, or leader work under
-    /// the `Shutdown` policy failed); returns why, as far as the handle knows.
-    pub async fn stopped(&mut self) -> String {
-        let _ = (&mut self.tree).await;
-        "the supervision tree stopped".to_owned()
+    /// Resolves when the supervision tree has stopped: on its own (a fatal error, or leader work
+    /// under the `Shutdown` policy failed) or after [`NodeHandle::shutdown`].
+    pub async fn stopped(&self) {
+        while !self.tasks.lock().await.tree.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Demotes if leading (checkpoint, stop, release), stops the tree and the HTTP server.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
-        if !self.tree.is_finished() {
+    /// Idempotent.
+    pub async fn shutdown(&self) -> anyhow::Result<()> {
+        let mut tasks = self.tasks.lock().await;
+        if !tasks.tree.is_finished() {
             self.trace.step("node", "shutdown", None, "");
             let _ = self
                 .supervisor
                 .call(SupervisorMsg::Shutdown, Some(self.stop_bound))
                 .await;
             self.supervisor.stop(Some("shutdown".into()));
-            let _ = (&mut self.tree).await;
+            let _ = (&mut tasks.tree).await;
         }
-        if let Some(tx) = self.http_stop.take() {
+        if let Some(tx) = tasks.http_stop.take() {
             let _ = tx.send(());
         }
-        if let Some(server) = self.server.take() {
+        if let Some(server) = tasks.server.take() {
             let _ = server.await;
         }
         Ok(())

@@ -206,7 +206,7 @@ async fn shutdown_policy_releases_then_stops_the_node() {
     let cfg = node_config(&pg, "s1");
     let trace_path = cfg.state_dir.join("actor-trace.jsonl");
     let starts = Arc::new(Starts::default());
-    let mut node = NodeBuilder::new(cfg)
+    let node = NodeBuilder::new(cfg)
         .with_job_supervised(
             "fatal",
             SupervisionPolicy::Shutdown,

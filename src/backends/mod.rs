@@ -56,6 +56,7 @@ impl BackendKind {
             BackendKind::RedisNaive | BackendKind::Redis => "redis",
             BackendKind::Zk => "zk",
             BackendKind::PgLease => "pg-lease",
+            BackendKind::Custom => "(none: give it to NodeBuilder::with_elector)",
         }
     }
 }

@@ -35,7 +35,11 @@ pub(crate) struct HttpApp {
 }
 
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.
-pub(crate) async fn serve(listener: TcpListener, app: Arc<HttpApp>, shutdown: impl Future<Output = ()>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Arc<HttpApp>,
+    shutdown: impl Future<Output = ()>,
+) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

@@ -127,16 +127,7 @@ impl Fence {
         if verdict.accepted {
             return Ok(row);
         }
-        metrics::counter!(m::FENCE_REJECTIONS, "op" => op).increment(1);
-        tracing::warn!(resource, op, token = token.0, holder = %self.holder, max_token = verdict.max_token,
-            max_holder = %verdict.max_holder, "fenced write rejected by the resource");
-        Err(FenceError::Rejected {
-            resource: resource.to_owned(),
-            op,
-            token,
-            max_token: verdict.max_token,
-            max_holder: verdict.max_holder,
-        })
+        Err(self.rejected(resource, op, token, verdict))
     }
 
     /// A new leader claims the sequence; returns the last committed seq.
@@ -237,6 +228,144 @@ impl Fence {
         )
         .await
         .map(drop)
+    }
+}
+
+/// SQLSTATE raised by `baton.fence_assert` for a refused token.
+const SQLSTATE_FENCED: &str = "BF409";
+
+impl Fence {
+    /// Opens a fenced transaction for writes to your own tables: `BEGIN`, then
+    /// `baton.fence_assert(resource, token, holder)`, which locks the fence row until this
+    /// transaction ends and checks the rule. Every statement you then run through the returned
+    /// [`FencedTransaction`] commits together with that check, or not at all; a newer term's
+    /// first write cannot interleave with it.
+    ///
+    /// A stale token is refused before any of your statements run: the transaction is rolled
+    /// back, the rejection is recorded in `baton.fence_rejections` (with both tokens), counted
+    /// in `baton_fence_rejections_total{op="user"}`, logged, and returned as
+    /// [`FenceError::Rejected`].
+    ///
+    /// Your tables must be writable by the role in `resource.database_url` (by default
+    /// `baton_app`: `GRANT INSERT, SELECT ON my_table TO baton_app`). Writes made outside such a
+    /// transaction are **not** protected.
+    pub async fn begin(
+        &self,
+        resource: &str,
+        token: FenceToken,
+    ) -> Result<FencedTransaction, FenceError> {
+        let client = self.pool.get().await?;
+        client.batch_execute("BEGIN").await?;
+        let tx = FencedTransaction {
+            client: Some(client),
+        };
+        let asserted = tx
+            .client()
+            .query_one(
+                "SELECT baton.fence_assert($1, $2, $3)",
+                &[&resource, &token.0, &self.holder],
+            )
+            .await;
+        match asserted {
+            Ok(_) => Ok(tx),
+            Err(e) if e.code().map(|c| c.code()) == Some(SQLSTATE_FENCED) => {
+                tx.rollback().await;
+                Err(self.record_rejection(resource, token).await)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// After a refused user write rolled back: records it (the resource re-checks that it is
+    /// refused), counts and logs it, and returns the error to hand back.
+    async fn record_rejection(&self, resource: &str, token: FenceToken) -> FenceError {
+        let recorded = async {
+            let client = self.pool.get().await?;
+            let row = client
+                .query_one(
+                    "SELECT * FROM baton.fence_record_rejection($1, $2, $3)",
+                    &[&resource, &token.0, &self.holder],
+                )
+                .await?;
+            Ok::<_, FenceError>(Verdict {
+                accepted: !row.get::<_, bool>(0),
+                max_token: row.get(1),
+                max_holder: row.get(2),
+            })
+        }
+        .await;
+        let verdict = match recorded {
+            Ok(v) => v,
+            // The refusal stands (the transaction rolled back); only its record is missing.
+            Err(e) => {
+                tracing::warn!(resource, token = token.0, error = %e, "could not record a refused user write");
+                Verdict {
+                    accepted: false,
+                    max_token: -1,
+                    max_holder: String::new(),
+                }
+            }
+        };
+        self.rejected(resource, "user", token, verdict)
+    }
+
+    fn rejected(
+        &self,
+        resource: &str,
+        op: &'static str,
+        token: FenceToken,
+        verdict: Verdict,
+    ) -> FenceError {
+        metrics::counter!(m::FENCE_REJECTIONS, "op" => op).increment(1);
+        tracing::warn!(resource, op, token = token.0, holder = %self.holder, max_token = verdict.max_token,
+            max_holder = %verdict.max_holder, "fenced write rejected by the resource");
+        FenceError::Rejected {
+            resource: resource.to_owned(),
+            op,
+            token,
+            max_token: verdict.max_token,
+            max_holder: verdict.max_holder,
+        }
+    }
+}
+
+/// One PostgreSQL transaction whose commit is fenced (see [`Fence::begin`]). Run your statements
+/// with [`FencedTransaction::client`], then [`FencedTransaction::commit`]. Dropped without a
+/// commit, it rolls back (its connection is closed rather than returned to the pool).
+pub struct FencedTransaction {
+    client: Option<deadpool_postgres::Object>,
+}
+
+impl FencedTransaction {
+    /// The connection inside the transaction: `execute`, `query`, `prepare_cached`, ...
+    pub fn client(&self) -> &deadpool_postgres::Client {
+        self.client.as_ref().expect("a live transaction")
+    }
+
+    /// Commits your statements together with the fence check. An error here means the outcome
+    /// is unknown if the connection broke mid-commit: treat it as "may or may not have landed".
+    pub async fn commit(mut self) -> Result<(), FenceError> {
+        let client = self.client.take().expect("a live transaction");
+        client.batch_execute("COMMIT").await?;
+        Ok(())
+    }
+
+    /// Rolls back; the connection goes back to the pool.
+    pub async fn rollback(mut self) {
+        if let Some(client) = self.client.take() {
+            if client.batch_execute("ROLLBACK").await.is_err() {
+                drop(deadpool_postgres::Object::take(client));
+            }
+        }
+    }
+}
+
+impl Drop for FencedTransaction {
+    fn drop(&mut self) {
+        // No async here: detach the connection from the pool and close it; the server rolls back.
+        if let Some(client) = self.client.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
     }
 }
 

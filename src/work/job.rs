@@ -59,7 +59,7 @@ impl Term {
         &self.holder
     }
 
-    /// Fenced access to the protected PostgreSQL (see [`Fence::transaction`] for your own tables).
+    /// Fenced access to the protected PostgreSQL (see [`Fence::begin`] for your own tables).
     pub fn fence(&self) -> &Fence {
         &self.fence
     }

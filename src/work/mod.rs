@@ -17,7 +17,7 @@ use ractor::ActorCell;
 
 use crate::backends::FenceToken;
 use crate::trace::ActorTrace;
-pub use fence::{Fence, FenceError};
+pub use fence::{Fence, FenceError, FencedTransaction};
 pub use job::Term;
 
 /// What a piece of leader work is given when its node wins.

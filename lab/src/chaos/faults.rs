@@ -248,6 +248,7 @@ fn cut_plan(state: &FleetState, net: &NetnsFleet, node: &FleetNode) -> anyhow::R
                 format!("the lease connection to PostgreSQL ({addr}; the resource stays on {pg})"),
             )
         }
+        BackendKind::Custom => anyhow::bail!("no partition plan for a custom backend"),
     };
     // Clients from the root namespace keep reaching the node (that is the point).
     kept.dedup();

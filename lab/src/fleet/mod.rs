@@ -403,6 +403,9 @@ async fn start_backend_servers(
         }
         // Raft runs among the nodes themselves: no server to start.
         BackendKind::Raft => Ok((None, None, None)),
+        BackendKind::Custom => anyhow::bail!(
+            "a fleet cannot start the custom backend: a user's own Elector is given in code"
+        ),
         BackendKind::Zk => {
             // tickTime = TTL / 10: the TTL sits inside ZooKeeper's [2, 20] × tickTime bounds.
             let root = dir.join("zk");

@@ -11,3 +11,8 @@ BEGIN
   END IF;
 END
 $$;
+-- Nobody holds the fence row: a transaction of the application role left idle (a client paused or
+-- gone mid-transaction, or a hostile `BEGIN; ...; pg_sleep`) is ended by the server, which
+-- releases its locks. Fenced calls themselves are one statement each; user transactions opened
+-- with baton.fence_assert must not sit idle between statements for longer than this.
+ALTER ROLE baton_app SET idle_in_transaction_session_timeout = '5s';

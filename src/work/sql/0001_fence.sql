@@ -279,6 +279,63 @@ BEGIN
 END
 $$;
 
+-- Writes to the user's own tables (SPEC §9), from any language: call this inside your own
+-- transaction, before (or among) your statements:
+--     BEGIN;
+--     SELECT baton.fence_assert('orders', $token, $holder);
+--     INSERT INTO orders ...;
+--     COMMIT;
+-- It takes the fence row's lock for the rest of the transaction (so a newer term's first write
+-- waits for this commit, or comes entirely before it) and checks the rule. A stale token raises
+-- SQLSTATE BF409, which aborts the whole transaction: none of its statements land. Because the
+-- abort also rolls back anything written here, the rejection is recorded by a second call after
+-- ROLLBACK, `baton.fence_record_rejection` (baton's Rust client does this for you); the server
+-- log has a line for it either way. A write made outside such a transaction is not protected.
+CREATE OR REPLACE FUNCTION baton.fence_assert(p_resource TEXT, p_token BIGINT, p_holder TEXT)
+RETURNS BIGINT
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v RECORD;
+BEGIN
+    IF p_resource IS NULL OR p_holder IS NULL OR p_token IS NULL OR p_token <= 0 THEN
+        RAISE EXCEPTION 'baton fence: bad arguments (resource %, token %, holder %)', p_resource, p_token, p_holder
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO v FROM baton.fence_check(p_resource, p_token, p_holder, 'user') f;
+    IF NOT v.accepted THEN
+        RAISE EXCEPTION 'baton fence: token % (holder %) refused on %: resource is at token % held by %',
+                        p_token, p_holder, p_resource, v.max_token, v.max_holder
+            USING ERRCODE = 'BF409',
+                  DETAIL = format('max_token=%s max_holder=%s', v.max_token, v.max_holder),
+                  HINT = 'ROLLBACK, then SELECT * FROM baton.fence_record_rejection(resource, token, holder) to record it';
+    END IF;
+    INSERT INTO baton.fence_log (resource, token, holder, op) VALUES (p_resource, p_token, p_holder, 'user');
+    RETURN p_token;
+END
+$$;
+
+-- Records a refused user write after its transaction rolled back. It re-checks under the fence
+-- row's lock and records only a write the fence refuses now: tokens only move forward, so a
+-- token refused inside the aborted transaction is still refused here, and a caller cannot plant a
+-- rejection for a token the fence would accept. Returns whether a row was recorded.
+CREATE OR REPLACE FUNCTION baton.fence_record_rejection(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                                        OUT recorded BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_fencing BOOLEAN;
+BEGIN
+    SELECT s.fencing INTO v_fencing FROM baton.settings s;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
+    recorded := v_fencing AND p_token IS NOT NULL AND p_holder IS NOT NULL
+                AND (p_token < max_token OR (p_token = max_token AND p_holder <> max_holder));
+    IF recorded THEN
+        INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
+        VALUES (left(coalesce(p_resource, ''), 200), p_token, max_token, left(p_holder, 200), max_holder, 'user',
+                CASE WHEN p_token < max_token THEN 'stale-token' ELSE 'holder-mismatch' END);
+    END IF;
+END
+$$;
+
 -- The application role may call the entry points, and nothing else: no table privileges at all.
 REVOKE ALL ON ALL TABLES IN SCHEMA baton FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA baton FROM PUBLIC;
@@ -291,3 +348,5 @@ GRANT EXECUTE ON FUNCTION baton.seq_next(TEXT, BIGINT, TEXT) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.cursor_claim(TEXT, BIGINT, TEXT) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.sched_tick(TEXT, BIGINT, TEXT, BIGINT, INTEGER) TO baton_app;
 GRANT EXECUTE ON FUNCTION baton.cursor_checkpoint(TEXT, BIGINT, TEXT, BIGINT) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.fence_assert(TEXT, BIGINT, TEXT) TO baton_app;
+GRANT EXECUTE ON FUNCTION baton.fence_record_rejection(TEXT, BIGINT, TEXT) TO baton_app;
