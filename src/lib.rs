@@ -28,6 +28,8 @@
 //!   partitioned node can believe anything until its watchdog fires), nor that effects outside
 //!   the fenced resource are exactly-once. Side effects must go through the fence to be safe.
 
+#![warn(missing_docs)]
+
 pub mod actors;
 pub mod backends;
 pub mod clock;

@@ -96,7 +96,7 @@ fn embedded_http_serves_the_handle_from_its_own_server() {
     assert!(out.contains("\"leader\":\"web1\""), "{out}");
 }
 
-/// Runs a statement batch on the private PostgreSQL as its superuser.
+/// Runs a query (or, ending in `;`, a statement batch) on the private PostgreSQL as its superuser.
 fn admin_sql(pg: &Pg, sql: &str) -> Vec<tokio_postgres::Row> {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -104,6 +104,10 @@ fn admin_sql(pg: &Pg, sql: &str) -> Vec<tokio_postgres::Row> {
             .await
             .expect("connect as admin");
         tokio::spawn(conn);
+        if sql.trim_end().ends_with(';') {
+            client.batch_execute(sql).await.expect(sql);
+            return Vec::new();
+        }
         client.query(sql, &[]).await.expect(sql)
     })
 }
@@ -188,7 +192,7 @@ fn fenced_job_a_paused_stale_leaders_write_is_refused() {
     admin_sql(
         &pg,
         "CREATE TABLE ledger (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, token BIGINT, holder TEXT, n BIGINT);
-         GRANT INSERT, SELECT ON ledger TO baton_app",
+         GRANT INSERT, SELECT ON ledger TO baton_app;",
     );
     let dir = tempfile::tempdir().unwrap();
     let mut procs = std::collections::HashMap::new();

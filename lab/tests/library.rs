@@ -232,3 +232,143 @@ async fn shutdown_policy_releases_then_stops_the_node() {
     assert!(demoted < stopped, "released after stopping:\n{trace}");
     node.shutdown().await.unwrap();
 }
+
+/// Runs SQL on the private PostgreSQL as `url`'s role; a batch when it ends in `;`.
+async fn sql(url: &str, text: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    if text.trim_end().ends_with(';') {
+        client.batch_execute(text).await?;
+        return Ok(Vec::new());
+    }
+    client.query(text, &[]).await
+}
+
+/// The library's central promise: the user's own job writes its own table through the fence, and
+/// a stale term's write is refused by PostgreSQL, rolled back whole, and recorded with both
+/// tokens. Also the SQL form any language can call, and what the application role still cannot do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
+    let pg = private_pg().await;
+    let admin = pg.server.admin_url();
+    let app = pg.server.app_url();
+    sql(
+        &admin,
+        "CREATE TABLE orders (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, token BIGINT, note TEXT);
+         GRANT INSERT, SELECT ON orders TO baton_app;",
+    )
+    .await
+    .unwrap();
+
+    // The job writes one row per term, then keeps its Term's fence and token for the test: what
+    // a paused node would still hold when it wakes.
+    let kept: Arc<Mutex<Vec<(baton::work::Fence, FenceToken)>>> = Arc::default();
+    let kept_by_job = kept.clone();
+    let node = NodeBuilder::new(node_config(&pg, "u1"))
+        .with_job("orders", move |mut term| {
+            let kept = kept_by_job.clone();
+            async move {
+                let tx = term.fence().begin("orders", term.token()).await?;
+                let insert = "INSERT INTO orders (token, note) VALUES ($1, 'term start')";
+                tx.client().execute(insert, &[&term.token().0]).await?;
+                tx.commit().await?;
+                kept.lock().unwrap().push((term.fence().clone(), term.token()));
+                term.stopping().await;
+                Ok(())
+            }
+        })
+        .start()
+        .await
+        .expect("start the node");
+    let wait_kept = |n: usize| {
+        let kept = kept.clone();
+        async move {
+            let until = Instant::now() + Duration::from_secs(20);
+            while kept.lock().unwrap().len() < n {
+                assert!(Instant::now() < until, "the job did not write in term {n}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_kept(1).await;
+    node.step_down(None).await.expect("step down");
+    wait_kept(2).await;
+    let (fence, old) = kept.lock().unwrap()[0].clone();
+    let new = kept.lock().unwrap()[1].1;
+    assert!(new > old, "a new term has a higher token ({new} vs {old})");
+
+    // The stale term's fenced transaction: refused before any statement runs.
+    match fence.begin("orders", old).await {
+        Err(baton::work::FenceError::Rejected {
+            token,
+            max_token,
+            op,
+            ..
+        }) => {
+            assert_eq!((token, max_token, op), (old, new.0, "user"));
+        }
+        Err(e) => panic!("expected a fence rejection, got {e}"),
+        Ok(_) => panic!("a stale token {old} opened a fenced transaction at {new}"),
+    }
+    let rec = sql(
+        &admin,
+        "SELECT token, max_token, reason FROM baton.fence_rejections WHERE op = 'user'",
+    )
+    .await
+    .unwrap();
+    assert_eq!(rec.len(), 1, "one recorded rejection");
+    assert_eq!(rec[0].get::<_, i64>(0), old.0);
+    assert_eq!(rec[0].get::<_, i64>(1), new.0);
+    assert_eq!(rec[0].get::<_, &str>(2), "stale-token");
+
+    // A fenced transaction dropped without commit rolls back.
+    let tx = fence.begin("orders", new).await.expect("current token");
+    tx.client()
+        .execute("INSERT INTO orders (token, note) VALUES ($1, 'dropped')", &[&new.0])
+        .await
+        .unwrap();
+    drop(tx);
+
+    // SQL, for writers in any language, as the application role: a stale assertion aborts the
+    // caller's own transaction (SQLSTATE BF409), so its INSERT never lands.
+    let stale_sql = format!(
+        "BEGIN; INSERT INTO orders (token, note) VALUES ({old}, 'stale sql');
+         SELECT baton.fence_assert('orders', {old}, 'u1'); COMMIT;"
+    );
+    let err = sql(&app, &stale_sql).await.expect_err("stale SQL assertion");
+    assert_eq!(err.code().map(|c| c.code()), Some("BF409"), "{err}");
+    let recorded = sql(
+        &app,
+        &format!("SELECT recorded FROM baton.fence_record_rejection('orders', {old}, 'u1')"),
+    )
+    .await
+    .unwrap();
+    assert!(recorded[0].get::<_, bool>(0), "the stale SQL write is recorded after rollback");
+    // A current token cannot be planted as a rejection.
+    let planted = sql(
+        &app,
+        &format!("SELECT recorded FROM baton.fence_record_rejection('orders', {new}, 'u1')"),
+    )
+    .await
+    .unwrap();
+    assert!(!planted[0].get::<_, bool>(0), "a write the fence accepts is not recorded as refused");
+
+    let notes: Vec<String> = sql(&admin, "SELECT note FROM orders ORDER BY id")
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(notes, vec!["term start", "term start"], "only the two terms' own writes landed");
+
+    // The application role still cannot touch the fence itself.
+    for forbidden in [
+        "UPDATE baton.fenced_resource SET max_token = 0",
+        "SELECT * FROM baton.fence_check('orders', 999, 'u1', 'user')",
+        "UPDATE baton.settings SET fencing = false",
+    ] {
+        let err = sql(&app, forbidden).await.expect_err(forbidden);
+        assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{forbidden}: {err}");
+    }
+    node.shutdown().await.unwrap();
+}
