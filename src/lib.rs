@@ -2,14 +2,53 @@
 //! node's belief "I am the leader" is wrong. A lease says who *should* lead; a fencing token,
 //! checked by the protected resource itself, makes a stale leader harmless.
 //!
+//! # Guide
+//!
+//! **Pick a backend** (one cargo feature each; you compile only its client): `raft` (default:
+//! the nodes elect among themselves, nothing else to run), `etcd`, `zk`, `redis`, `pg-lease`.
+//! Every backend passes one conformance suite ([`backends::conformance`], feature
+//! `conformance`); bring your own with [`node::NodeBuilder::with_elector`]. The fenced resource
+//! is always PostgreSQL: run `baton migrate` (or [`work::fence::migrate`]) once as its owner.
+//!
+//! **Write a job**: a closure given a [`work::Term`], registered with
+//! [`node::NodeBuilder::with_job`]. It starts only when this node wins a term, and it must
+//! return soon after [`work::Term::stopping`] resolves. Demotion always runs checkpoint (the
+//! job returns) → stop (aborted after `work_stop_timeout_ms`) → release, so the lease is never
+//! given up while the job may still run. Choose what happens when it fails on its own with a
+//! [`work::SupervisionPolicy`]. [`node::NodeBuilder::start`] returns a [`node::NodeHandle`]:
+//! status, token, a watch of the leader, step down, shut down.
+//!
+//! **Fence its writes**: [`work::Fence::begin`] opens a PostgreSQL transaction whose first
+//! statement asserts the term's token under the fence row's lock; commit your statements with
+//! it. A stale token is refused, rolled back whole, and recorded. From other languages, call
+//! `baton.fence_assert(resource, token, holder)` inside your own transaction.
+//!
+//! ```no_run
+//! # async fn demo(cfg: baton::config::NodeConfig) -> anyhow::Result<()> {
+//! let node = baton::node::NodeBuilder::new(cfg)
+//!     .with_job("ledger", |mut term| async move {
+//!         while !term.is_stopping() {
+//!             let tx = term.fence().begin("ledger", term.token()).await?;
+//!             tx.client().execute("INSERT INTO ledger (token) VALUES ($1)", &[&term.token().0]).await?;
+//!             tx.commit().await?;
+//!             term.sleep(std::time::Duration::from_millis(100)).await;
+//!         }
+//!         Ok(())
+//!     })
+//!     .start()
+//!     .await?;
+//! # node.shutdown().await }
+//! ```
+//!
 //! # Layout
 //!
 //! ```text
 //! config.rs          NodeConfig: TOML + flags, timing validated at construction
-//! node.rs            NodeBuilder: assemble and run one fleet member (library entry point)
+//! elector.rs         the Elector seam's types (the ground floor: imports nothing above it)
+//! node.rs            NodeBuilder -> NodeHandle: assemble and run one fleet member (entry point)
 //! actors/            the supervision tree: NodeSupervisor, Elector loop, LeaseWatchdog
 //! backends/          the `Elector` seam, one module per backend, the conformance suite
-//! work/              leader-only work: the fence client + SQL, Sequencer, Scheduler
+//! work/              leader-only work: the fence client + SQL, closure jobs, Sequencer, Scheduler
 //! http/              hyper 1 server: /status /next /metrics /stepdown /healthz
 //! metrics.rs         metric names and the Prometheus recorder
 //! trace.rs           the actor-trace log (JSON lines)
@@ -26,7 +65,10 @@
 //!   the *send* time of the last successful renewal minus a margin for clock-rate error.
 //! * **Not guaranteed:** that only one node *believes* it leads at any instant (a paused or
 //!   partitioned node can believe anything until its watchdog fires), nor that effects outside
-//!   the fenced resource are exactly-once. Side effects must go through the fence to be safe.
+//!   the fenced resource are exactly-once. Side effects must go through the fence to be safe: a
+//!   write made outside a fenced transaction, or to another system, is not protected.
+//! * **The trust boundary:** the fence protects against stale nodes, not against a holder of the
+//!   nodes' database credentials, who can call the same functions a node calls.
 
 #![warn(missing_docs)]
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The core crate stays a library a user can adopt (SPEC §9):
+#  1. no import circles among its modules (scripts/module-cycles.py exits 1 on a cycle);
+#  2. each backend feature pulls in only its own client stack, and never the lab's tooling crates
+#     (from `cargo tree`, so nothing is compiled for it);
+#  3. the core compiles with each backend alone, and with no HTTP server (`cargo check`), so a
+#     feature gate that only the all-features lab build exercised cannot rot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 scripts/module-cycles.py src
+
+declare -A client=([raft]=openraft [etcd]=etcd-client [redis]=redis [zk]=zookeeper-client [pg-lease]=)
+tooling="plotters hdrhistogram clap mimalloc tracing-subscriber baton-lab"
+fail=0
+for f in raft etcd redis zk pg-lease; do
+  crates=$(cargo tree -q -p baton --no-default-features --features "$f" -e normal --prefix none \
+    | sed 's/ .*//' | sort -u)
+  for other in openraft etcd-client redis zookeeper-client $tooling; do
+    [ "$other" = "${client[$f]}" ] && continue
+    if grep -qx "$other" <<<"$crates"; then
+      echo "check-core: --features $f pulls in $other" >&2; fail=1
+    fi
+  done
+  echo "check-core: --no-default-features --features $f: $(wc -l <<<"$crates") crates"
+done
+[ "$fail" -eq 0 ] || exit 1
+
+for f in raft etcd redis zk pg-lease "pg-lease,http" "etcd,prometheus"; do
+  cargo check -q -p baton --no-default-features --features "$f"
+done
+echo "check-core: no module cycle; each backend alone builds and pulls in only its own client"
