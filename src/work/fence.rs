@@ -19,13 +19,16 @@ const MIGRATION_LOCK_KEY: i64 = 0x6261_746f_6e;
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
     /// The resource refused the write: a newer token (or another holder of this one) was accepted.
-    #[error("fenced out: {op} on {resource} with token {token} refused, resource is at token {max_token} held by {max_holder:?}")]
+    #[error("fenced out ({reason}): {op} on {resource} with token {token} refused, resource is at token {max_token} held by {max_holder:?}")]
     Rejected {
         resource: String,
         op: &'static str,
         token: FenceToken,
         max_token: i64,
         max_holder: String,
+        /// Why, as the resource recorded it: `stale-token`, `holder-mismatch`,
+        /// `seq-not-forward`, `seq-advance-too-large`.
+        reason: String,
     },
     /// The resource could not be reached, or the call failed; the write did not happen or its
     /// outcome is unknown (the caller must not report it as done).
@@ -66,6 +69,26 @@ struct Verdict {
     accepted: bool,
     max_token: i64,
     max_holder: String,
+    reason: Option<String>,
+}
+
+impl Verdict {
+    fn from_row(row: &tokio_postgres::Row) -> Verdict {
+        Verdict {
+            accepted: row.get(0),
+            max_token: row.get(1),
+            max_holder: row.get(2),
+            // Functions that can refuse for a reason other than the token say which.
+            reason: row.try_get::<_, Option<String>>("reason").ok().flatten(),
+        }
+    }
+
+    /// The resource's reason, or the token rule's when the function does not name one.
+    fn reason(&self, token: FenceToken) -> String {
+        self.reason.clone().unwrap_or_else(|| {
+            if token.0 < self.max_token { "stale-token" } else { "holder-mismatch" }.to_owned()
+        })
+    }
 }
 
 impl Fence {
@@ -119,11 +142,7 @@ impl Fence {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(sql).await?;
         let row = client.query_one(&stmt, params).await?;
-        let verdict = Verdict {
-            accepted: row.get(0),
-            max_token: row.get(1),
-            max_holder: row.get(2),
-        };
+        let verdict = Verdict::from_row(&row);
         if verdict.accepted {
             return Ok(row);
         }
@@ -291,6 +310,7 @@ impl Fence {
                 accepted: !row.get::<_, bool>(0),
                 max_token: row.get(1),
                 max_holder: row.get(2),
+                reason: None,
             })
         }
         .await;
@@ -303,6 +323,7 @@ impl Fence {
                     accepted: false,
                     max_token: -1,
                     max_holder: String::new(),
+                    reason: Some("stale-token (not recorded)".into()),
                 }
             }
         };
@@ -316,8 +337,9 @@ impl Fence {
         token: FenceToken,
         verdict: Verdict,
     ) -> FenceError {
+        let reason = verdict.reason(token);
         metrics::counter!(m::FENCE_REJECTIONS, "op" => op).increment(1);
-        tracing::warn!(resource, op, token = token.0, holder = %self.holder, max_token = verdict.max_token,
+        tracing::warn!(resource, op, %reason, token = token.0, holder = %self.holder, max_token = verdict.max_token,
             max_holder = %verdict.max_holder, "fenced write rejected by the resource");
         FenceError::Rejected {
             resource: resource.to_owned(),
@@ -325,6 +347,7 @@ impl Fence {
             token,
             max_token: verdict.max_token,
             max_holder: verdict.max_holder,
+            reason,
         }
     }
 }

@@ -42,6 +42,12 @@ CREATE TABLE IF NOT EXISTS baton.settings (
     id       BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),
     fencing  BOOLEAN NOT NULL DEFAULT TRUE
 );
+-- The most one seq_commit may move the sequence past its last committed value: a batch plus the
+-- IDs burned by earlier ambiguous commits. A call asking for more (a bug, or a holder of the
+-- application role's credentials trying to use the sequence up) is refused; the leader then
+-- gives up its term, and the next term claims afresh from the committed value.
+ALTER TABLE baton.settings ADD COLUMN IF NOT EXISTS max_seq_advance BIGINT NOT NULL DEFAULT 16777216
+    CHECK (max_seq_advance > 0);
 INSERT INTO baton.settings (id) VALUES (TRUE) ON CONFLICT DO NOTHING;
 
 -- The sequencer's durable state.
@@ -110,12 +116,30 @@ $$;
 
 -- The rule, written once, under the fence row's lock.
 -- accept iff fencing is off, or token > max_token, or token = max_token and the holder matches.
-CREATE OR REPLACE FUNCTION baton.fence_check(p_resource TEXT, p_token BIGINT, p_holder TEXT, p_op TEXT,
-                                             OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
+-- Arguments every fenced entry point shares: a token is positive (every backend's token source
+-- starts at 1; a negative one is a wrapped conversion, never a term), names are bounded.
+CREATE OR REPLACE FUNCTION baton.check_args(p_resource TEXT, p_token BIGINT, p_holder TEXT) RETURNS VOID
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_token IS NULL OR p_token <= 0 THEN
+        RAISE EXCEPTION 'baton fence: token % is not a positive term', p_token USING ERRCODE = '22023';
+    END IF;
+    IF p_resource IS NULL OR length(p_resource) NOT BETWEEN 1 AND 200
+       OR p_holder IS NULL OR length(p_holder) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'baton fence: resource and holder must be 1 to 200 characters' USING ERRCODE = '22023';
+    END IF;
+END
+$$;
+
+DROP FUNCTION IF EXISTS baton.fence_check(TEXT, BIGINT, TEXT, TEXT);
+CREATE FUNCTION baton.fence_check(p_resource TEXT, p_token BIGINT, p_holder TEXT, p_op TEXT,
+                                  OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
+                                  OUT reason TEXT)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_fencing BOOLEAN;
 BEGIN
+    PERFORM baton.check_args(p_resource, p_token, p_holder);
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
     SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
     accepted := (NOT v_fencing)
@@ -129,11 +153,11 @@ BEGIN
              WHERE name = baton.fence_domain();
         END IF;
     ELSE
+        reason := CASE WHEN p_token < max_token THEN 'stale-token' ELSE 'holder-mismatch' END;
         INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
-        VALUES (p_resource, p_token, max_token, p_holder, max_holder, p_op,
-                CASE WHEN p_token < max_token THEN 'stale-token' ELSE 'holder-mismatch' END);
-        RAISE LOG 'baton fence rejected % on %: token % holder % < max_token % holder %',
-                  p_op, p_resource, p_token, p_holder, max_token, max_holder;
+        VALUES (p_resource, p_token, max_token, p_holder, max_holder, p_op, reason);
+        RAISE LOG 'baton fence rejected % on % (%): token % holder % vs max_token % holder %',
+                  p_op, p_resource, reason, p_token, p_holder, max_token, max_holder;
     END IF;
 END
 $$;
@@ -163,30 +187,43 @@ $$;
 -- Sequencer: one group commit of the IDs [p_seq_lo, p_seq_hi] the leader allocated in memory.
 -- With fencing on, a range that does not move forward is refused as well (defence in depth);
 -- with fencing off the resource stores whatever it is sent, which is exactly the bug it shows.
-CREATE OR REPLACE FUNCTION baton.seq_commit(p_resource TEXT, p_token BIGINT, p_holder TEXT,
-                                            p_seq_lo BIGINT, p_seq_hi BIGINT,
-                                            OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT)
+DROP FUNCTION IF EXISTS baton.seq_commit(TEXT, BIGINT, TEXT, BIGINT, BIGINT);
+CREATE FUNCTION baton.seq_commit(p_resource TEXT, p_token BIGINT, p_holder TEXT,
+                                 p_seq_lo BIGINT, p_seq_hi BIGINT,
+                                 OUT accepted BOOLEAN, OUT max_token BIGINT, OUT max_holder TEXT,
+                                 OUT reason TEXT)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_last BIGINT;
     v_fencing BOOLEAN;
+    v_max_advance BIGINT;
 BEGIN
-    IF p_seq_lo IS NULL OR p_seq_hi IS NULL OR p_seq_lo > p_seq_hi THEN
+    PERFORM baton.check_args(p_resource, p_token, p_holder);
+    IF p_seq_lo IS NULL OR p_seq_hi IS NULL OR p_seq_lo < 1 OR p_seq_lo > p_seq_hi THEN
         RAISE EXCEPTION 'bad range [%, %]', p_seq_lo, p_seq_hi USING ERRCODE = '22023';
     END IF;
-    SELECT s.fencing INTO v_fencing FROM baton.settings s;
+    SELECT s.fencing, s.max_seq_advance INTO v_fencing, v_max_advance FROM baton.settings s;
     -- Lock order everywhere: fenced_resource, then sequence (seq_claim does the same).
     SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
     SELECT s.last_seq INTO v_last FROM baton.sequence s WHERE s.name = p_resource FOR UPDATE;
-    -- The forward check comes before the fence, so a refused range never moves the fence either.
-    IF v_fencing AND p_seq_lo <= coalesce(v_last, 0) THEN
+    -- The range checks come before the fence, so a refused range never moves the fence either.
+    -- A stale token is named as such whatever the range; otherwise the range's own fault.
+    IF v_fencing THEN
+        reason := CASE
+            WHEN p_token < max_token THEN 'stale-token'
+            WHEN p_seq_lo <= coalesce(v_last, 0) THEN 'seq-not-forward'
+            WHEN p_seq_hi - coalesce(v_last, 0) > v_max_advance THEN 'seq-advance-too-large'
+        END;
+    END IF;
+    IF reason IS NOT NULL THEN
         INSERT INTO baton.fence_rejections (resource, token, max_token, holder, max_holder, op, reason)
-        VALUES (p_resource, p_token, max_token, p_holder, max_holder, 'next',
-                CASE WHEN p_token < max_token THEN 'stale-token' ELSE 'seq-not-forward' END);
+        VALUES (p_resource, p_token, max_token, p_holder, max_holder, 'next', reason);
+        RAISE LOG 'baton fence rejected next on % (%): token % holder % range [%, %], last seq %',
+                  p_resource, reason, p_token, p_holder, p_seq_lo, p_seq_hi, v_last;
         accepted := FALSE;
         RETURN;
     END IF;
-    SELECT f.accepted, f.max_token, f.max_holder INTO accepted, max_token, max_holder
+    SELECT f.accepted, f.max_token, f.max_holder, f.reason INTO accepted, max_token, max_holder, reason
       FROM baton.fence_check(p_resource, p_token, p_holder, 'next') f;
     IF NOT accepted THEN
         RETURN;
@@ -297,14 +334,10 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v RECORD;
 BEGIN
-    IF p_resource IS NULL OR p_holder IS NULL OR p_token IS NULL OR p_token <= 0 THEN
-        RAISE EXCEPTION 'baton fence: bad arguments (resource %, token %, holder %)', p_resource, p_token, p_holder
-            USING ERRCODE = '22023';
-    END IF;
     SELECT * INTO v FROM baton.fence_check(p_resource, p_token, p_holder, 'user') f;
     IF NOT v.accepted THEN
-        RAISE EXCEPTION 'baton fence: token % (holder %) refused on %: resource is at token % held by %',
-                        p_token, p_holder, p_resource, v.max_token, v.max_holder
+        RAISE EXCEPTION 'baton fence: token % (holder %) refused on % (%): resource is at token % held by %',
+                        p_token, p_holder, p_resource, v.reason, v.max_token, v.max_holder
             USING ERRCODE = 'BF409',
                   DETAIL = format('max_token=%s max_holder=%s', v.max_token, v.max_holder),
                   HINT = 'ROLLBACK, then SELECT * FROM baton.fence_record_rejection(resource, token, holder) to record it';
