@@ -40,17 +40,29 @@ impl fmt::Display for FenceToken {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BackendKind {
+    /// etcd's election API over a lease; token = the leader key's create revision.
     Etcd,
+    /// openraft among the fleet's own nodes, no external service; token = the Raft term. The only
+    /// built-in backend that can hand leadership to a named successor.
     Raft,
+    /// A Redis `SET NX PX` lock with **no** fencing token: its "token" is the acquiring node's
+    /// wall-clock milliseconds, not guaranteed to increase across holders. A deliberately unsafe
+    /// baseline.
     RedisNaive,
+    /// The Redis lock plus an `INCR` counter taken atomically with it; tokens increase only for as
+    /// long as the counter survives (a Redis restart without persistence makes them regress).
     Redis,
+    /// ZooKeeper's ephemeral-sequential recipe; token = the candidacy znode's `czxid`.
     Zk,
+    /// A lease row in PostgreSQL, expiry judged by the database's clock; token = the row's epoch.
     PgLease,
     /// A user's own [`Elector`], given to `NodeBuilder::with_elector`.
     Custom,
 }
 
 impl BackendKind {
+    /// The kebab-case name used in the config file, in serde, in the `backend` metric label and by
+    /// [`FromStr`](std::str::FromStr) (which accepts every name but `custom`).
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::Etcd => "etcd",
@@ -65,7 +77,7 @@ impl BackendKind {
 }
 
 impl BackendKind {
-    /// Every backend, in the order of SPEC §3.
+    /// Every built-in backend, in the order of SPEC §3 ([`BackendKind::Custom`] is not one).
     pub const ALL: [BackendKind; 6] = [
         BackendKind::Etcd,
         BackendKind::Raft,
@@ -98,6 +110,7 @@ impl fmt::Display for BackendKind {
 /// Who leads, as far as the backend can tell, and where to send clients.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaderInfo {
+    /// The leader's node id; for a foreign holder whose value is not our JSON, that value as text.
     pub node_id: String,
     /// The leader's HTTP address, when the leader is one of ours (an `etcdctl elect` holder has none).
     pub http_addr: Option<String>,
@@ -123,13 +136,16 @@ impl LeaderInfo {
 /// have started its timer any time after the send).
 #[derive(Clone, Copy, Debug)]
 pub struct Grant {
+    /// When the renewal (or grant) request was sent, on the monotonic clock.
     pub sent_at: Instant,
+    /// How long the backend keeps the lease from `sent_at`, before any safety margin.
     pub ttl: Duration,
 }
 
 /// A won election.
 #[derive(Clone, Debug)]
 pub struct Win {
+    /// The fencing token of the term won; every protected write of the term carries it.
     pub token: FenceToken,
     /// The liveness grant in force when the win was observed; the watchdog starts from it.
     pub grant: Grant,
@@ -141,6 +157,7 @@ pub struct Win {
     pub vacant_since: Option<Instant>,
 }
 
+/// Why an [`Elector`] call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ElectorError {
     /// The session/lease is gone: whatever leadership rode on it is over.
@@ -152,7 +169,9 @@ pub enum ElectorError {
     /// The request is not possible on this backend (e.g. naming a successor on etcd).
     #[error("not supported by the {backend} backend: {what}")]
     Unsupported {
+        /// The backend that refused.
         backend: BackendKind,
+        /// The refused request, e.g. `"naming a successor"`.
         what: &'static str,
     },
     /// Misconfiguration found at construction.
@@ -160,6 +179,7 @@ pub enum ElectorError {
     Config(String),
 }
 
+/// The result of every [`Elector`] call.
 pub type ElectorResult<T> = Result<T, ElectorError>;
 
 /// One election backend. Calls are single requests; none of them loops or sleeps on its own except
@@ -168,6 +188,8 @@ pub type ElectorResult<T> = Result<T, ElectorError>;
 /// its future and calling [`Elector::close`] leaves no candidacy behind.
 #[async_trait]
 pub trait Elector: Send + Sync + 'static {
+    /// Which backend this is (a user's own returns [`BackendKind::Custom`]); used in status,
+    /// error messages and the `backend` metric label.
     fn kind(&self) -> BackendKind;
 
     /// Whether [`Elector::resign`] can hand leadership to a named successor.
@@ -219,15 +241,21 @@ pub trait Elector: Send + Sync + 'static {
 /// Handles `POST /peer/<method>` with a JSON (or binary) body; the answer is the response body.
 #[async_trait]
 pub trait PeerRpc: Send + Sync + 'static {
+    /// Answers one peer request; `method` is the path after `/peer/`. Each error variant maps to
+    /// an HTTP status (see [`PeerRpcError`]).
     async fn handle(&self, method: &str, body: bytes::Bytes) -> Result<bytes::Bytes, PeerRpcError>;
 }
 
+/// Why a peer request was not answered; the HTTP layer turns it into an error response.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerRpcError {
+    /// No such method (HTTP 404); carries the method name.
     #[error("unknown peer method {0}")]
     UnknownMethod(String),
+    /// The body could not be decoded (HTTP 400).
     #[error("bad peer request: {0}")]
     BadRequest(String),
+    /// The request was valid but handling it failed (HTTP 503).
     #[error("peer request failed: {0}")]
     Failed(String),
 }

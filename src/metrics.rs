@@ -3,6 +3,9 @@
 //!
 //! baton records through the `metrics` facade. If the embedding process already installed a
 //! recorder, baton's metrics go to it and baton does not install its own (never a panic).
+//!
+//! baton's own recorder adds a global `node` label to every metric; "no labels" below means none
+//! besides that one.
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
@@ -10,18 +13,46 @@ use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 pub const LEADERS_ACTING: &str = "leaders_acting";
 /// 1 for this node's current role, 0 for the others (label `role`).
 pub const ROLE: &str = "baton_role";
+/// Counter of this node's leadership transitions, label `to`: `leader` when a term's leader work
+/// has started, `follower` when it has fully stopped after a demotion. A term whose work failed to
+/// start counts only `to="follower"`, so the two need not pair up.
 pub const TRANSITIONS: &str = "baton_leadership_transitions_total";
+/// Histogram, seconds: from the start of a campaign to winning it, including the time queued
+/// behind a live leader. Only won campaigns are recorded; no labels.
 pub const CAMPAIGN_SECONDS: &str = "baton_campaign_duration_seconds";
+/// Histogram, seconds: from the moment this node saw the seat fall vacant (never earlier than its
+/// campaign began) to winning it. Recorded only for wins whose backend reports
+/// [`Win::vacant_since`](crate::elector::Win::vacant_since); no labels.
 pub const ELECTION_SECONDS: &str = "baton_election_duration_seconds";
+/// Counter of successful lease renewals that returned a grant (a renewal with no session to renew
+/// is not counted); no labels.
 pub const RENEWALS: &str = "baton_lease_renewals_total";
+/// Counter of failed lease renewals, both transient errors and lost leases; no labels.
 pub const RENEWAL_FAILURES: &str = "baton_lease_renewal_failures_total";
+/// Gauge: the fencing token of the term whose leader work runs on this node, set when the work has
+/// started and reset to 0 when it has fully stopped; no labels.
 pub const FENCE_TOKEN: &str = "baton_fence_token";
+/// Counter of this node's writes refused by the fenced resource, label `op`: `claim`, `next`,
+/// `tick`, `checkpoint`, or `user` (a [`Fence::begin`](crate::work::Fence::begin) transaction).
 pub const FENCE_REJECTIONS: &str = "baton_fence_rejections_total";
+/// Histogram: the number of IDs in one sequencer group commit, recorded whether or not the commit
+/// was accepted; no labels. baton's own recorder uses power-of-two buckets from 1 to 4096.
 pub const SEQ_BATCH_IDS: &str = "baton_sequencer_batch_ids";
+/// Histogram, seconds: the duration of one sequencer group commit (one fenced round trip),
+/// including refused and failed ones; no labels.
 pub const SEQ_COMMIT_SECONDS: &str = "baton_sequencer_commit_duration_seconds";
+/// Histogram, seconds: one ID request from its arrival at the leader's sequencer to its answer
+/// (IDs or error). Requests refused before they join a group commit (e.g. while demoting) are not
+/// recorded, nor is HTTP handling time; no labels.
 pub const NEXT_SECONDS: &str = "baton_next_request_duration_seconds";
+/// Counter of scheduler ticks accepted by the fenced resource (refused or failed ticks are not
+/// counted); no labels.
 pub const SCHED_TICKS: &str = "baton_scheduler_ticks_total";
+/// Counter of work-set jobs run, as reported by the resource for each accepted scheduler tick; no
+/// labels.
 pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
+/// Histogram, seconds: one demotion from its start (checkpoint of the leader work) to the
+/// lease-release answer, whether the release succeeded or not; no labels.
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
 /// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";

@@ -34,6 +34,8 @@ pub struct ActorTrace {
 }
 
 impl ActorTrace {
+    /// A trace that appends to `path` (creating it and its directory) as well as logging through
+    /// `tracing`. Fails only if the directory or file cannot be created or opened.
     pub fn open(node: &str, clock: NodeClock, path: &Path) -> std::io::Result<ActorTrace> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
@@ -55,6 +57,9 @@ impl ActorTrace {
         }
     }
 
+    /// Records one lifecycle step of `actor` (`event`, the term's `token` if any, free-form
+    /// `detail`), stamped with monotonic ns and this node's wall-clock ms. The line is written
+    /// before this returns; a write error is ignored (the `tracing` event is still emitted).
     pub fn step(&self, actor: &str, event: &str, token: Option<FenceToken>, detail: &str) {
         let line = TraceLine {
             node: &self.node,

@@ -28,12 +28,19 @@ struct TermView {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// This node holds a term (from `Elected` until demotion begins; its work may still be
+    /// draining after that, see [`Status::acting`]).
     Leader,
+    /// Another node leads, as the backend reports it.
     Follower,
+    /// Neither: no leader is known, or the backend names this node before (or after) it holds a
+    /// term.
     Candidate,
 }
 
 impl Role {
+    /// The lowercase name (`leader`, `follower`, `candidate`), as in `/status` and the `role`
+    /// label of [`ROLE`](crate::metrics::ROLE).
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Leader => "leader",
@@ -46,12 +53,18 @@ impl Role {
 /// A point-in-time view (the body of `GET /status`).
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
+    /// This node's id.
     pub node_id: String,
+    /// This node's role at the time of the read.
     pub role: Role,
+    /// The token of the term this node holds; `None` when it holds none.
     pub fence_token: Option<FenceToken>,
     /// Time left before the watchdog's deadline; `None` when this node holds no term.
     pub lease_ttl_remaining_ms: Option<u64>,
+    /// Who leads: this node while it holds a term, else whom the backend last reported (`None`
+    /// when nobody is known to lead). May lag the backend by one observation.
     pub leader: Option<LeaderInfo>,
+    /// The election backend in use.
     pub backend: BackendKind,
     /// Whether this node's leader work is running (may outlast `role = leader` while it drains).
     pub acting: bool,
@@ -82,6 +95,7 @@ impl Leadership {
         }
     }
 
+    /// This node's id.
     pub fn node_id(&self) -> &str {
         &self.node_id
     }
@@ -128,6 +142,8 @@ impl Leadership {
         self.leader.clone()
     }
 
+    /// A consistent snapshot of the term view plus the latest observed leader; never blocks on an
+    /// actor.
     pub fn status(&self) -> Status {
         let t = self.term.read().map(|g| *g).unwrap_or_default();
         let leader = self.leader.borrow().clone();

@@ -10,7 +10,7 @@
 //!      └─ Scheduler              a tick every T, durable work-set cursor
 //! ```
 //!
-//! Ordering guarantees, all enforced by [`supervisor`]:
+//! Ordering guarantees, all enforced by the (crate-private) `supervisor` module:
 //! * work starts only after `Elected(token)`, and every protected write carries that token;
 //! * demotion is **checkpoint → stop (await fully stopped, kill after a bound) → release**; the
 //!   lease is never released while work may still run;
@@ -36,7 +36,11 @@ pub enum DemotionReason {
     /// The backend said the lease/session is gone.
     LeaseLost(String),
     /// `POST /stepdown` (optionally naming a successor).
-    StepDown { successor: Option<String> },
+    StepDown {
+        /// The node asked to lead next; `None` lets the next candidate win. A request only, not a
+        /// guarantee of who wins.
+        successor: Option<String>,
+    },
     /// A leader-work actor ended on its own (e.g. fenced out by the resource).
     WorkFailed(String),
     /// The node is shutting down.

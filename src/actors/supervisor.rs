@@ -72,20 +72,32 @@ pub enum SupervisorMsg {
     Shutdown(RpcReplyPort<()>),
 }
 
+/// The outcome of a completed step-down: leader work was checkpointed and stopped, then the lease
+/// release was attempted. Sent only after the whole sequence has run.
 #[derive(Clone, Debug, Serialize)]
 pub struct StepDownReport {
+    /// The token of the term given up.
     pub token: FenceToken,
+    /// The successor that was requested, if any (not necessarily the node that won next).
     pub successor: Option<String>,
     /// CLOCK_MONOTONIC ns when all leader work had stopped, and when the lease was released.
     pub work_stopped_mono_ns: u64,
+    /// CLOCK_MONOTONIC ns when the release answer arrived (see [`crate::clock::monotonic_ns`]);
+    /// never before `work_stopped_mono_ns`.
     pub released_mono_ns: u64,
+    /// Why the backend's release (resign) failed, if it did. Leader work had stopped regardless;
+    /// when other nodes then see the seat free depends on the backend.
     pub release_error: Option<String>,
 }
 
+/// Why a step-down was refused or did not complete.
 #[derive(Clone, Debug, thiserror::Error, Serialize)]
 pub enum StepDownError {
+    /// This node holds no term, or is already demoting; nothing was changed.
     #[error("this node is not the leader")]
     NotLeader,
+    /// The request could not be served: a successor was named but the backend cannot transfer
+    /// (nothing was changed), or the supervisor did not answer (stopping or stopped).
     #[error("{0}")]
     Unsupported(String),
 }

@@ -42,6 +42,7 @@ pub struct Options {
 }
 
 impl Options {
+    /// Options for a backend configured with lease TTL `ttl`, with ordered tokens required.
     pub fn new(ttl: Duration) -> Options {
         Options {
             ttl,
@@ -53,15 +54,22 @@ impl Options {
 /// The checks, by name (for reports and selective runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Check {
+    /// See [`single_winner`].
     SingleWinner,
+    /// See [`waiters_take_over_after_lease_ends`].
     WaitersTakeOverAfterLeaseEnds,
+    /// See [`resign_hands_over`].
     ResignHandsOver,
+    /// See [`tokens_strictly_increase_across_holders`].
     TokensStrictlyIncreaseAcrossHolders,
+    /// See [`lease_loss_surfaces_as_event`].
     LeaseLossSurfacesAsEvent,
+    /// See [`campaign_is_cancellable`].
     CampaignIsCancellable,
 }
 
 impl Check {
+    /// Every check, in the order [`run_all`] runs them.
     pub const ALL: [Check; 6] = [
         Check::SingleWinner,
         Check::WaitersTakeOverAfterLeaseEnds,
@@ -71,6 +79,7 @@ impl Check {
         Check::CampaignIsCancellable,
     ];
 
+    /// The snake_case name of the check's function, as printed in reports.
     pub fn name(self) -> &'static str {
         match self {
             Check::SingleWinner => "single_winner",

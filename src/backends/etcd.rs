@@ -34,6 +34,8 @@ struct Session {
     last_grant: Grant,
 }
 
+/// The `etcd` backend (see the module docs). Holds one lease session and at most one candidacy
+/// at a time.
 pub struct EtcdElector {
     client: Client,
     name: String,
@@ -79,6 +81,10 @@ pub(super) async fn revoke_lease(
 }
 
 impl EtcdElector {
+    /// Connects to `cfg.etcd.endpoints`; no lease is granted until the first campaign.
+    /// `ElectorError::Config` if `lease_ttl_ms` is not a whole number of seconds (etcd leases
+    /// are), `ElectorError::Unavailable` if the client cannot be set up within the request
+    /// timeout.
     pub async fn connect(cfg: &NodeConfig) -> ElectorResult<EtcdElector> {
         if cfg.lease_ttl_ms % 1000 != 0 {
             return Err(ElectorError::Config(format!(

@@ -39,7 +39,9 @@ pub const LAST_SECOND_POLL: Duration = Duration::from_millis(50);
 /// One `LeaseTimeToLive` answer and when it was asked and answered (on our monotonic clock).
 #[derive(Clone, Copy, Debug)]
 pub struct TtlReading {
+    /// When the request was sent.
     pub sent: Instant,
+    /// When its answer arrived.
     pub received: Instant,
     /// Whole seconds left, truncated; negative if the lease is gone.
     pub ttl_secs: i64,

@@ -119,6 +119,8 @@ struct State {
     epoch: Option<i64>,
 }
 
+/// The `pg-lease` backend (see the module docs): one lease row per election, judged by the
+/// database's clock.
 pub struct PgLeaseElector {
     pool: Pool,
     name: String,

@@ -5,7 +5,7 @@
 //!   holder nothing the protected resource could check, so this backend has **no fencing token**.
 //!   The `Elector` seam still needs a [`FenceToken`], so it presents what people reach for when they
 //!   have none: the acquiring node's **wall-clock milliseconds** (through the node's possibly
-//!   skewed [`NodeClock`](crate::clock::NodeClock)) — a timestamp-as-version. It is not derived from
+//!   skewed [`NodeClock`]) — a timestamp-as-version. It is not derived from
 //!   the lock in any way: it orders holders only as well as the nodes' clocks agree, so under clock
 //!   skew a paused ex-leader whose clock runs ahead out-ranks its successor, the fence accepts the
 //!   stale writes and refuses the real leader's; and under a plain pause both nodes act as leader
@@ -102,6 +102,8 @@ struct State {
     leading: bool,
 }
 
+/// The `redis` and `redis-naive` backends (see the module docs); which one is chosen at
+/// [`RedisElector::connect`].
 pub struct RedisElector {
     kind: BackendKind,
     conn: ConnectionManager,

@@ -94,6 +94,8 @@ struct Inner {
     reader: tokio::sync::Mutex<Option<zkc::Client>>,
 }
 
+/// The `zk` backend (see the module docs). Holds at most one candidacy session and one
+/// read-only session, both opened lazily.
 pub struct ZkElector {
     inner: Arc<Inner>,
 }
@@ -464,6 +466,9 @@ fn spawn_watchdog(inner: Weak<Inner>, gen: u64) {
 }
 
 impl ZkElector {
+    /// Checks the configuration; no session is opened until first use, so an ensemble that is
+    /// down at start shows up as failed, retried campaigns. `ElectorError::Config` if
+    /// `zk.election_path` is not an absolute path below `/` or `zk.connect` is empty.
     pub async fn connect(cfg: &NodeConfig) -> ElectorResult<ZkElector> {
         let path = cfg.zk.election_path.trim_end_matches('/').to_owned();
         if !path.starts_with('/') || path.len() < 2 {

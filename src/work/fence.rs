@@ -16,15 +16,23 @@ const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
 /// Serializes concurrent migrators (several `baton migrate` or fleets on one server).
 const MIGRATION_LOCK_KEY: i64 = 0x6261_746f_6e;
 
+/// Why a fenced call did not take effect.
 #[derive(Debug, thiserror::Error)]
 pub enum FenceError {
     /// The resource refused the write: a newer token (or another holder of this one) was accepted.
     #[error("fenced out ({reason}): {op} on {resource} with token {token} refused, resource is at token {max_token} held by {max_holder:?}")]
     Rejected {
+        /// The fenced resource's name (the sequence, the work-set cursor, or the caller's own).
         resource: String,
+        /// The refused operation: `claim`, `next`, `tick`, `checkpoint`, or `user` (a
+        /// [`Fence::begin`] transaction); the `op` label of `baton_fence_rejections_total`.
         op: &'static str,
+        /// The token this node wrote with.
         token: FenceToken,
+        /// The highest token the resource has accepted; -1 when a refused user write could not
+        /// be recorded and the resource's state is unknown.
         max_token: i64,
+        /// The holder of `max_token`; empty when unknown.
         max_holder: String,
         /// Why, as the resource recorded it: `stale-token`, `holder-mismatch`,
         /// `seq-not-forward`, `seq-advance-too-large`.
@@ -34,6 +42,8 @@ pub enum FenceError {
     /// outcome is unknown (the caller must not report it as done).
     #[error("resource unavailable: {0}")]
     Unavailable(String),
+    /// The resource's `baton` schema or one of its functions does not exist (SQLSTATE 42883 or
+    /// 3F000): [`migrate`] has not been run against this database. Carries the server's message.
     #[error("resource schema missing or outdated ({0}); run `baton migrate`")]
     Schema(String),
 }
@@ -117,6 +127,7 @@ impl Fence {
         })
     }
 
+    /// The holder id (the node id) this handle records with every fenced write.
     pub fn holder(&self) -> &str {
         &self.holder
     }

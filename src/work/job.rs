@@ -93,6 +93,10 @@ pub struct FnWork {
 }
 
 impl FnWork {
+    /// Wraps `job`, called once per term with that term's [`Term`]; `name` is the work's
+    /// [`LeaderWork::name`]. A job that ends on its own before demotion begins (returns `Ok` or
+    /// `Err`, or panics) has ended its work for the term; its supervision policy decides what
+    /// follows.
     pub fn new<F, Fut>(name: &'static str, job: F) -> FnWork
     where
         F: Fn(Term) -> Fut + Send + Sync + 'static,

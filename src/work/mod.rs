@@ -23,25 +23,47 @@ pub use job::Term;
 /// What a piece of leader work is given when its node wins.
 #[derive(Clone)]
 pub struct WorkContext {
+    /// The fencing token of the term just won: pass it with every protected write.
     pub token: FenceToken,
+    /// This node's id, also the holder the fence records for this term's writes.
     pub node_id: String,
+    /// The node's handle on the fenced resource (holder = `node_id`).
     pub fence: Fence,
+    /// The node's actor-trace log, for the work's own lifecycle steps.
     pub trace: ActorTrace,
     /// Link the work's actor to this cell so the supervisor hears when it dies.
     pub supervisor: ActorCell,
 }
 
+/// Why a piece of leader work could not start or checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkError {
+    /// [`LeaderWork::start`] failed. At the start of a term the works already started are stopped
+    /// and the node demotes; on a restart the work's [`SupervisionPolicy`] applies.
     #[error("could not start {work}: {reason}")]
-    Start { work: &'static str, reason: String },
+    Start {
+        /// The [`LeaderWork::name`] of the work.
+        work: &'static str,
+        /// What went wrong, for logs and the actor trace.
+        reason: String,
+    },
+    /// [`RunningWork::checkpoint`] failed: the failure is traced and demotion goes on (stop,
+    /// then release); progress since the last successful checkpoint may not be published.
     #[error("checkpoint of {work} failed: {reason}")]
-    Checkpoint { work: &'static str, reason: String },
+    Checkpoint {
+        /// The [`RunningWork::name`] of the work.
+        work: &'static str,
+        /// What went wrong, for logs and the actor trace.
+        reason: String,
+    },
 }
 
 /// A kind of leader-only work (a factory: one instance per leadership term).
 #[async_trait]
 pub trait LeaderWork: Send + Sync + 'static {
+    /// A short name for the work: the actor name in the trace, the `work` label of
+    /// [`WORK_RESTARTS`](crate::metrics::WORK_RESTARTS), and the prefix of its error messages.
+    /// Should be unique among a node's registered works (not checked).
     fn name(&self) -> &'static str;
     /// Starts the work for one term. Called only with a token in hand.
     async fn start(&self, ctx: WorkContext) -> Result<Box<dyn RunningWork>, WorkError>;
@@ -50,6 +72,7 @@ pub trait LeaderWork: Send + Sync + 'static {
 /// One running term of a [`LeaderWork`].
 #[async_trait]
 pub trait RunningWork: Send + Sync {
+    /// The name used for this term's trace lines; normally its [`LeaderWork::name`].
     fn name(&self) -> &'static str;
     /// The actor to stop (and to kill after the stop bound).
     fn cell(&self) -> ActorCell;
@@ -67,8 +90,11 @@ pub enum SupervisionPolicy {
     /// Start the work again inside the same term, with the same token, after `backoff`; at most
     /// `max` restarts within any window of `within`, after which the node demotes.
     Restart {
+        /// Restarts allowed within any window of `within`; the next failure demotes instead.
         max: u32,
+        /// The sliding window the restarts are counted in.
         within: Duration,
+        /// The wait between a failure and the restart.
         backoff: Duration,
     },
     /// Demote (checkpoint, stop, release), then stop the whole node.
@@ -78,6 +104,8 @@ pub enum SupervisionPolicy {
 /// A registered piece of leader work and its supervision policy.
 #[derive(Clone)]
 pub struct Registered {
+    /// The factory started on every win.
     pub work: std::sync::Arc<dyn LeaderWork>,
+    /// What the supervisor does when the work fails during a term.
     pub policy: SupervisionPolicy,
 }
