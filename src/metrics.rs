@@ -35,6 +35,11 @@ pub const FENCE_TOKEN: &str = "baton_fence_token";
 /// Counter of this node's writes refused by the fenced resource, label `op`: `claim`, `next`,
 /// `tick`, `checkpoint`, or `user` (a [`Fence::begin`](crate::work::Fence::begin) transaction).
 pub const FENCE_REJECTIONS: &str = "baton_fence_rejections_total";
+/// Gauge: how many of this node's terms in a row had their first write (the claim) refused by the
+/// fenced resource; reset to 0 by an accepted claim; no labels. A value that keeps climbing means
+/// the resource refuses every new term (a token source that regressed, or a poisoned
+/// `max_token`): see `baton fence status` and the `FenceRefusesNewTerms` alert.
+pub const FENCE_REFUSED_CLAIMS_IN_A_ROW: &str = "baton_fence_refused_claims_in_a_row";
 /// Histogram: the number of IDs in one sequencer group commit, recorded whether or not the commit
 /// was accepted; no labels. baton's own recorder uses power-of-two buckets from 1 to 4096.
 pub const SEQ_BATCH_IDS: &str = "baton_sequencer_batch_ids";
@@ -150,6 +155,10 @@ pub fn describe() {
     describe_counter!(
         FENCE_REJECTIONS,
         "Writes of this node refused by the fenced resource, by operation"
+    );
+    describe_gauge!(
+        FENCE_REFUSED_CLAIMS_IN_A_ROW,
+        "Terms of this node in a row whose claim the fenced resource refused"
     );
     describe_histogram!(SEQ_BATCH_IDS, "IDs committed per sequencer group commit");
     describe_histogram!(

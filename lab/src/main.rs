@@ -49,6 +49,11 @@ enum Cmd {
         #[arg(long)]
         fencing: Option<Fencing>,
     },
+    /// Inspect the fenced resource (`status`), or recover from a poisoned max_token (`reset`).
+    Fence {
+        #[command(subcommand)]
+        cmd: baton_lab::fence_admin::FenceCmd,
+    },
 }
 
 #[derive(Args)]
@@ -252,6 +257,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
+        Cmd::Fence { cmd } => baton_lab::fence_admin::run(cmd).await,
         Cmd::Load(args) => baton_lab::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),
         Cmd::Bench { cmd } => baton_lab::bench::run(cmd).await,

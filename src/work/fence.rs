@@ -2,6 +2,8 @@
 //! a stale node can believe anything, it cannot make the resource accept the past. Each protected
 //! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Runtime, Timeouts};
@@ -72,6 +74,8 @@ impl From<deadpool_postgres::PoolError> for FenceError {
 pub struct Fence {
     pool: Pool,
     holder: String,
+    /// Claims refused in a row (shared by every clone: one count per node).
+    refused_claims_in_a_row: Arc<AtomicU64>,
 }
 
 /// The three columns every fenced function returns first.
@@ -124,6 +128,7 @@ impl Fence {
         Ok(Fence {
             pool,
             holder: holder.to_owned(),
+            refused_claims_in_a_row: Arc::default(),
         })
     }
 
@@ -154,10 +159,24 @@ impl Fence {
         let stmt = client.prepare_cached(sql).await?;
         let row = client.query_one(&stmt, params).await?;
         let verdict = Verdict::from_row(&row);
+        if op == "claim" {
+            self.count_claim(verdict.accepted);
+        }
         if verdict.accepted {
             return Ok(row);
         }
         Err(self.rejected(resource, op, token, verdict))
+    }
+
+    /// Tracks whether the resource refuses every new term of this node.
+    fn count_claim(&self, accepted: bool) {
+        let in_a_row = if accepted {
+            self.refused_claims_in_a_row.store(0, Ordering::Relaxed);
+            0
+        } else {
+            self.refused_claims_in_a_row.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        metrics::gauge!(m::FENCE_REFUSED_CLAIMS_IN_A_ROW).set(in_a_row as f64);
     }
 
     /// A new leader claims the sequence; returns the last committed seq.

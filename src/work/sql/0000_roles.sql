@@ -16,3 +16,8 @@ $$;
 -- releases its locks. Fenced calls themselves are one statement each; user transactions opened
 -- with baton.fence_assert must not sit idle between statements for longer than this.
 ALTER ROLE baton_app SET idle_in_transaction_session_timeout = '5s';
+-- And no single statement of the application role runs (or waits for a lock) for long. These are
+-- defaults a session could override: they bound a paused or buggy client, not a hostile holder of
+-- the role's credentials (the trust boundary: the fence protects against stale nodes).
+ALTER ROLE baton_app SET statement_timeout = '5s';
+ALTER ROLE baton_app SET lock_timeout = '5s';

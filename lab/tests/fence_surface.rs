@@ -1,0 +1,189 @@
+//! The fence's own surface, as the application role sees it (SPEC §10): what a holder of the
+//! role's credentials, or a bug, can still do, and how far. Tokens and sequence bounds are
+//! range-checked; one call cannot move the sequence by more than `max_seq_advance`; nobody holds
+//! the fence row past the role's timeouts; a poisoned `max_token` is visible to the operator and
+//! recoverable with `baton fence reset`. A private PostgreSQL per test.
+
+use std::time::{Duration, Instant};
+
+use baton_lab::fence_admin;
+use baton_lab::fleet::servers::{free_ports, PgServer};
+use tokio_postgres::{Client, NoTls};
+
+struct Pg {
+    server: PgServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        self.server.stop();
+    }
+}
+
+async fn private_pg() -> Pg {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_ports(1).unwrap()[0];
+    let root = dir.path().join("pg");
+    let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+        .await
+        .unwrap()
+        .expect("start a private PostgreSQL");
+    baton::work::fence::migrate(&server.admin_url(), Some(true))
+        .await
+        .expect("migrate");
+    Pg { server, _dir: dir }
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect(url);
+    tokio::spawn(conn);
+    client
+}
+
+/// `(accepted, max_token, reason)` of one seq_commit call as the application role.
+async fn seq_commit(app: &Client, token: i64, holder: &str, lo: i64, hi: i64) -> (bool, i64, Option<String>) {
+    let r = app
+        .query_one(
+            "SELECT accepted, max_token, reason FROM baton.seq_commit('seq', $1, $2, $3, $4)",
+            &[&token, &holder, &lo, &hi],
+        )
+        .await
+        .expect("seq_commit");
+    (r.get(0), r.get(1), r.get(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_role_abuse_is_refused_or_bounded() {
+    let pg = private_pg().await;
+    let app = connect(&pg.server.app_url()).await;
+    let admin = connect(&pg.server.admin_url()).await;
+    app.query_one("SELECT * FROM baton.seq_claim('seq', 7, 'n1')", &[])
+        .await
+        .unwrap();
+    assert_eq!(seq_commit(&app, 7, "n1", 1, 100).await.0, true);
+
+    // Using the sequence up in one call (the leader's own token and holder): refused, named.
+    let (ok, _, reason) = seq_commit(&app, 7, "n1", 101, 9_223_372_036_854_775_000).await;
+    assert!(!ok, "a call moving the sequence to near i64::MAX was accepted");
+    assert_eq!(reason.as_deref(), Some("seq-advance-too-large"));
+    // Backwards: refused as such, not as a stale token.
+    let (ok, _, reason) = seq_commit(&app, 7, "n1", 50, 60).await;
+    assert!(!ok);
+    assert_eq!(reason.as_deref(), Some("seq-not-forward"));
+    // A stale token is named stale whatever its range.
+    let (ok, _, reason) = seq_commit(&app, 6, "n0", 101, 110).await;
+    assert!(!ok);
+    assert_eq!(reason.as_deref(), Some("stale-token"));
+    let last: i64 = admin
+        .query_one("SELECT last_seq FROM baton.sequence WHERE name = 'seq'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(last, 100, "no refused call moved the sequence");
+    // The legitimate leader carries on.
+    assert_eq!(seq_commit(&app, 7, "n1", 101, 200).await.0, true);
+
+    // Tokens that are not terms (a wrapped conversion) and oversized names: an error, no change.
+    for bad in [
+        "SELECT * FROM baton.seq_claim('seq', -5, 'n1')",
+        "SELECT * FROM baton.seq_claim('seq', 0, 'n1')",
+        "SELECT * FROM baton.fence_assert('seq', -9223372036854775808, 'n1')",
+        "SELECT * FROM baton.seq_commit('seq', 7, 'n1', -10, -5)",
+    ] {
+        let err = app.query(bad, &[]).await.expect_err(bad);
+        assert_eq!(err.code().map(|c| c.code()), Some("22023"), "{bad}: {err}");
+    }
+    let long_holder = "x".repeat(500);
+    let err = app
+        .query("SELECT * FROM baton.seq_claim('seq', 8, $1)", &[&long_holder])
+        .await
+        .expect_err("a 500-character holder");
+    assert_eq!(err.code().map(|c| c.code()), Some("22023"));
+    let (max_token, holder): (i64, String) = {
+        let r = admin
+            .query_one("SELECT max_token, holder FROM baton.fenced_resource", &[])
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((max_token, holder.as_str()), (7, "n1"), "bad calls changed the fence");
+}
+
+/// A client that takes the fence row's lock and then stalls (paused mid-transaction, or a
+/// hostile `BEGIN; ...; pg_sleep`) is cut off by the server; the next writer gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_holds_the_fence_row() {
+    let pg = private_pg().await;
+    let app_url = pg.server.app_url();
+    let idle = connect(&app_url).await;
+    idle.batch_execute("BEGIN; SELECT baton.fence_assert('r', 3, 'n1');")
+        .await
+        .unwrap();
+    // ... and now it sits idle inside its transaction, holding the lock.
+    let sleeper = connect(&app_url).await;
+    let sleeping = tokio::spawn(async move {
+        sleeper
+            .batch_execute("BEGIN; SELECT baton.fence_assert('r', 4, 'n2'); SELECT pg_sleep(60);")
+            .await
+    });
+    let writer = connect(&app_url).await;
+    let started = Instant::now();
+    let mut accepted = false;
+    while started.elapsed() < Duration::from_secs(20) {
+        // Each attempt waits on the lock for at most lock_timeout (5 s), then retries.
+        if writer
+            .query_one("SELECT * FROM baton.seq_claim('seq', 5, 'n3')", &[])
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+        {
+            accepted = true;
+            break;
+        }
+    }
+    let waited = started.elapsed();
+    assert!(accepted, "the fence row was held for {waited:?}");
+    assert!(waited < Duration::from_secs(15), "the fence row was held for {waited:?}");
+    let slept = sleeping.await.unwrap();
+    assert!(slept.is_err(), "pg_sleep(60) under the fence lock was allowed to finish");
+    eprintln!("next writer through after {waited:?}");
+}
+
+/// A poisoned max_token (a credential holder claimed i64::MAX): every real term is refused,
+/// safely; `baton fence status` shows it with the reason; `baton fence reset` recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poisoned_max_token_is_visible_and_recoverable() {
+    let pg = private_pg().await;
+    let app = connect(&pg.server.app_url()).await;
+    let admin = connect(&pg.server.admin_url()).await;
+    let poison = i64::MAX;
+    app.query_one("SELECT * FROM baton.seq_claim('seq', $1, 'mallory')", &[&poison])
+        .await
+        .unwrap();
+    let refused: bool = app
+        .query_one("SELECT accepted FROM baton.seq_claim('seq', 42, 'n1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!refused, "a real term was accepted above a poisoned max_token");
+
+    let report = fence_admin::status(&admin, 5).await.unwrap();
+    assert!(report.contains(&format!("max_token {poison} holder \"mallory\"")), "{report}");
+    assert!(report.contains("claim on seq (stale-token): token 42"), "{report}");
+
+    let (before, holder) = fence_admin::reset(&admin, 41).await.unwrap();
+    assert_eq!((before, holder.as_str()), (poison, "mallory"));
+    let accepted: bool = app
+        .query_one("SELECT accepted FROM baton.seq_claim('seq', 42, 'n1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(accepted, "the real term is accepted after the reset");
+    let logged: i64 = admin
+        .query_one("SELECT count(*) FROM baton.fence_log WHERE op = 'operator-reset' AND token = 41", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(logged, 1, "the reset is in fence_log");
+}
