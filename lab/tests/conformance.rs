@@ -169,11 +169,7 @@ async fn pg_lease_backend_passes_the_conformance_suite() {
         .await
         .expect("provision the lease role");
     let mut base = base_config(BackendKind::PgLease);
-    base.pg_lease.database_url = format!(
-        "postgres://{}@127.0.0.1:{}/baton",
-        baton::backends::pg_lease::LEASE_ROLE,
-        pg.port
-    );
+    base.pg_lease.database_url = pg.lease_url();
     run_suite(base, opts(), &Check::ALL).await;
 }
 

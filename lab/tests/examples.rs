@@ -80,11 +80,7 @@ fn custom_elector_passes_conformance_and_leads_a_node() {
 #[test]
 fn embedded_http_serves_the_handle_from_its_own_server() {
     let pg = private_pg();
-    let lease_url = format!(
-        "postgres://{}@127.0.0.1:{}/baton",
-        baton::backends::pg_lease::LEASE_ROLE,
-        pg.server.port
-    );
+    let lease_url = pg.server.lease_url();
     let out = run(
         "embedded_http",
         &[
@@ -143,12 +139,11 @@ state_dir = "{state}"
 [resource]
 database_url = "{app}"
 [pg_lease]
-database_url = "postgres://{lease_role}@127.0.0.1:{port}/baton"
+database_url = "{lease}"
 "#,
         state = dir.join(id).display(),
         app = pg.server.app_url(),
-        lease_role = baton::backends::pg_lease::LEASE_ROLE,
-        port = pg.server.port,
+        lease = pg.server.lease_url(),
     );
     let path = dir.join(format!("{id}.toml"));
     std::fs::write(&path, cfg).unwrap();

@@ -187,3 +187,41 @@ async fn poisoned_max_token_is_visible_and_recoverable() {
         .get(0);
     assert_eq!(logged, 1, "the reset is in fence_log");
 }
+
+/// The private PostgreSQL trusts nobody: no password, no entry, on TCP or on its socket as
+/// another OS user. (It used to `trust` every local connection: any OS user could connect as the
+/// superuser and switch fencing off.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_private_postgres_asks_every_client_for_a_password() {
+    let pg = private_pg().await;
+    for role in ["postgres", "baton_app", "baton_lease"] {
+        let url = format!("postgres://{role}@127.0.0.1:{}/baton", pg.server.port);
+        let err = tokio_postgres::connect(&url, NoTls)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{role} connected without a password"));
+        let wrong = format!("postgres://{role}:guess@127.0.0.1:{}/baton", pg.server.port);
+        let err2 = tokio_postgres::connect(&wrong, NoTls)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{role} connected with a wrong password"));
+        eprintln!("{role}: {err} / {err2}");
+    }
+    // Another OS user on the socket, claiming to be the superuser: peer auth says no.
+    let sock = pg._dir.path().join("pg").join("sock");
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(pg.server.bin_dir.join("psql"))
+        .arg("-h")
+        .arg(&sock)
+        .args(["-p", &pg.server.port.to_string(), "-U", "postgres", "-d", "baton", "-c", "SELECT 1", "-w"])
+        .output()
+        .expect("run psql as nobody");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("Peer authentication failed"),
+        "OS user nobody on the socket as the superuser: not refused by peer auth ({stderr})"
+    );
+    // With the generated password, the application role gets in (and only calls functions).
+    connect(&pg.server.app_url()).await;
+}

@@ -52,11 +52,7 @@ fn node_config(pg: &Pg, node_id: &str) -> NodeConfig {
     cfg.sequencer.enabled = false;
     cfg.scheduler.enabled = false;
     cfg.resource.database_url = pg.server.app_url();
-    cfg.pg_lease.database_url = format!(
-        "postgres://{}@127.0.0.1:{}/baton",
-        baton::backends::pg_lease::LEASE_ROLE,
-        pg.server.port
-    );
+    cfg.pg_lease.database_url = pg.server.lease_url();
     std::fs::create_dir_all(&cfg.state_dir).unwrap();
     cfg
 }

@@ -118,11 +118,7 @@ async fn a_work_that_ends_while_its_term_starts_demotes_the_node() {
         ..NodeConfig::default()
     };
     cfg.resource.database_url = pg.app_url();
-    cfg.pg_lease.database_url = format!(
-        "postgres://{}@127.0.0.1:{}/baton",
-        baton::backends::pg_lease::LEASE_ROLE,
-        pg.port
-    );
+    cfg.pg_lease.database_url = pg.lease_url();
     std::fs::create_dir_all(&cfg.state_dir).unwrap();
 
     // The first work ends at once; the second is still starting when it does.

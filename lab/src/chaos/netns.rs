@@ -489,10 +489,7 @@ impl NetnsFleet {
         let port = http_ports[index];
         cfg.http_listen = SocketAddr::from((me.ip, port));
         cfg.advertise_addr = Some(format!("{}:{port}", me.ip));
-        cfg.resource.database_url = format!(
-            "postgres://baton_app@{}:{}/baton",
-            self.gateway, postgres.port
-        );
+        cfg.resource.database_url = postgres.url_as("baton_app", self.gateway);
         if let Some(e) = etcd {
             cfg.etcd.endpoints = e
                 .members
@@ -520,12 +517,8 @@ impl NetnsFleet {
             peer.addr = format!("{}:{}", self.nodes[i].ip, http_ports[i]);
         }
         if cfg.backend == baton::backends::BackendKind::PgLease {
-            cfg.pg_lease.database_url = format!(
-                "postgres://{}@{}:{}/baton",
-                baton::backends::pg_lease::LEASE_ROLE,
-                self.election,
-                postgres.port
-            );
+            cfg.pg_lease.database_url =
+                postgres.url_as(baton::backends::pg_lease::LEASE_ROLE, self.election);
         }
         Ok(())
     }

@@ -312,11 +312,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         }
         if spec.backend == BackendKind::PgLease {
             // Its own role and schema: lease credentials cannot reach the fenced resource.
-            cfg.pg_lease.database_url = format!(
-                "postgres://{}@127.0.0.1:{}/baton",
-                baton::backends::pg_lease::LEASE_ROLE,
-                postgres.port
-            );
+            cfg.pg_lease.database_url = postgres.lease_url();
         }
         if let Some(n) = net.get() {
             let (e, r, z) = (etcd.as_ref(), redis.as_ref(), zk.as_ref());

@@ -172,6 +172,11 @@ pub fn pg_bin_dir() -> Result<PathBuf, ServerError> {
     })
 }
 
+/// The private server's superuser.
+const SUPERUSER: &str = "postgres";
+/// What nodes connect as (created by the migrations too; here it gets its password).
+const APP_ROLE: &str = "baton_app";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PgServer {
     pub port: u16,
@@ -183,13 +188,69 @@ impl PgServer {
     pub fn data_dir(&self) -> PathBuf {
         self.root.join("data")
     }
-    /// Superuser URL (trust auth on loopback: a private, throwaway instance).
+    /// Superuser URL. Every TCP client authenticates with a password (scram-sha-256), also on
+    /// loopback: another OS user of the machine must not walk in as the superuser and switch
+    /// fencing off.
     pub fn admin_url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/baton", self.port)
+        self.url_as(SUPERUSER, "127.0.0.1")
     }
     /// The application role's URL: it may only call the fenced functions.
     pub fn app_url(&self) -> String {
-        format!("postgres://baton_app@127.0.0.1:{}/baton", self.port)
+        self.url_as(APP_ROLE, "127.0.0.1")
+    }
+    /// The pg-lease backend's role: its own schema, no reach into the fenced resource.
+    pub fn lease_url(&self) -> String {
+        self.url_as(baton::backends::pg_lease::LEASE_ROLE, "127.0.0.1")
+    }
+    /// `role`'s URL with its password, for a client that reaches this server at `host`.
+    pub fn url_as(&self, role: &str, host: impl std::fmt::Display) -> String {
+        let password = self.password(role).unwrap_or_default();
+        format!("postgres://{role}:{password}@{host}:{}/baton", self.port)
+    }
+    /// `role`'s password, generated when this server was first initialised (`secrets/`, 0600).
+    pub fn password(&self, role: &str) -> Result<String, ServerError> {
+        let path = self.root.join("secrets").join(role);
+        fs::read_to_string(&path)
+            .map(|s| s.trim().to_owned())
+            .map_err(|e| ServerError::Io(path.display().to_string(), e))
+    }
+
+    /// Writes a random password for each role we use, once; kept across restarts.
+    fn make_passwords(&self) -> Result<(), ServerError> {
+        use rand::Rng;
+        let dir = self.root.join("secrets");
+        fs::create_dir_all(&dir).map_err(|e| ServerError::Io("secrets dir".into(), e))?;
+        for role in [SUPERUSER, APP_ROLE, baton::backends::pg_lease::LEASE_ROLE] {
+            let path = dir.join(role);
+            if path.exists() {
+                continue;
+            }
+            let bytes: [u8; 24] = rand::thread_rng().gen();
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            fs::write(&path, hex).map_err(|e| ServerError::Io(path.display().to_string(), e))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
+                .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
+        }
+        Ok(())
+    }
+
+    /// The application and lease roles, with their passwords (the migrations then find them).
+    fn make_login_roles(&self) -> Result<(), ServerError> {
+        for role in [APP_ROLE, baton::backends::pg_lease::LEASE_ROLE] {
+            let password = self.password(role)?.replace('\'', "''");
+            self.psql(
+                "postgres",
+                &format!(
+                    "DO $$ BEGIN
+                       IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                         CREATE ROLE {role} LOGIN;
+                       END IF;
+                     END $$;
+                     ALTER ROLE {role} LOGIN PASSWORD '{password}';"
+                ),
+            )?;
+        }
+        Ok(())
     }
 
     fn as_postgres(&self, bin: &str) -> Command {
@@ -229,11 +290,21 @@ impl PgServer {
         if !pg.data_dir().join("PG_VERSION").exists() {
             fs::create_dir_all(pg.data_dir()).map_err(io("pg data dir"))?;
             chown_to_postgres(root)?;
+            pg.make_passwords()?;
+            // The superuser's password goes in through a file only initdb reads, then is removed.
+            let pwfile = root.join("initdb.pw");
+            fs::write(&pwfile, pg.password(SUPERUSER)?).map_err(io("initdb pwfile"))?;
+            chown_to_postgres(&pwfile)?;
             let out = pg
                 .as_postgres("initdb")
                 .args([
-                    "-A",
-                    "trust",
+                    // Unix socket: only the postgres OS user, as itself (peer). TCP: passwords.
+                    "--auth-local=peer",
+                    "--auth-host=scram-sha-256",
+                    "--pwfile",
+                ])
+                .arg(&pwfile)
+                .args([
                     "-U",
                     "postgres",
                     "-E",
@@ -244,6 +315,7 @@ impl PgServer {
                 .arg(pg.data_dir())
                 .output()
                 .map_err(io("initdb"))?;
+            let _ = fs::remove_file(&pwfile);
             if !out.status.success() {
                 return Err(ServerError::Failed {
                     what: "initdb".into(),
@@ -259,9 +331,9 @@ impl PgServer {
             let line = match a {
                 std::net::IpAddr::V4(v4) => {
                     let o = v4.octets();
-                    format!("host all all {}.{}.{}.0/24 trust", o[0], o[1], o[2])
+                    format!("host all all {}.{}.{}.0/24 scram-sha-256", o[0], o[1], o[2])
                 }
-                std::net::IpAddr::V6(v6) => format!("host all all {v6}/128 trust"),
+                std::net::IpAddr::V6(v6) => format!("host all all {v6}/128 scram-sha-256"),
             };
             let cur = fs::read_to_string(&hba).map_err(io("pg_hba.conf"))?;
             if !cur.lines().any(|l| l.trim() == line) {
@@ -309,12 +381,16 @@ impl PgServer {
                 Ok(())
             }
         })?;
+        pg.make_login_roles()?;
         Ok(pg)
     }
 
-    /// Runs one statement with psql as the superuser; returns its unaligned output.
+    /// Runs SQL with psql as the superuser; returns its unaligned output. The SQL goes in on
+    /// stdin and the password in the environment, so neither shows in the process list.
     pub fn psql(&self, db: &str, sql: &str) -> Result<String, ServerError> {
-        let out = Command::new(self.bin_dir.join("psql"))
+        use std::io::Write;
+        let mut child = Command::new(self.bin_dir.join("psql"))
+            .env("PGPASSWORD", self.password(SUPERUSER)?)
             .args([
                 "-X",
                 "-q",
@@ -331,9 +407,18 @@ impl PgServer {
             .arg(self.port.to_string())
             .arg("-d")
             .arg(db)
-            .arg("-c")
-            .arg(sql)
-            .output()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| ServerError::Io("psql".into(), e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(sql.as_bytes())
+                .map_err(|e| ServerError::Io("psql stdin".into(), e))?;
+        }
+        let out = child
+            .wait_with_output()
             .map_err(|e| ServerError::Io("psql".into(), e))?;
         if !out.status.success() {
             return Err(ServerError::Failed {
