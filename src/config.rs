@@ -544,3 +544,40 @@ mod tests {
         assert!(c.validate().is_err());
     }
 }
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_secret_never_shows_in_debug_or_redacted_json() {
+        let mut c = NodeConfig::default();
+        c.raft.cluster_secret = Some(Secret::new("hunter2-hunter2-hunter2"));
+        c.raft.cluster_secret_file = Some(PathBuf::from("/etc/baton/secret"));
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let redacted = c.redacted_json().to_string();
+        assert!(!redacted.contains("hunter2"), "{redacted}");
+        assert!(!redacted.contains("/etc/baton/secret"), "{redacted}");
+        // The generated TOML does carry it: that is how every node of a fleet gets it.
+        assert!(toml::to_string(&c).unwrap().contains("hunter2"));
+    }
+
+    #[test]
+    fn secret_inline_or_from_a_file_not_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "  from-the-file-0123456789\n").unwrap();
+        let mut r = RaftConfig {
+            cluster_secret_file: Some(path),
+            ..RaftConfig::default()
+        };
+        assert_eq!(
+            r.secret().unwrap().unwrap().expose(),
+            "from-the-file-0123456789"
+        );
+        r.cluster_secret = Some(Secret::new("inline"));
+        assert!(r.secret().is_err());
+        r.cluster_secret_file = None;
+        assert_eq!(r.secret().unwrap().unwrap().expose(), "inline");
+    }
+}

@@ -207,7 +207,9 @@ impl RedisElector {
                     .arg(value)
                     .arg(self.ttl_ms());
                 let token: Option<i64> = self.bounded(inv.invoke_async(&mut conn)).await?;
-                token.map(|t| FenceToken::checked("redis token counter", t)).transpose()
+                token
+                    .map(|t| FenceToken::checked("redis token counter", t))
+                    .transpose()
             }
             _ => {
                 let set: Option<String> = self

@@ -174,8 +174,15 @@ mod tests {
 
     const NOW_MS: u64 = 1_800_000_000_000;
 
-    fn signed<'a>(auth: &PeerAuth, body: &[u8], ts: &'a str, mac: &'a mut String) -> Credentials<'a> {
-        *mac = auth.sign("POST", "/peer/vote", "n1", ts.parse().unwrap(), body);
+    /// `(ts_ms, mac_hex)` of a vote request from n1 signed at [`NOW_MS`].
+    fn signed(auth: &PeerAuth, body: &[u8]) -> (String, String) {
+        (
+            NOW_MS.to_string(),
+            auth.sign("POST", "/peer/vote", "n1", NOW_MS, body),
+        )
+    }
+
+    fn creds<'a>(ts: &'a str, mac: &'a str) -> Credentials<'a> {
         Credentials {
             from: "n1",
             ts_ms: ts,
@@ -186,50 +193,80 @@ mod tests {
     #[test]
     fn a_good_request_verifies() {
         let auth = PeerAuth::new(b"0123456789abcdef0123", DEFAULT_WINDOW_MS);
-        let (ts, mut mac) = (NOW_MS.to_string(), String::new());
-        let c = signed(&auth, b"{}", &ts, &mut mac);
+        let (ts, mac) = signed(&auth, b"{}");
+        let c = creds(&ts, &mac);
         assert_eq!(auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS), Ok(()));
         // Inside the window either way.
-        assert_eq!(auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS + 29_000), Ok(()));
-        assert_eq!(auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS - 29_000), Ok(()));
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS + 29_000),
+            Ok(())
+        );
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS - 29_000),
+            Ok(())
+        );
     }
 
     #[test]
     fn a_wrong_secret_is_refused() {
         let good = PeerAuth::new(b"0123456789abcdef0123", DEFAULT_WINDOW_MS);
         let evil = PeerAuth::new(b"0123456789abcdef0124", DEFAULT_WINDOW_MS);
-        let (ts, mut mac) = (NOW_MS.to_string(), String::new());
-        let c = signed(&evil, b"{}", &ts, &mut mac);
-        assert_eq!(good.verify("POST", "/peer/vote", &c, b"{}", NOW_MS), Err(AuthError::BadMac));
+        let (ts, mac) = signed(&evil, b"{}");
+        let c = creds(&ts, &mac);
+        assert_eq!(
+            good.verify("POST", "/peer/vote", &c, b"{}", NOW_MS),
+            Err(AuthError::BadMac)
+        );
     }
 
     #[test]
     fn tampering_with_any_covered_field_is_refused() {
         let auth = PeerAuth::new(b"0123456789abcdef0123", DEFAULT_WINDOW_MS);
-        let (ts, mut mac) = (NOW_MS.to_string(), String::new());
-        let c = signed(&auth, b"{\"term\":1}", &ts, &mut mac);
+        let (ts, mac) = signed(&auth, b"{\"term\":1}");
+        let c = creds(&ts, &mac);
         let bad = Err(AuthError::BadMac);
-        assert_eq!(auth.verify("POST", "/peer/vote", &c, b"{\"term\":9}", NOW_MS), bad);
-        assert_eq!(auth.verify("POST", "/peer/append", &c, b"{\"term\":1}", NOW_MS), bad);
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &c, b"{\"term\":9}", NOW_MS),
+            bad
+        );
+        assert_eq!(
+            auth.verify("POST", "/peer/append", &c, b"{\"term\":1}", NOW_MS),
+            bad
+        );
         let other_sender = Credentials { from: "n2", ..c };
-        assert_eq!(auth.verify("POST", "/peer/vote", &other_sender, b"{\"term\":1}", NOW_MS), bad);
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &other_sender, b"{\"term\":1}", NOW_MS),
+            bad
+        );
         let later = (NOW_MS + 1).to_string();
         let moved = Credentials { ts_ms: &later, ..c };
-        assert_eq!(auth.verify("POST", "/peer/vote", &moved, b"{\"term\":1}", NOW_MS), bad);
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &moved, b"{\"term\":1}", NOW_MS),
+            bad
+        );
         for junk in ["", "zz", "abc", &mac[..mac.len() - 2]] {
             let j = Credentials { mac_hex: junk, ..c };
-            assert_eq!(auth.verify("POST", "/peer/vote", &j, b"{\"term\":1}", NOW_MS), bad);
+            assert_eq!(
+                auth.verify("POST", "/peer/vote", &j, b"{\"term\":1}", NOW_MS),
+                bad
+            );
         }
     }
 
     #[test]
     fn a_stale_or_future_timestamp_is_refused_even_with_a_good_mac() {
         let auth = PeerAuth::new(b"0123456789abcdef0123", DEFAULT_WINDOW_MS);
-        let (ts, mut mac) = (NOW_MS.to_string(), String::new());
-        let c = signed(&auth, b"{}", &ts, &mut mac);
+        let (ts, mac) = signed(&auth, b"{}");
+        let c = creds(&ts, &mac);
         let stale = Err(AuthError::Stale);
-        assert_eq!(auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS + 30_001), stale);
-        assert_eq!(auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS - 30_001), stale);
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS + 30_001),
+            stale
+        );
+        assert_eq!(
+            auth.verify("POST", "/peer/vote", &c, b"{}", NOW_MS - 30_001),
+            stale
+        );
         let nan = Credentials { ts_ms: "soon", ..c };
         assert_eq!(auth.check_fresh(&nan, NOW_MS), stale);
     }

@@ -294,13 +294,14 @@ impl RaftElector {
         .validate()
         .map_err(|e| ElectorError::Config(format!("openraft config: {e}")))?;
 
+        // Refuse an unauthenticated peer listener before touching the disk or the network.
+        let listen = peer_listen_addr(cfg)?;
+        let auth = PeerAuth::new(&peer_auth_key(cfg, listen)?, DEFAULT_WINDOW_MS);
         let dir: PathBuf = cfg.state_dir.join("raft");
         let log = LogStore::open(&dir)
             .map_err(|e| ElectorError::Config(format!("raft store {}: {e}", dir.display())))?;
         let sm = StateMachine::open(&dir)
             .map_err(|e| ElectorError::Config(format!("raft state {}: {e}", dir.display())))?;
-        let listen = peer_listen_addr(cfg)?;
-        let auth = PeerAuth::new(&peer_auth_key(cfg, listen)?, DEFAULT_WINDOW_MS);
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| config_error(format!("binding the raft peer listener {listen}: {e}")))?;
@@ -377,7 +378,12 @@ impl RaftElector {
         let raft = openraft::Raft::new(
             s.me,
             s.config.clone(),
-            NetworkFactory::new(&s.node_id, s.peers.clone(), s.faults.clone(), s.auth.clone()),
+            NetworkFactory::new(
+                &s.node_id,
+                s.peers.clone(),
+                s.faults.clone(),
+                s.auth.clone(),
+            ),
             s.log.clone(),
             s.sm.clone(),
         )

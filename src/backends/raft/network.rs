@@ -78,7 +78,12 @@ pub struct NetworkFactory {
 }
 
 impl NetworkFactory {
-    pub fn new(from: &str, peers: PeerMap, faults: Arc<PeerFaults>, auth: PeerAuth) -> NetworkFactory {
+    pub fn new(
+        from: &str,
+        peers: PeerMap,
+        faults: Arc<PeerFaults>,
+        auth: PeerAuth,
+    ) -> NetworkFactory {
         NetworkFactory {
             // Each call is bounded by openraft's own per-RPC ttl below; this is only a backstop.
             client: PeerClient::new(),

@@ -31,7 +31,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::auth::{now_unix_ms, AuthError, Credentials, PeerAuth, FROM_HEADER, MAC_HEADER, TS_HEADER};
+use super::auth::{
+    now_unix_ms, AuthError, Credentials, PeerAuth, FROM_HEADER, MAC_HEADER, TS_HEADER,
+};
 use super::network::{PeerRpcError, RaftPeerRpc, PEER_METHODS};
 use crate::metrics as m;
 
@@ -164,22 +166,37 @@ impl PeerService {
         let collect = Limited::new(body, max).collect();
         match tokio::time::timeout(self.limits.body_timeout, collect).await {
             Ok(Ok(b)) => Ok(b.to_bytes()),
-            Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(
-                reply(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("body over {max} bytes")),
-            ),
+            Ok(Err(e))
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                Err(reply(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    format!("body over {max} bytes"),
+                ))
+            }
             Ok(Err(e)) => Err(reply(StatusCode::BAD_REQUEST, "bad_body", e)),
-            Err(_) => Err(reply(StatusCode::REQUEST_TIMEOUT, "body_timeout", "body too slow")),
+            Err(_) => Err(reply(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "body too slow",
+            )),
         }
     }
 
     pub(crate) async fn handle(&self, req: Request<Incoming>) -> Resp {
         let path = req.uri().path().to_owned();
-        let Some(method) = path.strip_prefix("/peer/").filter(|m| PEER_METHODS.contains(m)) else {
+        let Some(method) = path
+            .strip_prefix("/peer/")
+            .filter(|m| PEER_METHODS.contains(m))
+        else {
             return reply(StatusCode::NOT_FOUND, "not_found", &path);
         };
         if req.method() != Method::POST {
             let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "POST");
-            r.headers_mut().insert(ALLOW, HeaderValue::from_static("POST"));
+            r.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("POST"));
             return r;
         }
         let (parts, body) = req.into_parts();
@@ -197,7 +214,10 @@ impl PeerService {
             Ok(b) => b,
             Err(r) => return r,
         };
-        if let Err(e) = self.auth.verify("POST", &path, &creds, &body, now_unix_ms()) {
+        if let Err(e) = self
+            .auth
+            .verify("POST", &path, &creds, &body, now_unix_ms())
+        {
             return self.refuse(e, method, Some(creds.from));
         }
         self.dispatch(method, body).await
@@ -211,9 +231,15 @@ impl PeerService {
                     .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
                 r
             }
-            Err(PeerRpcError::UnknownMethod(m)) => reply(StatusCode::NOT_FOUND, "unknown_peer_method", m),
-            Err(PeerRpcError::BadRequest(d)) => reply(StatusCode::BAD_REQUEST, "bad_peer_request", d),
-            Err(PeerRpcError::Failed(d)) => reply(StatusCode::SERVICE_UNAVAILABLE, "peer_failed", d),
+            Err(PeerRpcError::UnknownMethod(m)) => {
+                reply(StatusCode::NOT_FOUND, "unknown_peer_method", m)
+            }
+            Err(PeerRpcError::BadRequest(d)) => {
+                reply(StatusCode::BAD_REQUEST, "bad_peer_request", d)
+            }
+            Err(PeerRpcError::Failed(d)) => {
+                reply(StatusCode::SERVICE_UNAVAILABLE, "peer_failed", d)
+            }
         }
     }
 }
