@@ -70,6 +70,22 @@
 //! * In the node every member always campaigns, so the raft leader is always a candidate.
 //! * openraft 0.10 is edition 2024: building needs Rust ≥ 1.85.
 //!
+//! # Peer transport and its trust boundary
+//!
+//! Peer RPC has its own listener ([`server`], bound at `raft.peer_listen` or this node's
+//! `peer_addr`), owned by the elector and stopped when it is dropped; the client HTTP port never
+//! serves `/peer/*`. Every request is authenticated with HMAC-SHA256 under the shared cluster
+//! secret over method, path, sender, timestamp and body, with a ±30 s window, before openraft sees
+//! it ([`auth`]); refusals are 401/403, counted in `baton_peer_auth_failures_total{reason}`.
+//! No nonce cache: replays inside the window are tolerated by raft (see [`auth`]). Holding the
+//! secret is membership: a member is trusted. [`start`](RaftElector::start) refuses a peer
+//! listener off loopback, or a group of more than one member, without a secret.
+//!
+//! Terms never wrap: the won term becomes a token through [`FenceToken::checked`] (a term that
+//! does not fit an `i64` is an error and the node does not act), and the listener refuses any
+//! message whose term is above `i64::MAX − 1` (so one more election still fits), even when it is
+//! correctly signed. openraft has no hook to bound *relative* term jumps, so none is attempted.
+//!
 //! # Fault injection (test/chaos hook)
 //!
 //! `touch <state_dir>/faults/isolate-peers` cuts this node's raft peer traffic both ways (outgoing
