@@ -567,7 +567,8 @@ pub async fn skew_node_report(
     table.insert("clock_drift".into(), toml::Value::Float(drift));
     let new_text = toml::to_string(&table)?;
     let tmp = n.config.with_extension("toml.tmp");
-    std::fs::write(&tmp, &new_text)?;
+    // The config carries the cluster secret: keep it owner-only through the rewrite.
+    crate::fleet::write_private(&tmp, &new_text)?;
     let checked = baton::config::NodeConfig::from_file(&tmp)
         .map_err(anyhow::Error::from)
         .and_then(|c| c.validate().map_err(anyhow::Error::from));

@@ -35,7 +35,7 @@ pub struct FleetNode {
 }
 
 /// Writes a file only its owner can read: node configs carry the cluster secret.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = fs::OpenOptions::new()
