@@ -103,8 +103,32 @@ pub struct EtcdConfig {
 #[serde(deny_unknown_fields)]
 pub struct PeerSpec {
     pub id: String,
-    /// `host:port` of the member's HTTP server (peer RPC goes to `/peer/...`).
+    /// `host:port` of the member's client HTTP server (where followers redirect clients).
     pub addr: String,
+    /// `host:port` of the member's raft peer listener (`POST /peer/...`, authenticated).
+    pub peer_addr: String,
+}
+
+/// A secret that never shows in `Debug` output (logs); it serializes as the plain string, so a
+/// generated config file carries it. Keep such files private (`baton fleet` writes them 0600).
+#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: impl Into<String>) -> Secret {
+        Secret(text.into())
+    }
+    /// The secret itself: for keying a MAC, never for printing.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -113,6 +137,34 @@ pub struct RaftConfig {
     /// Every member, this node included.
     pub peers: Vec<PeerSpec>,
     pub heartbeat_interval_ms: u64,
+    /// Where this node's raft peer listener binds; defaults to this node's `peer_addr` in
+    /// `peers`. Never the client port: peer RPC has its own listener.
+    pub peer_listen: Option<SocketAddr>,
+    /// The shared cluster secret keying every peer request's HMAC. Required whenever the group
+    /// has more than one member or the peer listener is not on loopback.
+    pub cluster_secret: Option<Secret>,
+    /// Or: a file holding it (surrounding whitespace trimmed). Not both.
+    pub cluster_secret_file: Option<PathBuf>,
+}
+
+impl RaftConfig {
+    /// The configured cluster secret, read from the file if that is how it was given.
+    pub fn secret(&self) -> Result<Option<Secret>, ConfigError> {
+        match (&self.cluster_secret, &self.cluster_secret_file) {
+            (Some(_), Some(_)) => Err(ConfigError::Invalid(
+                "raft: set cluster_secret or cluster_secret_file, not both".into(),
+            )),
+            (Some(s), None) => Ok(Some(s.clone())),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok(Some(Secret::new(text.trim())))
+            }
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -294,6 +346,9 @@ impl NodeConfig {
                 ("etcd", "endpoints"),
                 ("redis", "url"),
                 ("raft", "peers"),
+                ("raft", "peer_listen"),
+                ("raft", "cluster_secret"),
+                ("raft", "cluster_secret_file"),
                 ("zk", "connect"),
             ] {
                 if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
@@ -487,5 +542,42 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_secret_never_shows_in_debug_or_redacted_json() {
+        let mut c = NodeConfig::default();
+        c.raft.cluster_secret = Some(Secret::new("hunter2-hunter2-hunter2"));
+        c.raft.cluster_secret_file = Some(PathBuf::from("/etc/baton/secret"));
+        assert!(!format!("{c:?}").contains("hunter2"));
+        let redacted = c.redacted_json().to_string();
+        assert!(!redacted.contains("hunter2"), "{redacted}");
+        assert!(!redacted.contains("/etc/baton/secret"), "{redacted}");
+        // The generated TOML does carry it: that is how every node of a fleet gets it.
+        assert!(toml::to_string(&c).unwrap().contains("hunter2"));
+    }
+
+    #[test]
+    fn secret_inline_or_from_a_file_not_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "  from-the-file-0123456789\n").unwrap();
+        let mut r = RaftConfig {
+            cluster_secret_file: Some(path),
+            ..RaftConfig::default()
+        };
+        assert_eq!(
+            r.secret().unwrap().unwrap().expose(),
+            "from-the-file-0123456789"
+        );
+        r.cluster_secret = Some(Secret::new("inline"));
+        assert!(r.secret().is_err());
+        r.cluster_secret_file = None;
+        assert_eq!(r.secret().unwrap().unwrap().expose(), "inline");
     }
 }

@@ -19,7 +19,6 @@
 //! backends, actors and HTTP can all name its types without an import circle.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -29,6 +28,24 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct FenceToken(pub i64);
+
+impl FenceToken {
+    /// A token from a backend's counter (raft term, etcd revision, zxid, epoch), checked: a value
+    /// that is not a positive `i64` is an error — the caller does not act — never a wrapped or
+    /// negative token (the resource would then refuse every later holder, forever).
+    pub fn checked<T>(what: &str, value: T) -> ElectorResult<FenceToken>
+    where
+        T: TryInto<i64> + Copy + fmt::Display,
+    {
+        match value.try_into() {
+            Ok(v) if v > 0 => Ok(FenceToken(v)),
+            _ => Err(ElectorError::Unavailable(format!(
+                "{what} {value} is not a usable fencing token (must be in 1..={})",
+                i64::MAX
+            ))),
+        }
+    }
+}
 
 impl fmt::Display for FenceToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -230,34 +247,6 @@ pub trait Elector: Send + Sync + 'static {
 
     /// End the session: revoke the lease, withdraw any candidacy. Idempotent.
     async fn close(&self) -> ElectorResult<()>;
-
-    /// Node-to-node RPC served on the node's own HTTP port under `/peer/` (the raft backend's
-    /// transport). Backends that talk only to an external service return `None`.
-    fn peer_rpc(&self) -> Option<Arc<dyn PeerRpc>> {
-        None
-    }
-}
-
-/// Handles `POST /peer/<method>` with a JSON (or binary) body; the answer is the response body.
-#[async_trait]
-pub trait PeerRpc: Send + Sync + 'static {
-    /// Answers one peer request; `method` is the path after `/peer/`. Each error variant maps to
-    /// an HTTP status (see [`PeerRpcError`]).
-    async fn handle(&self, method: &str, body: bytes::Bytes) -> Result<bytes::Bytes, PeerRpcError>;
-}
-
-/// Why a peer request was not answered; the HTTP layer turns it into an error response.
-#[derive(Debug, thiserror::Error)]
-pub enum PeerRpcError {
-    /// No such method (HTTP 404); carries the method name.
-    #[error("unknown peer method {0}")]
-    UnknownMethod(String),
-    /// The body could not be decoded (HTTP 400).
-    #[error("bad peer request: {0}")]
-    BadRequest(String),
-    /// The request was valid but handling it failed (HTTP 503).
-    #[error("peer request failed: {0}")]
-    Failed(String),
 }
 
 /// Requests an elector sent to its backend service (labels `backend`, `op`): how much a backend
@@ -267,4 +256,23 @@ pub const BACKEND_REQUESTS: &str = "baton_backend_requests_total";
 /// Counts one request to the backend service (see [`BACKEND_REQUESTS`]).
 pub fn count_request(backend: BackendKind, op: &'static str) {
     metrics::counter!(BACKEND_REQUESTS, "backend" => backend.as_str(), "op" => op).increment(1);
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_checked_never_wrapped() {
+        assert_eq!(FenceToken::checked("t", 7u64).unwrap(), FenceToken(7));
+        assert_eq!(
+            FenceToken::checked("t", i64::MAX as u64).unwrap(),
+            FenceToken(i64::MAX)
+        );
+        // One past i64::MAX would be negative with `as i64`.
+        assert!(FenceToken::checked("t", i64::MAX as u64 + 1).is_err());
+        assert!(FenceToken::checked("t", u64::MAX).is_err());
+        assert!(FenceToken::checked("t", 0i64).is_err());
+        assert!(FenceToken::checked("t", -5i64).is_err());
+    }
 }

@@ -61,6 +61,11 @@ pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
 /// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
+/// Raft peer requests refused by authentication (label `reason`: missing, bad_mac, stale,
+/// unknown_sender); a refused request changes nothing.
+pub const PEER_AUTH_FAILURES: &str = "baton_peer_auth_failures_total";
+/// Raft peer connections dropped at the peer listener's connection cap.
+pub const PEER_CONNECTIONS_REFUSED: &str = "baton_peer_connections_refused_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -147,6 +152,14 @@ pub fn describe() {
         "Seat vacant (as this node saw it) to won: the election itself"
     );
     describe_counter!(RENEWALS, "Successful lease renewals");
+    describe_counter!(
+        PEER_AUTH_FAILURES,
+        "Raft peer requests refused by authentication, by reason"
+    );
+    describe_counter!(
+        PEER_CONNECTIONS_REFUSED,
+        "Raft peer connections dropped at the connection cap"
+    );
     describe_counter!(RENEWAL_FAILURES, "Failed lease renewals");
     describe_gauge!(
         FENCE_TOKEN,

@@ -177,8 +177,6 @@ impl NodeBuilder {
             Some(e) => e,
             None => backends::build(&cfg).await?,
         };
-        #[cfg(feature = "http")]
-        let peer = backend.peer_rpc();
 
         let (leader_tx, leader_rx) = watch::channel(None);
         let leadership = Arc::new(Leadership::new(
@@ -212,7 +210,6 @@ impl NodeBuilder {
                 prometheus,
                 admin_token: cfg.admin_token.clone(),
                 max_block: cfg.sequencer.max_block,
-                peer,
             });
             tokio::spawn(http::serve(listener, app, async move {
                 let _ = http_stop_rx.await;

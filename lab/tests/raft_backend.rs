@@ -1,138 +1,53 @@
-//! The raft backend against the real thing: three `RaftElector`s in-process, each behind its own
-//! tiny HTTP server that forwards `POST /peer/*` to the elector's `PeerRpc` — and can drop a node's
-//! traffic (both directions) to isolate it.
+//! The raft backend against the real thing: three `RaftElector`s in-process, each serving its
+//! own authenticated peer listener, sharing a cluster secret. A node is isolated with the
+//! `isolate-peers` fault file (both directions), as in a real fleet.
 
-use std::collections::HashSet;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton::backends::raft::network::FROM_HEADER;
+use baton::backends::raft::faults::{isolate_peers_path, CHECK_EVERY};
 use baton::backends::raft::RaftElector;
-use baton::backends::{Elector, ElectorError, FenceToken, PeerRpc, Win};
-use baton::config::{NodeConfig, PeerSpec};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use baton::backends::{Elector, ElectorError, FenceToken, Win};
+use baton::config::{NodeConfig, PeerSpec, Secret};
 use openraft::async_runtime::WatchReceiver;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 /// The tests are timing-sensitive (150-300 ms elections) on a 2-core machine: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-type Slot = Arc<RwLock<Option<Arc<dyn PeerRpc>>>>;
-type Blocked = Arc<Mutex<HashSet<String>>>;
-
 struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
     cfgs: Vec<NodeConfig>,
     electors: Vec<Arc<RaftElector>>,
-    slots: Vec<Slot>,
-    blocked: Blocked,
-    servers: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for s in &self.servers {
-            s.abort();
-        }
-    }
-}
-
-async fn peer_server(listener: TcpListener, node: String, slot: Slot, blocked: Blocked) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            return;
-        };
-        let (node, slot, blocked) = (node.clone(), slot.clone(), blocked.clone());
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<Incoming>| {
-                let (node, slot, blocked) = (node.clone(), slot.clone(), blocked.clone());
-                async move { Ok::<_, Infallible>(forward(req, &node, &slot, &blocked).await) }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
-}
-
-fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body));
-    *r.status_mut() = status;
-    r
-}
-
-async fn forward(
-    req: Request<Incoming>,
-    node: &str,
-    slot: &Slot,
-    blocked: &Blocked,
-) -> Response<Full<Bytes>> {
-    let from = req
-        .headers()
-        .get(FROM_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let cut = {
-        let b = blocked.lock().unwrap();
-        b.contains(node) || b.contains(&from)
-    };
-    if cut {
-        return reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from_static(b"cut"));
-    }
-    let Some(method) = req.uri().path().strip_prefix("/peer/").map(str::to_owned) else {
-        return reply(StatusCode::NOT_FOUND, Bytes::new());
-    };
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return reply(StatusCode::BAD_REQUEST, Bytes::new()),
-    };
-    let rpc = slot.read().unwrap().clone();
-    let Some(rpc) = rpc else {
-        return reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from_static(b"down"));
-    };
-    match rpc.handle(&method, body).await {
-        Ok(b) => reply(StatusCode::OK, b),
-        Err(e) => reply(StatusCode::SERVICE_UNAVAILABLE, Bytes::from(e.to_string())),
-    }
+/// A loopback address nobody listens on right now (the elector binds it).
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
 }
 
 impl Cluster {
     async fn start(n: usize) -> Cluster {
-        let mut listeners = Vec::new();
-        let mut peers = Vec::new();
-        for i in 0..n {
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            peers.push(PeerSpec {
+        let peers: Vec<PeerSpec> = (0..n)
+            .map(|i| PeerSpec {
                 id: format!("n{}", i + 1),
-                addr: l.local_addr().unwrap().to_string(),
-            });
-            listeners.push(l);
-        }
-        let blocked: Blocked = Arc::default();
+                addr: free_addr(),
+                peer_addr: free_addr(),
+            })
+            .collect();
         let mut c = Cluster {
             _dirs: Vec::new(),
             cfgs: Vec::new(),
             electors: Vec::new(),
-            slots: Vec::new(),
-            blocked: blocked.clone(),
-            servers: Vec::new(),
         };
-        for (i, l) in listeners.into_iter().enumerate() {
+        for p in &peers {
             let dir = tempfile::tempdir().unwrap();
             let mut cfg = NodeConfig {
-                node_id: peers[i].id.clone(),
+                node_id: p.id.clone(),
                 state_dir: dir.path().to_owned(),
                 election_timeout_ms: "150-300".into(),
-                advertise_addr: Some(peers[i].addr.clone()),
+                advertise_addr: Some(p.addr.clone()),
                 // The grant is min(lease, 150 ms election minimum): renew well inside it.
                 renew_interval_ms: 40,
                 retry_interval_ms: 20,
@@ -141,16 +56,9 @@ impl Cluster {
             };
             cfg.backend = baton::backends::BackendKind::Raft;
             cfg.raft.peers = peers.clone();
-            let slot: Slot = Arc::default();
-            c.servers.push(tokio::spawn(peer_server(
-                l,
-                cfg.node_id.clone(),
-                slot.clone(),
-                blocked.clone(),
-            )));
+            cfg.raft.cluster_secret = Some(Secret::new("raft-backend-test-secret-0123456789"));
             c._dirs.push(dir);
             c.cfgs.push(cfg);
-            c.slots.push(slot);
         }
         for i in 0..n {
             let e = c.open(i).await;
@@ -159,27 +67,40 @@ impl Cluster {
         c
     }
 
-    /// Starts (or restarts) node `i`'s elector from its state dir and plugs it into its server.
+    /// Starts (or restarts) node `i`'s elector from its state dir. Its previous incarnation's
+    /// peer listener may take a moment to let go of the port, so binding is retried briefly.
     async fn open(&self, i: usize) -> Arc<RaftElector> {
-        let e = Arc::new(RaftElector::start(&self.cfgs[i]).await.unwrap());
-        *self.slots[i].write().unwrap() = e.peer_rpc();
-        e
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match RaftElector::start(&self.cfgs[i]).await {
+                Ok(e) => return Arc::new(e),
+                Err(e) if Instant::now() < deadline && e.to_string().contains("binding") => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("starting n{}: {e}", i + 1),
+            }
+        }
     }
 
     async fn restart(&mut self, i: usize) {
         self.electors[i].close().await.unwrap();
-        *self.slots[i].write().unwrap() = None;
-        self.electors[i] = self.open(i).await;
+        // Drop the old incarnation (and its peer listener) before the new one binds the port.
+        let placeholder = self.electors.remove(i);
+        drop(placeholder);
+        let e = self.open(i).await;
+        self.electors.insert(i, e);
     }
 
-    fn isolate(&self, i: usize, cut: bool) {
-        let id = self.cfgs[i].node_id.clone();
-        let mut b = self.blocked.lock().unwrap();
+    /// Cuts (or heals) node `i`'s peer traffic both ways; returns once the fault is in effect.
+    async fn isolate(&self, i: usize, cut: bool) {
+        let path = isolate_peers_path(&self.cfgs[i].state_dir);
         if cut {
-            b.insert(id);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, b"").unwrap();
         } else {
-            b.remove(&id);
+            let _ = std::fs::remove_file(&path);
         }
+        tokio::time::sleep(CHECK_EVERY + Duration::from_millis(10)).await;
     }
 
     /// Campaigns on every listed node; wins arrive on the channel as `(index, win, at)`.
@@ -332,7 +253,7 @@ async fn isolated_leader_self_fences_within_the_lease() {
     );
 
     let mut last_ok = leader.renew().await.unwrap().expect("leader renews");
-    c.isolate(l, true);
+    c.isolate(l, true).await;
     let cut_at = Instant::now();
     let failed = loop {
         match leader.renew().await {
@@ -390,7 +311,7 @@ async fn isolated_leader_self_fences_within_the_lease() {
     assert!(leader.renew().await.is_err());
 
     // Heal: the old leader learns the new term and reports the new leader.
-    c.isolate(l, false);
+    c.isolate(l, false).await;
     let deadline = Instant::now() + ELECT;
     loop {
         let info = leader.leader().await.unwrap();
@@ -481,4 +402,64 @@ async fn unknown_successor_and_bad_config_are_errors() {
         RaftElector::start(&cfg).await,
         Err(ElectorError::Config(_))
     ));
+}
+
+/// A raft node refuses to start when its peer listener is reachable beyond loopback without a
+/// cluster secret, or when it has peers and no secret; it starts with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_listener_without_a_secret_is_refused() {
+    let _g = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let me = PeerSpec {
+        id: "n1".into(),
+        addr: free_addr(),
+        peer_addr: free_addr(),
+    };
+    let mut cfg = NodeConfig {
+        node_id: "n1".into(),
+        state_dir: dir.path().to_owned(),
+        renew_interval_ms: 40,
+        retry_interval_ms: 20,
+        deadline_margin_ms: 20,
+        ..NodeConfig::default()
+    };
+    cfg.backend = baton::backends::BackendKind::Raft;
+    cfg.raft.peers = vec![me.clone()];
+    let refused = |r: Result<RaftElector, ElectorError>, why: &str| match r {
+        Err(ElectorError::Config(msg)) => {
+            assert!(msg.contains("cluster_secret"), "{why}: {msg}");
+            assert!(
+                !dir.path().join("raft").exists(),
+                "{why}: refused after touching the store"
+            );
+        }
+        Err(e) => panic!("{why}: wrong error {e}"),
+        Ok(_) => panic!("{why}: started without a cluster secret"),
+    };
+
+    // Off loopback, no secret: refused (even a one-member group).
+    cfg.raft.peer_listen = Some("0.0.0.0:0".parse().unwrap());
+    refused(RaftElector::start(&cfg).await, "0.0.0.0 without a secret");
+    // Loopback, but with other members and no secret: refused.
+    cfg.raft.peer_listen = None;
+    let other = PeerSpec {
+        id: "n2".into(),
+        addr: free_addr(),
+        peer_addr: free_addr(),
+    };
+    cfg.raft.peers = vec![me.clone(), other];
+    refused(RaftElector::start(&cfg).await, "3 members without a secret");
+    // A too-short secret is no secret.
+    cfg.raft.cluster_secret = Some(Secret::new("short"));
+    refused(RaftElector::start(&cfg).await, "a 5-byte secret");
+
+    // With a secret, off loopback is allowed (the listener authenticates every request).
+    cfg.raft.peers = vec![me];
+    cfg.raft.peer_listen = Some("0.0.0.0:0".parse().unwrap());
+    cfg.raft.cluster_secret = Some(Secret::new("raft-backend-test-secret-0123456789"));
+    let e = RaftElector::start(&cfg)
+        .await
+        .expect("starts with a secret");
+    assert!(e.peer_addr().port() != 0);
+    e.close().await.unwrap();
 }

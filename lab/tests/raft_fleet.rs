@@ -1,5 +1,5 @@
 //! Issue 3's end-to-end checks on the raft backend: real `baton node` processes electing among
-//! themselves (openraft over their own HTTP ports), the private PostgreSQL as the fenced resource,
+//! themselves (openraft over their own authenticated peer listeners), the private PostgreSQL as the fenced resource,
 //! every claim checked against the resource's ledger (`baton.fence_log`, its own clock).
 //!
 //! The peer cut uses the raft backend's fault hook (`<state_dir>/faults/isolate-peers`, see

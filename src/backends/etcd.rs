@@ -179,7 +179,7 @@ impl Elector for EtcdElector {
         let key = resp
             .take_leader()
             .ok_or_else(|| unavailable("campaign answered without a leader key"))?;
-        let token = FenceToken(key.rev());
+        let token = FenceToken::checked("etcd revision", key.rev())?;
         let vacant_since = match vacancy {
             Some(v) => v.vacant_since(key.rev(), started).await,
             None => None,

@@ -298,7 +298,7 @@ impl Elector for PgLeaseElector {
                     ));
                 }
                 return Ok(Win {
-                    token: FenceToken(epoch),
+                    token: FenceToken::checked("lease epoch", epoch)?,
                     grant: Grant {
                         sent_at,
                         ttl: self.ttl,

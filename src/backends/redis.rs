@@ -209,7 +209,9 @@ impl RedisElector {
                     .arg(value)
                     .arg(self.ttl_ms());
                 let token: Option<i64> = self.bounded(inv.invoke_async(&mut conn)).await?;
-                Ok(token.map(FenceToken))
+                token
+                    .map(|t| FenceToken::checked("redis token counter", t))
+                    .transpose()
             }
             _ => {
                 let set: Option<String> = self
@@ -224,7 +226,8 @@ impl RedisElector {
                     )
                     .await?;
                 // No fencing token (see the module doc): the wall clock at acquisition.
-                Ok(set.map(|_| FenceToken(self.clock.wall_ms())))
+                set.map(|_| FenceToken::checked("wall clock (ms)", self.clock.wall_ms()))
+                    .transpose()
             }
         }
     }

@@ -587,7 +587,7 @@ impl Elector for ZkElector {
                         s.last_grant
                     };
                     return Ok(Win {
-                        token: FenceToken(node.czxid),
+                        token: FenceToken::checked("zookeeper czxid", node.czxid)?,
                         grant,
                         vacant_since: Some(woke_at.unwrap_or(started)),
                     });

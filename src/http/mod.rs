@@ -30,8 +30,6 @@ pub(crate) struct HttpApp {
     pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub admin_token: Option<String>,
     pub max_block: u32,
-    /// The backend's node-to-node RPC, when it has one (raft).
-    pub peer: Option<Arc<dyn crate::backends::PeerRpc>>,
 }
 
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.

@@ -60,8 +60,8 @@ pub(super) async fn route(app: &HttpApp, req: Request<Incoming>) -> Resp {
         ("/next", _) => method_not_allowed("POST"),
         ("/stepdown", &Method::POST) => stepdown(app, req).await,
         ("/stepdown", _) => method_not_allowed("POST"),
-        (p, &Method::POST) if p.starts_with("/peer/") && app.peer.is_some() => peer(app, req).await,
-        (p, _) if p.starts_with("/peer/") && app.peer.is_some() => method_not_allowed("POST"),
+        // Raft peer RPC is never served here: it has its own authenticated listener
+        // (src/backends/raft/server.rs), so `/peer/*` is a plain 404 on the client port.
         _ => error(StatusCode::NOT_FOUND, "not_found", path),
     }
 }
@@ -297,37 +297,6 @@ async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
             "timeout",
             "no answer from the sequencer; nothing was issued to you",
         ),
-    }
-}
-
-/// Peer RPC bodies (Raft append-entries, snapshots) may be large, but not unbounded.
-const MAX_PEER_BODY_BYTES: usize = 64 * 1024 * 1024;
-
-async fn peer(app: &HttpApp, req: Request<Incoming>) -> Resp {
-    let Some(rpc) = app.peer.clone() else {
-        return error(StatusCode::NOT_FOUND, "not_found", "no peer rpc");
-    };
-    let method = req.uri().path().trim_start_matches("/peer/").to_owned();
-    let body = match collect_limited(req.into_body(), MAX_PEER_BODY_BYTES).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    match rpc.handle(&method, body).await {
-        Ok(bytes) => {
-            let mut r = Response::new(Full::new(bytes));
-            r.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            r
-        }
-        Err(crate::backends::PeerRpcError::UnknownMethod(m)) => {
-            error(StatusCode::NOT_FOUND, "unknown_peer_method", m)
-        }
-        Err(crate::backends::PeerRpcError::BadRequest(d)) => {
-            error(StatusCode::BAD_REQUEST, "bad_peer_request", d)
-        }
-        Err(crate::backends::PeerRpcError::Failed(d)) => {
-            error(StatusCode::SERVICE_UNAVAILABLE, "peer_failed", d)
-        }
     }
 }
 

@@ -188,6 +188,13 @@ struct CutPlan {
     what: String,
 }
 
+/// A raft node's peer listener address (fleets from before it existed used the client port).
+fn peer_listener(node: &FleetNode) -> anyhow::Result<SocketAddr> {
+    let addr = node.peer_addr.as_deref().unwrap_or(&node.http_addr);
+    addr.parse()
+        .with_context(|| format!("{}'s peer address {addr}", node.id))
+}
+
 fn cut_plan(state: &FleetState, net: &NetnsFleet, node: &FleetNode) -> anyhow::Result<CutPlan> {
     let me = net.node(&node.id)?;
     let ns = Some(me.ns.clone());
@@ -206,9 +213,11 @@ fn cut_plan(state: &FleetState, net: &NetnsFleet, node: &FleetNode) -> anyhow::R
                 let p = net.node(&peer.id)?;
                 hosts.push(p.ip);
                 if pid_alive(peer.pid) {
-                    let addr: SocketAddr = peer.http_addr.parse()?;
-                    cut.push((ns.clone(), addr));
-                    cut.push((Some(p.ns.clone()), my_http));
+                    // Raft traffic goes between the peer listeners, not the client ports.
+                    let theirs: SocketAddr = peer_listener(peer)?;
+                    let mine: SocketAddr = peer_listener(node)?;
+                    cut.push((ns.clone(), theirs));
+                    cut.push((Some(p.ns.clone()), mine));
                 }
             }
             (hosts, cut, "its raft peers".to_string())
@@ -558,7 +567,8 @@ pub async fn skew_node_report(
     table.insert("clock_drift".into(), toml::Value::Float(drift));
     let new_text = toml::to_string(&table)?;
     let tmp = n.config.with_extension("toml.tmp");
-    std::fs::write(&tmp, &new_text)?;
+    // The config carries the cluster secret: keep it owner-only through the rewrite.
+    crate::fleet::write_private(&tmp, &new_text)?;
     let checked = baton::config::NodeConfig::from_file(&tmp)
         .map_err(anyhow::Error::from)
         .and_then(|c| c.validate().map_err(anyhow::Error::from));

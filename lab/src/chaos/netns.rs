@@ -477,6 +477,7 @@ impl NetnsFleet {
         index: usize,
         cfg: &mut NodeConfig,
         http_ports: &[u16],
+        peer_ports: &[u16],
         postgres: &PgServer,
         etcd: Option<&EtcdCluster>,
         redis: Option<&RedisServer>,
@@ -515,6 +516,12 @@ impl NetnsFleet {
                 .position(|n| n.id == peer.id)
                 .with_context(|| format!("raft peer {} has no namespace", peer.id))?;
             peer.addr = format!("{}:{}", self.nodes[i].ip, http_ports[i]);
+            if let Some(pp) = peer_ports.get(i) {
+                peer.peer_addr = format!("{}:{pp}", self.nodes[i].ip);
+            }
+        }
+        if let Some(pp) = peer_ports.get(index) {
+            cfg.raft.peer_listen = Some(SocketAddr::from((me.ip, *pp)));
         }
         if cfg.backend == baton::backends::BackendKind::PgLease {
             cfg.pg_lease.database_url =

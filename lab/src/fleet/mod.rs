@@ -27,8 +27,31 @@ pub struct FleetNode {
     pub id: String,
     pub pid: u32,
     pub http_addr: String,
+    /// The raft peer listener (raft fleets only): chaos cuts it to partition a node.
+    #[serde(default)]
+    pub peer_addr: Option<String>,
     pub config: PathBuf,
     pub log: PathBuf,
+}
+
+/// Writes a file only its owner can read: node configs carry the cluster secret.
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())
+}
+
+/// A fresh cluster secret for one raft fleet: 32 random bytes, hex. Every node's TOML carries it
+/// (written 0600), so `baton node --config ...` and every other command keep working.
+fn generate_cluster_secret() -> baton::config::Secret {
+    let bytes: [u8; 32] = rand::random();
+    baton::config::Secret::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -279,6 +302,13 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     }
 
     let ports = free_ports(spec.nodes)?;
+    // Raft peer RPC has its own listener per node, never the client port.
+    let peer_ports = if spec.backend == BackendKind::Raft {
+        free_ports(spec.nodes)?
+    } else {
+        Vec::new()
+    };
+    let cluster_secret = generate_cluster_secret();
     let mut nodes = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let id = format!("n{}", i + 1);
@@ -303,12 +333,16 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             // Every member, this node included: the raft group is the fleet.
             cfg.raft.peers = ports
                 .iter()
+                .zip(&peer_ports)
                 .enumerate()
-                .map(|(j, p)| baton::config::PeerSpec {
+                .map(|(j, (p, pp))| baton::config::PeerSpec {
                     id: format!("n{}", j + 1),
                     addr: format!("127.0.0.1:{p}"),
+                    peer_addr: format!("127.0.0.1:{pp}"),
                 })
                 .collect();
+            cfg.raft.peer_listen = Some(format!("127.0.0.1:{}", peer_ports[i]).parse()?);
+            cfg.raft.cluster_secret = Some(cluster_secret.clone());
         }
         if spec.backend == BackendKind::PgLease {
             // Its own role and schema: lease credentials cannot reach the fenced resource.
@@ -316,10 +350,16 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         }
         if let Some(n) = net.get() {
             let (e, r, z) = (etcd.as_ref(), redis.as_ref(), zk.as_ref());
-            n.node_config(i, &mut cfg, &ports, &postgres, e, r, z)?;
+            n.node_config(i, &mut cfg, &ports, &peer_ports, &postgres, e, r, z)?;
         }
         let config = node_dir.join("config.toml");
-        fs::write(&config, toml::to_string(&cfg)?)?;
+        write_private(&config, &toml::to_string(&cfg)?)?;
+        let peer_addr = cfg
+            .raft
+            .peers
+            .iter()
+            .find(|p| p.id == id)
+            .map(|p| p.peer_addr.clone());
         nodes.push(FleetNode {
             id,
             pid: 0,
@@ -327,6 +367,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
                 .advertise_addr
                 .clone()
                 .unwrap_or_else(|| format!("127.0.0.1:{port}")),
+            peer_addr,
             config,
             log: node_dir.join("node.log"),
         });

@@ -24,7 +24,9 @@ impl PeerClient {
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         let inner = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            // Below the peer listener's 5 s header-read timeout, which also closes idle
+            // keep-alive connections: the pool drops them first instead of racing the server.
+            .pool_idle_timeout(Duration::from_secs(4))
             .build(conn);
         PeerClient { inner }
     }

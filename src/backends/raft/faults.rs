@@ -6,7 +6,7 @@
 //! * every outgoing peer RPC (append/heartbeat, vote, pre-vote, snapshot, transfer) is *dropped*:
 //!   it is never sent, and the caller sees it time out after the RPC's own deadline, as it would
 //!   behind a partition;
-//! * every incoming `POST /peer/*` is refused (`503`), so the other members see this node as
+//! * every incoming authenticated `POST /peer/*` is refused (`503`), so the other members see this node as
 //!   unreachable.
 //!
 //! Clients (`/status`, `/next`, `/stepdown`, `/metrics`) and the node's PostgreSQL connection are

@@ -70,6 +70,22 @@
 //! * In the node every member always campaigns, so the raft leader is always a candidate.
 //! * openraft 0.10 is edition 2024: building needs Rust ≥ 1.85.
 //!
+//! # Peer transport and its trust boundary
+//!
+//! Peer RPC has its own listener ([`server`], bound at `raft.peer_listen` or this node's
+//! `peer_addr`), owned by the elector and stopped when it is dropped; the client HTTP port never
+//! serves `/peer/*`. Every request is authenticated with HMAC-SHA256 under the shared cluster
+//! secret over method, path, sender, timestamp and body, with a ±30 s window, before openraft sees
+//! it ([`auth`]); refusals are 401/403, counted in `baton_peer_auth_failures_total{reason}`.
+//! No nonce cache: replays inside the window are tolerated by raft (see [`auth`]). Holding the
+//! secret is membership: a member is trusted. [`start`](RaftElector::start) refuses a peer
+//! listener off loopback, or a group of more than one member, without a secret.
+//!
+//! Terms never wrap: the won term becomes a token through [`FenceToken::checked`] (a term that
+//! does not fit an `i64` is an error and the node does not act), and the listener refuses any
+//! message whose term is above `i64::MAX − 1` (so one more election still fits), even when it is
+//! correctly signed. openraft has no hook to bound *relative* term jumps, so none is attempted.
+//!
 //! # Fault injection (test/chaos hook)
 //!
 //! `touch <state_dir>/faults/isolate-peers` cuts this node's raft peer traffic both ways (outgoing
@@ -86,12 +102,15 @@
 //! wiped is a *new* voter with amnesia; raft's safety does not cover that (don't do it to a
 //! majority).
 
+pub mod auth;
 mod client;
 pub mod faults;
 pub mod network;
+pub mod server;
 pub mod storage;
 pub mod types;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -102,10 +121,12 @@ use openraft::errors::{InitializeError, LinearizableReadError, RaftError};
 use openraft::{ReadPolicy, ServerState, SnapshotPolicy};
 
 use super::{
-    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, PeerRpc, Win,
+    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
+use auth::{PeerAuth, DEFAULT_WINDOW_MS, MIN_SECRET_BYTES};
 use network::{NetworkFactory, RaftHandleSource, RaftPeerRpc};
+use server::{Limits, PeerService};
 use storage::{LogStore, StateMachine};
 use types::{PeerMap, TypeConfig};
 
@@ -124,6 +145,8 @@ struct Shared {
     sm: StateMachine,
     /// The `isolate-peers` test/chaos hook (see [`faults`]).
     faults: Arc<faults::PeerFaults>,
+    /// Signs outgoing peer requests (the same key verifies incoming ones).
+    auth: PeerAuth,
     raft: RwLock<Option<RaftHandle>>,
     /// Serialises start and shutdown.
     lifecycle: tokio::sync::Mutex<()>,
@@ -140,9 +163,79 @@ impl RaftHandleSource for Shared {
     }
 }
 
+/// Serves `/peer/*` on `listener` until the returned sender is dropped.
+fn spawn_peer_server(
+    shared: &Arc<Shared>,
+    listener: tokio::net::TcpListener,
+    peers: &[crate::config::PeerSpec],
+) -> tokio::sync::oneshot::Sender<()> {
+    let rpc = RaftPeerRpc {
+        source: shared.clone(),
+        faults: shared.faults.clone(),
+    };
+    let members = peers.iter().map(|p| p.id.clone()).collect();
+    let service = PeerService::new(
+        shared.auth.clone(),
+        members,
+        rpc,
+        Limits::default(),
+        shared.node_id.clone(),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server::serve(listener, Arc::new(service), async move {
+        let _ = stop_rx.await;
+    }));
+    stop_tx
+}
+
 /// The raft backend. See the module docs.
 pub struct RaftElector {
     shared: Arc<Shared>,
+    /// Where the peer listener is bound (the configured address, resolved if it was port 0).
+    peer_addr: SocketAddr,
+    /// Dropping it stops the peer listener.
+    _peer_stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn config_error(e: impl std::fmt::Display) -> ElectorError {
+    ElectorError::Config(e.to_string())
+}
+
+/// Where this node's peer listener binds: `raft.peer_listen`, else its own `peer_addr`.
+fn peer_listen_addr(cfg: &NodeConfig) -> ElectorResult<SocketAddr> {
+    if let Some(a) = cfg.raft.peer_listen {
+        return Ok(a);
+    }
+    let own = cfg.raft.peers.iter().find(|p| p.id == cfg.node_id);
+    let addr = own.map(|p| p.peer_addr.as_str()).unwrap_or("");
+    addr.parse().map_err(|_| {
+        config_error(format!(
+            "raft.peer_listen is not set and this node's peer_addr {addr:?} is not an ip:port"
+        ))
+    })
+}
+
+/// The key peer requests are authenticated with. Refuses to start a node whose peer listener is
+/// reachable beyond loopback, or whose group has other members, without a cluster secret. A
+/// one-member group on loopback gets a random key: it has nobody to talk to, so nobody can sign.
+pub fn peer_auth_key(cfg: &NodeConfig, listen: SocketAddr) -> ElectorResult<Vec<u8>> {
+    let secret = cfg.raft.secret().map_err(config_error)?;
+    match secret {
+        Some(s) if s.expose().len() >= MIN_SECRET_BYTES => Ok(s.expose().as_bytes().to_vec()),
+        Some(_) => Err(config_error(format!(
+            "raft.cluster_secret is shorter than {MIN_SECRET_BYTES} bytes (use e.g. 64 hex characters)"
+        ))),
+        None if !listen.ip().is_loopback() => Err(config_error(format!(
+            "the raft peer listener {listen} is not on loopback: set raft.cluster_secret (or \
+             raft.cluster_secret_file) so peer RPC is authenticated"
+        ))),
+        None if cfg.raft.peers.len() > 1 => Err(config_error(format!(
+            "a raft group of {} members needs raft.cluster_secret (or raft.cluster_secret_file) \
+             to authenticate peer RPC; `baton fleet` generates one",
+            cfg.raft.peers.len()
+        ))),
+        None => Ok((0..32).map(|_| rand::random::<u8>()).collect()),
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ElectorError {
@@ -158,8 +251,8 @@ pub fn lease_bound(cfg: &NodeConfig) -> ElectorResult<Duration> {
 }
 
 impl RaftElector {
-    /// Opens the store in `<state_dir>/raft/` and starts raft. Peer RPC is served by whoever
-    /// serves [`Elector::peer_rpc`]; until then, peers simply cannot reach us yet.
+    /// Opens the store in `<state_dir>/raft/`, binds the authenticated peer listener (see
+    /// [`server`]) and starts raft. The listener stops when the elector is dropped.
     pub async fn start(cfg: &NodeConfig) -> ElectorResult<RaftElector> {
         let peers = PeerMap::new(&cfg.raft.peers).map_err(ElectorError::Config)?;
         let me = peers.raft_id(&cfg.node_id).ok_or_else(|| {
@@ -217,11 +310,18 @@ impl RaftElector {
         .validate()
         .map_err(|e| ElectorError::Config(format!("openraft config: {e}")))?;
 
+        // Refuse an unauthenticated peer listener before touching the disk or the network.
+        let listen = peer_listen_addr(cfg)?;
+        let auth = PeerAuth::new(&peer_auth_key(cfg, listen)?, DEFAULT_WINDOW_MS);
         let dir: PathBuf = cfg.state_dir.join("raft");
         let log = LogStore::open(&dir)
             .map_err(|e| ElectorError::Config(format!("raft store {}: {e}", dir.display())))?;
         let sm = StateMachine::open(&dir)
             .map_err(|e| ElectorError::Config(format!("raft state {}: {e}", dir.display())))?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| config_error(format!("binding the raft peer listener {listen}: {e}")))?;
+        let peer_addr = listener.local_addr().map_err(config_error)?;
         let shared = Arc::new(Shared {
             node_id: cfg.node_id.clone(),
             me,
@@ -230,6 +330,7 @@ impl RaftElector {
             log,
             sm,
             faults: Arc::new(faults::PeerFaults::new(&cfg.node_id, &cfg.state_dir)),
+            auth,
             raft: RwLock::new(None),
             lifecycle: tokio::sync::Mutex::new(()),
             won_term: Mutex::new(None),
@@ -237,9 +338,20 @@ impl RaftElector {
             heartbeat: Duration::from_millis(heartbeat),
             election_max: Duration::from_millis(emax),
         });
-        let elector = RaftElector { shared };
+        let peer_stop = spawn_peer_server(&shared, listener, &cfg.raft.peers);
+        tracing::info!(node = %cfg.node_id, %peer_addr, "raft peer listener up (authenticated)");
+        let elector = RaftElector {
+            shared,
+            peer_addr,
+            _peer_stop: peer_stop,
+        };
         elector.ensure_started().await?;
         Ok(elector)
+    }
+
+    /// Where this node's raft peer listener is bound.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer_addr
     }
 
     /// The running raft (tests and diagnostics).
@@ -282,7 +394,12 @@ impl RaftElector {
         let raft = openraft::Raft::new(
             s.me,
             s.config.clone(),
-            NetworkFactory::new(&s.node_id, s.peers.clone(), s.faults.clone()),
+            NetworkFactory::new(
+                &s.node_id,
+                s.peers.clone(),
+                s.faults.clone(),
+                s.auth.clone(),
+            ),
             s.log.clone(),
             s.sm.clone(),
         )
@@ -365,9 +482,11 @@ impl Elector for RaftElector {
                 .await;
                 if let Ok(Ok(read)) = read {
                     let term = read.committed_leader_id().term;
+                    // Checked before we claim the term: one that cannot be a token is not acted on.
+                    let token = FenceToken::checked("raft term", term)?;
                     self.set_won(Some(term));
                     return Ok(Win {
-                        token: FenceToken(term as i64),
+                        token,
                         grant: Grant {
                             sent_at,
                             ttl: self.shared.lease_ttl,
@@ -506,12 +625,5 @@ impl Elector for RaftElector {
             }
         }
         Ok(())
-    }
-
-    fn peer_rpc(&self) -> Option<Arc<dyn PeerRpc>> {
-        Some(Arc::new(RaftPeerRpc {
-            source: self.shared.clone(),
-            faults: self.shared.faults.clone(),
-        }))
     }
 }

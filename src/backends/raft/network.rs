@@ -1,5 +1,6 @@
-//! Raft transport over the nodes' own HTTP servers: `POST http://<addr>/peer/<method>` with a
-//! serde_json body, answered by [`RaftPeerRpc`] (routed there by `src/http/routes.rs`).
+//! Raft transport over each node's own *peer listener* ([`super::server`], never the client
+//! port): `POST http://<peer_addr>/peer/<method>` with a serde_json body, signed with the cluster
+//! secret ([`super::auth`]), answered by [`RaftPeerRpc`] once the server has authenticated it.
 //!
 //! | method            | request                          | answer                      |
 //! | ----------------- | -------------------------------- | --------------------------- |
@@ -9,9 +10,13 @@
 //! | `snapshot`        | `{vote, meta}` (the data is empty) | `SnapshotResponse`        |
 //! | `transfer_leader` | `TransferLeaderRequest`          | `TransferLeaderResponse`    |
 //!
-//! Every request carries [`FROM_HEADER`] with the sender's node id (tests use it to cut a node off;
-//! it is informational, not authentication). Any transport failure or non-200 answer is reported to
-//! openraft as `Unreachable` (it backs off and retries).
+//! Every request carries [`FROM_HEADER`] (the sender's node id), a timestamp and an HMAC over
+//! method, path, sender, timestamp and body (see [`super::auth`]). Any transport failure or
+//! non-200 answer is reported to openraft as `Unreachable` (it backs off and retries).
+//!
+//! The receiving half also refuses any vote (or append, snapshot, transfer) whose term is above
+//! [`MAX_TERM`]: such a term could never become a fencing token (an `i64`), and a node that
+//! adopted it would be stuck. Authentication is the real defence; this bound is belt and braces.
 //!
 //! Both halves honour the `isolate-peers` fault file (see [`super::faults`]): while it exists,
 //! outgoing RPCs are dropped (they time out after their deadline) and incoming ones are refused.
@@ -19,7 +24,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use hyper::StatusCode;
 use openraft::errors::{RPCError, ReplicationClosed, StreamingError, Unreachable};
@@ -32,13 +36,29 @@ use openraft::{BasicNode, OptionalSend, RaftNetworkV2};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::auth::{now_unix_ms, PeerAuth, MAC_HEADER, TS_HEADER};
 use super::client::PeerClient;
 use super::faults::PeerFaults;
 use super::types::{PeerMap, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote};
-use crate::backends::{count_request, BackendKind, PeerRpc, PeerRpcError};
+use crate::backends::{count_request, BackendKind};
 
-/// The sender's node id on every peer request.
-pub const FROM_HEADER: &str = "x-baton-peer-from";
+pub use super::auth::FROM_HEADER;
+
+/// The peer methods a listener serves.
+pub const PEER_METHODS: [&str; 5] = ["append", "vote", "pre_vote", "snapshot", "transfer_leader"];
+
+/// The highest term a peer message may carry: one more election must still fit an `i64` token.
+pub const MAX_TERM: u64 = (i64::MAX - 1) as u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerRpcError {
+    #[error("unknown peer method {0}")]
+    UnknownMethod(String),
+    #[error("bad peer request: {0}")]
+    BadRequest(String),
+    #[error("peer request failed: {0}")]
+    Failed(String),
+}
 
 #[derive(Serialize, Deserialize)]
 pub(crate) struct SnapshotMsg {
@@ -54,16 +74,23 @@ pub struct NetworkFactory {
     /// (a fleet re-created in the same directory keeps its raft state but gets new ports).
     peers: PeerMap,
     faults: Arc<PeerFaults>,
+    auth: PeerAuth,
 }
 
 impl NetworkFactory {
-    pub fn new(from: &str, peers: PeerMap, faults: Arc<PeerFaults>) -> NetworkFactory {
+    pub fn new(
+        from: &str,
+        peers: PeerMap,
+        faults: Arc<PeerFaults>,
+        auth: PeerAuth,
+    ) -> NetworkFactory {
         NetworkFactory {
             // Each call is bounded by openraft's own per-RPC ttl below; this is only a backstop.
             client: PeerClient::new(),
             from: from.to_owned(),
             peers,
             faults,
+            auth,
         }
     }
 }
@@ -73,7 +100,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> PeerConn {
         let addr = match self.peers.peer(target) {
-            Some(p) => p.addr.clone(),
+            Some(p) => p.peer_addr.clone(),
             None => node.addr.clone(),
         };
         PeerConn {
@@ -81,6 +108,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             addr,
             from: self.from.clone(),
             faults: self.faults.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -91,6 +119,7 @@ pub struct PeerConn {
     addr: String,
     from: String,
     faults: Arc<PeerFaults>,
+    auth: PeerAuth,
 }
 
 impl PeerConn {
@@ -113,8 +142,13 @@ impl PeerConn {
         }
         let body = serde_json::to_vec(req).map_err(|e| format!("encode {method}: {e}"))?;
         let path = format!("/peer/{method}");
+        let ts_ms = now_unix_ms();
+        let mac = self.auth.sign("POST", &path, &self.from, ts_ms, &body);
+        let ts_text = ts_ms.to_string();
         let headers = [
             (FROM_HEADER, self.from.as_str()),
+            (TS_HEADER, ts_text.as_str()),
+            (MAC_HEADER, mac.as_str()),
             ("content-type", "application/json"),
         ];
         let send = self
@@ -209,8 +243,9 @@ pub(crate) trait RaftHandleSource: Send + Sync + 'static {
     fn current(&self) -> Option<super::RaftHandle>;
 }
 
-/// The server half: decodes `/peer/<method>` bodies and hands them to the local raft.
-pub struct RaftPeerRpc {
+/// The server half: decodes authenticated `/peer/<method>` bodies and hands them to the local
+/// raft. Only [`super::server`] calls it, after the MAC verified.
+pub(crate) struct RaftPeerRpc {
     pub(crate) source: Arc<dyn RaftHandleSource>,
     pub(crate) faults: Arc<PeerFaults>,
 }
@@ -229,14 +264,20 @@ fn failed(e: impl std::fmt::Display) -> PeerRpcError {
     PeerRpcError::Failed(e.to_string())
 }
 
-#[async_trait]
-impl PeerRpc for RaftPeerRpc {
-    async fn handle(&self, method: &str, body: Bytes) -> Result<Bytes, PeerRpcError> {
-        let known = matches!(
-            method,
-            "append" | "vote" | "pre_vote" | "snapshot" | "transfer_leader"
-        );
-        if !known {
+/// Refuses a message whose term could never be a fencing token (see [`MAX_TERM`]).
+fn check_term(vote: &Vote) -> Result<(), PeerRpcError> {
+    let term = vote.leader_id.term;
+    if term > MAX_TERM {
+        return Err(PeerRpcError::BadRequest(format!(
+            "term {term} is above the largest usable term {MAX_TERM}"
+        )));
+    }
+    Ok(())
+}
+
+impl RaftPeerRpc {
+    pub(crate) async fn handle(&self, method: &str, body: Bytes) -> Result<Bytes, PeerRpcError> {
+        if !PEER_METHODS.contains(&method) {
             return Err(PeerRpcError::UnknownMethod(method.to_owned()));
         }
         if self.faults.isolated() {
@@ -251,18 +292,22 @@ impl PeerRpc for RaftPeerRpc {
         match method {
             "append" => {
                 let req: AppendEntriesRequest<TypeConfig> = decode(&body)?;
+                check_term(&req.vote)?;
                 encode(&raft.append_entries(req).await.map_err(failed)?)
             }
             "vote" => {
                 let req: VoteRequest<TypeConfig> = decode(&body)?;
+                check_term(&req.vote)?;
                 encode(&raft.vote(req).await.map_err(failed)?)
             }
             "pre_vote" => {
                 let req: VoteRequest<TypeConfig> = decode(&body)?;
+                check_term(&req.vote)?;
                 encode(&raft.pre_vote(req).await.map_err(failed)?)
             }
             "snapshot" => {
                 let msg: SnapshotMsg = decode(&body)?;
+                check_term(&msg.vote)?;
                 let snap = Snapshot {
                     meta: msg.meta,
                     snapshot: Vec::new(),
@@ -276,6 +321,7 @@ impl PeerRpc for RaftPeerRpc {
             }
             _ => {
                 let req: TransferLeaderRequest<TypeConfig> = decode(&body)?;
+                check_term(req.from_leader())?;
                 encode(&raft.handle_transfer_leader(req).await.map_err(failed)?)
             }
         }

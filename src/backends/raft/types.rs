@@ -8,7 +8,7 @@ use crate::config::PeerSpec;
 
 openraft::declare_raft_types!(
     /// baton's raft: no application data of its own (leadership is the product), `u64` node ids,
-    /// the HTTP address in [`BasicNode`], and the *standard* leader id — at most one leader per
+    /// the peer address in [`BasicNode`], and the *standard* leader id — at most one leader per
     /// term — so that the term alone is a fencing token (the default "advanced" leader id allows
     /// two leaders in one term, ordered by node id, which would make term tokens collide).
     pub TypeConfig:
@@ -80,12 +80,20 @@ impl PeerMap {
         self.by_raft.get(&raft_id)
     }
 
-    /// The initial membership: every member as a voter.
+    /// The initial membership: every member as a voter, at its peer address.
     pub fn members(&self) -> BTreeMap<u64, BasicNode> {
         self.by_raft
             .iter()
-            .map(|(id, p)| (*id, BasicNode::new(&p.addr)))
+            .map(|(id, p)| (*id, BasicNode::new(&p.peer_addr)))
             .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_raft.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_raft.is_empty()
     }
 
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
@@ -111,6 +119,7 @@ mod tests {
         PeerSpec {
             id: id.into(),
             addr: format!("{id}:1"),
+            peer_addr: format!("{id}:2"),
         }
     }
 
