@@ -164,7 +164,7 @@ async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
     let (leader, addr, token) = fleet.leader(SETTLE).await;
     let r = fleet.client.post(&addr, "/next").await.unwrap();
     assert_eq!(r.status, 200);
-    let app = fleet.app_db().await;
+    let node = fleet.node_db(&leader).await;
     let admin = fleet.admin_db().await;
     let last_before: i64 = admin
         .query_one(
@@ -175,25 +175,37 @@ async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
         .unwrap()
         .get(0);
 
-    // A stale token, as the application role, straight to the function.
-    let row = app
+    // A stale token, with the leader's own credentials, straight to the function.
+    let row = node
         .query_one(
-            "SELECT * FROM baton.seq_commit('sequence', $1, 'intruder', 1000000, 1000000)",
-            &[&(token - 1)],
+            "SELECT * FROM baton.seq_commit('sequence', $1, $2, 1000000, 1000000)",
+            &[&(token - 1), &leader],
         )
         .await
         .unwrap();
     assert!(!row.get::<_, bool>("accepted"));
     assert_eq!(row.get::<_, i64>("max_token"), token);
-    // The current token from another holder: the holder rule refuses it too.
-    let row = app
+    // The current token under another holder's name: the holder is who logged in, so the
+    // call is refused before the fence is even consulted.
+    let err = node
         .query_one(
             "SELECT * FROM baton.seq_commit('sequence', $1, 'intruder', 1000001, 1000001)",
             &[&token],
         )
         .await
-        .unwrap();
-    assert!(!row.get::<_, bool>("accepted"));
+        .expect_err("a node role writing as another holder");
+    assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{err}");
+    // The shared application role: refused on a fleet's resource.
+    let err = fleet
+        .app_db()
+        .await
+        .query_one(
+            "SELECT * FROM baton.seq_commit('sequence', $1, $2, 1000001, 1000001)",
+            &[&token, &leader],
+        )
+        .await
+        .expect_err("the shared role on a fleet's resource");
+    assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{err}");
 
     let rej = admin
         .query("SELECT token, max_token, holder, max_holder, op, reason FROM baton.fence_rejections ORDER BY id", &[])
@@ -203,27 +215,17 @@ async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
         .collect();
-    assert!(
-        rows.contains(&(
+    assert_eq!(
+        rows,
+        vec![(
             token - 1,
             token,
-            "intruder".into(),
+            leader.clone(),
             leader.clone(),
             "next".into(),
             "stale-token".into()
-        )),
-        "{rows:?}"
-    );
-    assert!(
-        rows.contains(&(
-            token,
-            token,
-            "intruder".into(),
-            leader.clone(),
-            "next".into(),
-            "holder-mismatch".into()
-        )),
-        "{rows:?}"
+        )],
+        "only the stale write is recorded"
     );
     let last_after: i64 = admin
         .query_one(
@@ -238,14 +240,14 @@ async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
         "a rejected write changed the sequence"
     );
 
-    // No bypass: the application role can read or write no table.
+    // No bypass: a node's role (a member of the application role) can read or write no table.
     for sql in [
         "UPDATE baton.fenced_resource SET max_token = 0",
         "SELECT * FROM baton.fence_log",
         "INSERT INTO baton.fence_log (resource, token, holder, op) VALUES ('sequence', 1, 'x', 'next')",
         "UPDATE baton.settings SET fencing = false",
     ] {
-        let err = app.batch_execute(sql).await.expect_err(sql);
+        let err = node.batch_execute(sql).await.expect_err(sql);
         assert_eq!(err.as_db_error().map(|e| e.code().code()), Some("42501"), "{sql}: {err}");
     }
     // The leader itself was never disturbed.

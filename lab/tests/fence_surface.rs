@@ -225,3 +225,50 @@ async fn the_private_postgres_asks_every_client_for_a_password() {
     // With the generated password, the application role gets in (and only calls functions).
     connect(&pg.server.app_url()).await;
 }
+
+/// The holder is who authenticated: a node's own role writes only under its own name, and once
+/// the resource requires per-node roles (as `baton fleet` sets it), the shared role is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_is_the_authenticated_node_role() {
+    let pg = private_pg().await;
+    let n1 = connect(&pg.server.node_role_url("n1").await.unwrap()).await;
+    let as_n2 = n1
+        .query("SELECT * FROM baton.seq_claim('seq', 5, 'n2')", &[])
+        .await
+        .expect_err("n1's role claiming as n2");
+    assert_eq!(as_n2.code().map(|c| c.code()), Some("42501"), "{as_n2}");
+    let as_n2 = n1
+        .query("SELECT * FROM baton.fence_record_rejection('seq', 1, 'n2')", &[])
+        .await
+        .expect_err("n1's role recording a rejection as n2");
+    assert_eq!(as_n2.code().map(|c| c.code()), Some("42501"), "{as_n2}");
+    let ok: bool = n1
+        .query_one("SELECT accepted FROM baton.seq_claim('seq', 5, 'n1')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok, "n1's role claims as n1");
+    // The role's session timeouts are its own (role settings do not inherit).
+    let idle: String = n1
+        .query_one("SHOW idle_in_transaction_session_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(idle, "5s");
+
+    let shared = connect(&pg.server.app_url()).await;
+    shared
+        .query_one("SELECT accepted FROM baton.seq_claim('seq', 6, 'anyone')", &[])
+        .await
+        .expect("the shared role may name a holder while per-node roles are not required");
+    baton::work::fence::set_require_node_roles(&pg.server.admin_url(), true)
+        .await
+        .unwrap();
+    let err = shared
+        .query("SELECT * FROM baton.seq_claim('seq', 7, 'anyone')", &[])
+        .await
+        .expect_err("the shared role once per-node roles are required");
+    assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{err}");
+    let bad = baton::work::fence::provision_node_role(&pg.server.admin_url(), "n1\"; DROP", "x").await;
+    assert!(bad.is_err(), "a node id that cannot name a role is refused");
+}

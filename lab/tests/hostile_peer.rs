@@ -390,7 +390,7 @@ async fn forged_peer_rpcs_are_refused_and_change_nothing() {
     assert_eq!(
         tokens,
         BTreeSet::from([token]),
-        "/next saw another term during the burst"
+        "/next saw another term during the burst: {changes:?}"
     );
     let (after_id, _, after_token) = fleet.leader(SETTLE).await;
     assert_eq!(

@@ -15,6 +15,19 @@ use crate::metrics as m;
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
+/// Session defaults for every role that calls the fenced functions (the shared application role
+/// and each per-node role): nobody holds the fence row. A transaction left idle (a client paused
+/// or gone mid-transaction, or a hostile `BEGIN; ...`) is ended by the server, which releases its
+/// locks; no statement runs, or waits for a lock, for long. These are defaults a session could
+/// override: they bound a paused or buggy client, not a hostile holder of the role's credentials
+/// (the trust boundary: the fence protects against stale nodes).
+const ROLE_TIMEOUTS: [(&str, &str); 3] = [
+    ("idle_in_transaction_session_timeout", "5s"),
+    ("statement_timeout", "5s"),
+    ("lock_timeout", "5s"),
+];
+/// The shared application role (created by `sql/0000_roles.sql`).
+pub const APP_ROLE: &str = "baton_app";
 /// Serializes concurrent migrators (several `baton migrate` or fleets on one server).
 const MIGRATION_LOCK_KEY: i64 = 0x6261_746f_6e;
 
@@ -435,6 +448,7 @@ pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), Fence
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
     client.batch_execute(ROLES_SQL).await?;
+    client.batch_execute(&role_timeouts_sql(APP_ROLE)).await?;
     let db: String = client
         .query_one("SELECT current_database()", &[])
         .await?
@@ -464,4 +478,78 @@ pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), Fence
     drop(client);
     let _ = conn_task.await;
     Ok(())
+}
+
+/// `ALTER ROLE ... SET` statements applying [`ROLE_TIMEOUTS`] to `role`.
+fn role_timeouts_sql(role: &str) -> String {
+    ROLE_TIMEOUTS
+        .iter()
+        .map(|(k, v)| format!("ALTER ROLE {} SET {k} = '{v}';", quote_ident(role)))
+        .collect()
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// The per-node role of `node_id`: a session of it may write only as holder `node_id`.
+pub fn node_role(node_id: &str) -> String {
+    format!("baton_node_{node_id}")
+}
+
+/// Creates (or updates) the per-node role of `node_id` with `password`, as a superuser
+/// (`admin_url`): a member of the application role, with its session timeouts. A node that
+/// connects as it writes only as holder `node_id`, whatever it claims. Run [`migrate`] first.
+/// Node ids are 1 to 40 characters of `[A-Za-z0-9_-]`.
+pub async fn provision_node_role(
+    admin_url: &str,
+    node_id: &str,
+    password: &str,
+) -> Result<String, FenceError> {
+    let valid = (1..=40).contains(&node_id.len())
+        && node_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !valid {
+        return Err(FenceError::Schema(format!(
+            "node id {node_id:?} cannot name a role: 1 to 40 of [A-Za-z0-9_-]"
+        )));
+    }
+    let role = node_role(node_id);
+    let (ident, name) = (quote_ident(&role), quote_literal(&role));
+    let sql = format!(
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {name}) THEN CREATE ROLE {ident}; END IF;
+         END $$;
+         ALTER ROLE {ident} LOGIN PASSWORD {password};
+         GRANT {APP_ROLE} TO {ident};
+         {timeouts}",
+        password = quote_literal(password),
+        timeouts = role_timeouts_sql(&role),
+    );
+    admin_batch(admin_url, &sql).await?;
+    Ok(role)
+}
+
+/// Sets whether the resource refuses sessions of the shared application role (only per-node
+/// roles may write), as a superuser.
+pub async fn set_require_node_roles(admin_url: &str, on: bool) -> Result<(), FenceError> {
+    admin_batch(
+        admin_url,
+        &format!("UPDATE baton.settings SET require_node_roles = {on};"),
+    )
+    .await
+}
+
+async fn admin_batch(admin_url: &str, sql: &str) -> Result<(), FenceError> {
+    let (client, conn) = tokio_postgres::connect(admin_url, NoTls).await?;
+    let conn_task = tokio::spawn(conn);
+    let done = client.batch_execute(sql).await;
+    drop(client);
+    let _ = conn_task.await;
+    Ok(done?)
 }

@@ -239,14 +239,17 @@ async fn baseline(
     args: &NextArgs,
     db: &tokio_postgres::Client,
 ) -> anyhow::Result<SideReport> {
+    // One fence domain guards every resource, so the baseline writes as the current leader
+    // (its token, and its database role, which is its holder name) to its own sequence row; any
+    // other identity is refused.
+    let (token, holder) = leader_identity(db).await?;
     let cfg = ResourceConfig {
-        database_url: state.postgres.app_url(),
+        database_url: state
+            .postgres
+            .url_as(&baton::work::fence::node_role(&holder), "127.0.0.1"),
         pool_size: args.baseline_connections,
         statement_timeout_ms: 5000,
     };
-    // One fence domain guards every resource, so the baseline writes as the current leader
-    // (its token and holder name) to its own sequence row; any other identity is refused.
-    let (token, holder) = leader_identity(db).await?;
     let fence = Fence::new(&cfg, &holder).context("baseline pool")?;
     let until = Instant::now() + Duration::from_millis(args.baseline_duration);
     let started = Instant::now();

@@ -490,7 +490,8 @@ impl NetnsFleet {
         let port = http_ports[index];
         cfg.http_listen = SocketAddr::from((me.ip, port));
         cfg.advertise_addr = Some(format!("{}:{port}", me.ip));
-        cfg.resource.database_url = postgres.url_as("baton_app", self.gateway);
+        cfg.resource.database_url =
+            postgres.url_as(&baton::work::fence::node_role(&cfg.node_id), self.gateway);
         if let Some(e) = etcd {
             cfg.etcd.endpoints = e
                 .members

@@ -319,7 +319,8 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         cfg.http_listen = format!("127.0.0.1:{port}").parse()?;
         cfg.advertise_addr = Some(format!("127.0.0.1:{port}"));
         cfg.state_dir = node_dir.clone();
-        cfg.resource.database_url = postgres.app_url();
+        // Each node writes as its own database role, so the fence's holder is who logged in.
+        cfg.resource.database_url = postgres.node_role_url(&id).await?;
         if let Some(e) = &etcd {
             cfg.etcd.endpoints = e.endpoints();
         }
@@ -402,6 +403,10 @@ async fn start_backend_servers(
     baton::work::fence::migrate(&postgres.admin_url(), Some(spec.fencing == Fencing::On))
         .await
         .context("migrating the fenced resource")?;
+    // Only per-node roles write to a fleet's resource (created with the nodes' configs).
+    baton::work::fence::set_require_node_roles(&postgres.admin_url(), true)
+        .await
+        .context("requiring per-node roles")?;
     match spec.backend {
         BackendKind::Etcd => {
             let root = dir.join("etcd");

@@ -217,21 +217,35 @@ impl PgServer {
 
     /// Writes a random password for each role we use, once; kept across restarts.
     fn make_passwords(&self) -> Result<(), ServerError> {
+        for role in [SUPERUSER, APP_ROLE, baton::backends::pg_lease::LEASE_ROLE] {
+            self.make_password(role)?;
+        }
+        Ok(())
+    }
+
+    /// `role`'s password: generated (24 random bytes, hex, 0600 under `secrets/`) the first
+    /// time, then the same one. The role itself is created elsewhere.
+    pub fn make_password(&self, role: &str) -> Result<String, ServerError> {
         use rand::Rng;
         let dir = self.root.join("secrets");
         fs::create_dir_all(&dir).map_err(|e| ServerError::Io("secrets dir".into(), e))?;
-        for role in [SUPERUSER, APP_ROLE, baton::backends::pg_lease::LEASE_ROLE] {
-            let path = dir.join(role);
-            if path.exists() {
-                continue;
-            }
+        let path = dir.join(role);
+        if !path.exists() {
             let bytes: [u8; 24] = rand::thread_rng().gen();
             let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
             fs::write(&path, hex).map_err(|e| ServerError::Io(path.display().to_string(), e))?;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
                 .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
         }
-        Ok(())
+        self.password(role)
+    }
+
+    /// Creates `node_id`'s own role (it writes only as that holder) and returns its URL.
+    pub async fn node_role_url(&self, node_id: &str) -> anyhow::Result<String> {
+        let role = baton::work::fence::node_role(node_id);
+        let password = self.make_password(&role)?;
+        baton::work::fence::provision_node_role(&self.admin_url(), node_id, &password).await?;
+        Ok(self.url_as(&role, "127.0.0.1"))
     }
 
     /// The application and lease roles, with their passwords (the migrations then find them).

@@ -161,9 +161,16 @@ impl Fleet {
         connect(&self.state().postgres.admin_url()).await
     }
 
-    /// Connection as the application role (may only call the fenced functions).
+    /// Connection as the shared application role (a fleet's resource refuses it: only per-node
+    /// roles write there).
     pub async fn app_db(&self) -> tokio_postgres::Client {
         connect(&self.state().postgres.app_url()).await
+    }
+
+    /// Connection as node `id`'s own role: its credentials, which write only as holder `id`.
+    pub async fn node_db(&self, id: &str) -> tokio_postgres::Client {
+        let role = baton::work::fence::node_role(id);
+        connect(&self.state().postgres.url_as(&role, "127.0.0.1")).await
     }
 }
 

@@ -11,13 +11,5 @@ BEGIN
   END IF;
 END
 $$;
--- Nobody holds the fence row: a transaction of the application role left idle (a client paused or
--- gone mid-transaction, or a hostile `BEGIN; ...; pg_sleep`) is ended by the server, which
--- releases its locks. Fenced calls themselves are one statement each; user transactions opened
--- with baton.fence_assert must not sit idle between statements for longer than this.
-ALTER ROLE baton_app SET idle_in_transaction_session_timeout = '5s';
--- And no single statement of the application role runs (or waits for a lock) for long. These are
--- defaults a session could override: they bound a paused or buggy client, not a hostile holder of
--- the role's credentials (the trust boundary: the fence protects against stale nodes).
-ALTER ROLE baton_app SET statement_timeout = '5s';
-ALTER ROLE baton_app SET lock_timeout = '5s';
+-- Their timeouts (nobody holds the fence row) are set by the migration in Rust, for baton_app and
+-- for every per-node role alike: see ROLE_TIMEOUTS in src/work/fence.rs.

@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS baton.settings (
 -- gives up its term, and the next term claims afresh from the committed value.
 ALTER TABLE baton.settings ADD COLUMN IF NOT EXISTS max_seq_advance BIGINT NOT NULL DEFAULT 16777216
     CHECK (max_seq_advance > 0);
+-- When set, only per-node roles (`baton_node_<holder>`, see check_holder) may write: a session of
+-- the shared application role is refused. `baton fleet` sets it for its fleets.
+ALTER TABLE baton.settings ADD COLUMN IF NOT EXISTS require_node_roles BOOLEAN NOT NULL DEFAULT FALSE;
 INSERT INTO baton.settings (id) VALUES (TRUE) ON CONFLICT DO NOTHING;
 
 -- The sequencer's durable state.
@@ -116,10 +119,33 @@ $$;
 
 -- The rule, written once, under the fence row's lock.
 -- accept iff fencing is off, or token > max_token, or token = max_token and the holder matches.
+-- The holder is who authenticated, not what the caller says: a session of the per-node role
+-- `baton_node_<id>` may write only as holder <id>. (session_user is the login role even inside a
+-- SECURITY DEFINER function.) A session of the shared application role may name any holder
+-- unless the resource requires per-node roles. Called only from the fenced functions, so it
+-- runs as their owner and may read the settings.
+CREATE OR REPLACE FUNCTION baton.check_holder(p_holder TEXT) RETURNS VOID
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_login TEXT := session_user::text;
+BEGIN
+    IF v_login LIKE 'baton\_node\_%' THEN
+        IF p_holder IS DISTINCT FROM substr(v_login, 12) THEN
+            RAISE EXCEPTION 'baton fence: role % writes only as holder %, not %', v_login, substr(v_login, 12), p_holder
+                USING ERRCODE = '42501';
+        END IF;
+    ELSIF (SELECT s.require_node_roles FROM baton.settings s) THEN
+        RAISE EXCEPTION 'baton fence: this resource requires a per-node role (baton_node_<id>), not %', v_login
+            USING ERRCODE = '42501';
+    END IF;
+END
+$$;
+
 -- Arguments every fenced entry point shares: a token is positive (every backend's token source
--- starts at 1; a negative one is a wrapped conversion, never a term), names are bounded.
+-- starts at 1; a negative one is a wrapped conversion, never a term), names are bounded, and the
+-- holder is the authenticated one.
 CREATE OR REPLACE FUNCTION baton.check_args(p_resource TEXT, p_token BIGINT, p_holder TEXT) RETURNS VOID
-LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF p_token IS NULL OR p_token <= 0 THEN
         RAISE EXCEPTION 'baton fence: token % is not a positive term', p_token USING ERRCODE = '22023';
@@ -128,6 +154,7 @@ BEGIN
        OR p_holder IS NULL OR length(p_holder) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'baton fence: resource and holder must be 1 to 200 characters' USING ERRCODE = '22023';
     END IF;
+    PERFORM baton.check_holder(p_holder);
 END
 $$;
 
@@ -357,6 +384,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_fencing BOOLEAN;
 BEGIN
+    PERFORM baton.check_holder(p_holder);
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
     SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
     recorded := v_fencing AND p_token IS NOT NULL AND p_holder IS NOT NULL
