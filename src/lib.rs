@@ -37,6 +37,7 @@ pub mod elector;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod rlimit;
 pub mod tasks;
 pub mod trace;
 pub mod work;

@@ -25,6 +25,12 @@ pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
 /// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
+/// Client connections answered 503 and closed because every slot was taken.
+pub const HTTP_CONNECTIONS_REFUSED: &str = "baton_http_connections_refused_total";
+/// Failed `accept(2)` calls on the client listener (e.g. out of descriptors).
+pub const HTTP_ACCEPT_FAILURES: &str = "baton_http_accept_failures_total";
+/// Step-downs because the client listener could not accept for too long.
+pub const HTTP_UNSERVICEABLE_STEPDOWNS: &str = "baton_http_unserviceable_stepdowns_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -88,6 +94,18 @@ mod prom {
 
 /// Describes baton's metrics (help text, units) to whatever recorder is installed.
 pub fn describe() {
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "Client connections refused (503, closed) because the connection cap was reached"
+    );
+    describe_counter!(
+        HTTP_ACCEPT_FAILURES,
+        "Failed accepts on the client listener (e.g. EMFILE)"
+    );
+    describe_counter!(
+        HTTP_UNSERVICEABLE_STEPDOWNS,
+        "Step-downs of a leader whose client listener kept failing to accept"
+    );
     describe_gauge!(
         LEADERS_ACTING,
         "1 while this node's leader work runs; the fleet sum must be exactly 1"
