@@ -25,8 +25,10 @@ pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
 /// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
-/// Client connections answered 503 and closed because every slot was taken.
+/// Client connections answered 503 and closed because every slot was serving a request.
 pub const HTTP_CONNECTIONS_REFUSED: &str = "baton_http_connections_refused_total";
+/// Client connections closed to give their slot to a new one (they had made no progress longest).
+pub const HTTP_CONNECTIONS_EVICTED: &str = "baton_http_connections_evicted_total";
 /// Failed `accept(2)` calls on the client listener (e.g. out of descriptors).
 pub const HTTP_ACCEPT_FAILURES: &str = "baton_http_accept_failures_total";
 /// Step-downs because the client listener could not accept for too long.
@@ -97,6 +99,10 @@ pub fn describe() {
     describe_counter!(
         HTTP_CONNECTIONS_REFUSED,
         "Client connections refused (503, closed) because the connection cap was reached"
+    );
+    describe_counter!(
+        HTTP_CONNECTIONS_EVICTED,
+        "Client connections closed at the cap to make room: the ones longest without progress"
     );
     describe_counter!(
         HTTP_ACCEPT_FAILURES,

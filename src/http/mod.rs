@@ -2,12 +2,14 @@
 //! port 0 and stop the server when they are done.
 //!
 //! Every client holds bounded resources (SPEC §10): a connection slot out of `max_connections`
-//! (past it, a fixed 503 and close, so a flood cannot take the descriptors the node needs for its
-//! own work), a header-read clock that also bounds idle keep-alive, a body-read clock and size
+//! (past it, the slot of the connection longest without progress, or a fixed 503 and close when
+//! every slot is serving a request: a flood cannot take the descriptors the node needs for its
+//! own work, nor lock new clients out; see [`slots`]), a header-read clock that also bounds idle keep-alive, a body-read clock and size
 //! limit, and a bound on the whole request. A leader whose accept loop keeps failing cannot serve
 //! its clients, and its followers cannot tell: it steps down ([`AcceptHealth`]).
 
 mod routes;
+mod slots;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,7 +21,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use ractor::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 
 use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::SupervisorMsg;
@@ -27,6 +28,7 @@ use crate::config::{HttpConfig, Secret};
 use crate::metrics as m;
 use crate::trace::ActorTrace;
 use crate::work::sequencer::SequencerHandle;
+use slots::{Admission, Slots};
 
 pub use routes::LEADER_HEADER;
 
@@ -50,9 +52,11 @@ pub(crate) struct HttpApp {
     pub trace: ActorTrace,
 }
 
-/// hyper's read buffer per connection (its default is ~400 KiB): a head larger than this is
-/// refused, so 1,000 connections cannot pin 400 MB between them.
+/// hyper's read buffer per connection (its default is ~400 KiB), so 1,000 connections cannot
+/// pin 400 MB between them.
 const MAX_READ_BUF_BYTES: usize = 64 * 1024;
+/// Largest request head (431 past it); baton's own requests need a few hundred bytes.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Pause after a failed accept (EMFILE and friends) instead of spinning on it.
 const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// At most one "accept failed" log line per this interval; the rest are counted.
@@ -74,7 +78,7 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(app.max_connections));
+    let slots = Arc::new(Slots::new(app.max_connections));
     let mut health = AcceptHealth::new(app.limits.accept_failure_stepdown());
     tokio::pin!(shutdown);
     loop {
@@ -95,36 +99,55 @@ pub(crate) async fn serve(
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
-/// Serves `stream` if a slot is free; otherwise answers 503 and closes it at once.
+/// Serves `stream` in a slot (a free one, or one taken from the connection longest without
+/// progress); when every slot is serving a request, answers 503 and closes it at once.
 fn admit(
     stream: TcpStream,
-    slots: &Arc<Semaphore>,
+    slots: &Arc<Slots>,
     app: &Arc<HttpApp>,
     graceful: &hyper_util::server::graceful::GracefulShutdown,
 ) {
-    let Ok(slot) = slots.clone().try_acquire_owned() else {
-        metrics::counter!(m::HTTP_CONNECTIONS_REFUSED).increment(1);
-        // Best effort and never waiting: a client that does not read this still loses its
-        // descriptor here, when `stream` drops.
-        let _ = stream.try_write(REFUSAL_503);
-        return;
+    let state = match slots.admit() {
+        Admission::Free(state) => state,
+        Admission::Evicted(state) => {
+            metrics::counter!(m::HTTP_CONNECTIONS_EVICTED).increment(1);
+            state
+        }
+        Admission::Full => {
+            metrics::counter!(m::HTTP_CONNECTIONS_REFUSED).increment(1);
+            // Best effort and never waiting: a client that does not read this still loses its
+            // descriptor here, when `stream` drops.
+            let _ = stream.try_write(REFUSAL_503);
+            return;
+        }
     };
     let _ = stream.set_nodelay(true);
-    let svc_app = app.clone();
+    let (svc_app, svc_state) = (app.clone(), state.clone());
     let svc = service_fn(move |req| {
-        let app = svc_app.clone();
-        async move { Ok::<_, Infallible>(routes::bounded_route(&app, req).await) }
+        let (app, conn) = (svc_app.clone(), svc_state.clone());
+        async move {
+            conn.progressed();
+            let resp = routes::bounded_route(&app, &conn, req).await;
+            conn.progressed();
+            Ok::<_, Infallible>(resp)
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(app.limits.header_read_timeout())
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_READ_BUF_BYTES)
         .keep_alive(true)
         .serve_connection(TokioIo::new(stream), svc);
     let conn = graceful.watch(conn);
+    let slots = slots.clone();
     tokio::spawn(async move {
-        let _ = conn.await;
-        drop(slot);
+        // Evicted: dropping the connection closes its socket and frees its descriptor.
+        tokio::select! {
+            _ = conn => {}
+            _ = state.evicted.notified() => {}
+        }
+        slots.release(&state);
     });
 }
 

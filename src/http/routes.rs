@@ -1,6 +1,7 @@
 //! Request routing and the handlers. Every refusal is a precise status with a JSON body
 //! `{"error": "...", ...}`, and a refused request changes nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::slots::ConnState;
 use super::HttpApp;
 use crate::actors::supervisor::{StepDownError, SupervisorMsg};
 use crate::metrics as m;
@@ -49,8 +51,12 @@ fn method_not_allowed(allow: &'static str) -> Resp {
 
 /// [`route`] within the per-request bound: a handler that overruns it answers 503 and the
 /// connection closes, so no request holds its slot longer than `request_timeout_ms`.
-pub(super) async fn bounded_route(app: &HttpApp, req: Request<Incoming>) -> Resp {
-    match tokio::time::timeout(app.limits.request_timeout(), route(app, req)).await {
+pub(super) async fn bounded_route(
+    app: &HttpApp,
+    conn: &Arc<ConnState>,
+    req: Request<Incoming>,
+) -> Resp {
+    match tokio::time::timeout(app.limits.request_timeout(), route(app, conn, req)).await {
         Ok(r) => r,
         Err(_) => closing(error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -71,7 +77,7 @@ fn closing(mut r: Resp) -> Resp {
     r
 }
 
-async fn route(app: &HttpApp, req: Request<Incoming>) -> Resp {
+async fn route(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     match (path.as_str(), req.method()) {
         ("/status", &Method::GET) => status(app),
@@ -80,9 +86,9 @@ async fn route(app: &HttpApp, req: Request<Incoming>) -> Resp {
         ("/healthz", _) => method_not_allowed("GET"),
         ("/metrics", &Method::GET) => metrics(app),
         ("/metrics", _) => method_not_allowed("GET"),
-        ("/next", &Method::POST) => next(app, req).await,
+        ("/next", &Method::POST) => next(app, conn, req).await,
         ("/next", _) => method_not_allowed("POST"),
-        ("/stepdown", &Method::POST) => stepdown(app, req).await,
+        ("/stepdown", &Method::POST) => stepdown(app, conn, req).await,
         ("/stepdown", _) => method_not_allowed("POST"),
         (p, &Method::POST) if p.starts_with("/peer/") && app.peer.is_some() => peer(app, req).await,
         (p, _) if p.starts_with("/peer/") && app.peer.is_some() => method_not_allowed("POST"),
@@ -264,7 +270,7 @@ fn not_leader(app: &HttpApp) -> Resp {
     }
 }
 
-async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
+async fn next(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     let mut n: Option<u32> = None;
     match query_pairs(&req, &["n"]) {
         Ok(pairs) => {
@@ -287,6 +293,8 @@ async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
         Ok(b) => b,
         Err(r) => return r,
     };
+    // The whole request is in: from here this connection is not a candidate for eviction.
+    let _serving = conn.serving();
     if let (Some(q), Some(b)) = (n, body.n) {
         if q != b {
             return error(
@@ -415,7 +423,7 @@ fn check_admin(app: &HttpApp, req: &Request<Incoming>) -> Option<Resp> {
     }
 }
 
-async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
+async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     if let Some(refusal) = check_admin(app, &req) {
         return refusal;
     }
@@ -435,6 +443,7 @@ async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
         Ok(b) => b,
         Err(r) => return r,
     };
+    let _serving = conn.serving();
     let successor = to.or(body.to);
     if let Some(s) = &successor {
         if s == app.shared.node_id() {

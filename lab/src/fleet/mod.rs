@@ -48,6 +48,10 @@ pub struct FleetState {
     /// `fleet up --netns`: the bridge and per-node namespaces (`crate::chaos::netns`).
     #[serde(default)]
     pub netns: Option<crate::chaos::netns::NetnsFleet>,
+    /// The admin token `fleet up` generated for every node of this fleet (`POST /stepdown`).
+    /// The file holding it is private to its owner (0600), like the node configs.
+    #[serde(default)]
+    pub admin_token: Option<String>,
 }
 
 /// What `baton fleet up` was asked for.
@@ -78,7 +82,7 @@ impl FleetState {
     pub fn save(&self) -> anyhow::Result<()> {
         let path = self.dir.join(STATE_FILE);
         let tmp = path.with_extension("json.tmp");
-        fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        write_private(&tmp, &serde_json::to_vec_pretty(self)?)?;
         fs::rename(&tmp, &path)?;
         // Prometheus file-based discovery (config/prometheus.yml reads it).
         let targets = serde_json::json!([{
@@ -90,6 +94,11 @@ impl FleetState {
             serde_json::to_vec_pretty(&targets)?,
         )?;
         Ok(())
+    }
+
+    /// A node client that authenticates to this fleet's admin routes.
+    pub fn admin_client(&self, timeout: Duration) -> client::NodeClient {
+        client::NodeClient::new(timeout).with_admin_token(self.admin_token.as_deref())
     }
 
     pub fn node(&self, id: &str) -> anyhow::Result<&FleetNode> {
@@ -155,6 +164,27 @@ impl FleetState {
             }
         }
     }
+}
+
+/// Writes a file only its owner can read: it holds the fleet's admin token.
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+/// A fresh admin token for a fleet: 32 random bytes, hex.
+pub fn generate_admin_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Starts the servers the backend needs, migrates the resource, and starts the nodes.
@@ -279,6 +309,8 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     }
 
     let ports = free_ports(spec.nodes)?;
+    // One per fleet, kept in fleet.json for the fleet's own tools (stepdown, chaos, bench, exp).
+    let admin_token = generate_admin_token();
     let mut nodes = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let id = format!("n{}", i + 1);
@@ -289,6 +321,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         cfg.http_listen = format!("127.0.0.1:{port}").parse()?;
         cfg.advertise_addr = Some(format!("127.0.0.1:{port}"));
         cfg.state_dir = node_dir.clone();
+        cfg.admin_token = Some(admin_token.clone().into());
         cfg.resource.database_url = postgres.app_url();
         if let Some(e) = &etcd {
             cfg.etcd.endpoints = e.endpoints();
@@ -323,7 +356,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             n.node_config(i, &mut cfg, &ports, &postgres, e, r, z)?;
         }
         let config = node_dir.join("config.toml");
-        fs::write(&config, toml::to_string(&cfg)?)?;
+        write_private(&config, toml::to_string(&cfg)?.as_bytes())?;
         nodes.push(FleetNode {
             id,
             pid: 0,
@@ -345,6 +378,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         zk,
         nodes,
         netns: net.get().cloned(),
+        admin_token: Some(admin_token),
     };
     state.save()?;
     let ids: Vec<String> = state.nodes.iter().map(|n| n.id.clone()).collect();
