@@ -206,7 +206,7 @@ impl NodeBuilder {
 
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         #[cfg(feature = "http")]
-        let server = self.http.map(|listener| {
+        let server = self.http.map(|listener| -> std::io::Result<_> {
             let app = Arc::new(HttpApp {
                 shared: leadership.clone(),
                 supervisor: supervisor.clone(),
@@ -225,12 +225,20 @@ impl NodeBuilder {
                 nofile_soft_limit = nofile,
                 "client connection cap"
             );
-            tokio::spawn(http::serve(listener, app, async move {
+            http::spawn_server(listener, app, async move {
                 let _ = http_stop_rx.await;
-            }))
+            })
         });
+        #[cfg(feature = "http")]
+        let server = match server.transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                supervisor.stop(Some("the HTTP server did not start".into()));
+                return Err(anyhow::Error::new(e).context("starting the HTTP server"));
+            }
+        };
         #[cfg(not(feature = "http"))]
-        let server: Option<JoinHandle<()>> = {
+        let server: Option<tokio::sync::oneshot::Receiver<()>> = {
             let _ = (http_stop_rx, self.sequencer, nofile);
             None
         };
@@ -279,7 +287,8 @@ pub struct NodeHandle {
 
 struct NodeTasks {
     tree: JoinHandle<()>,
-    server: Option<JoinHandle<()>>,
+    /// Resolves (or errs) when the HTTP server's thread has finished.
+    server: Option<tokio::sync::oneshot::Receiver<()>>,
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 

@@ -110,6 +110,22 @@ fn raft_fleet(nofile: Option<u64>, extra: &str) -> Fleet {
     fleet
 }
 
+/// The leader once it has held the same term for a while: a fleet that just started on a busy
+/// 2-core machine may still hand leadership over once (150 ms raft leases).
+async fn stable_leader(fleet: &Fleet) -> (String, String, i64) {
+    let until = Instant::now() + SETTLE;
+    let mut last = fleet.leader(SETTLE).await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = fleet.leader(SETTLE).await;
+        if now == last {
+            return now;
+        }
+        assert!(Instant::now() < until, "leadership kept moving: {last:?} -> {now:?}");
+        last = now;
+    }
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| d.count())
@@ -200,7 +216,7 @@ async fn attacker(addr: String, kind: Slow, stop: Arc<AtomicBool>, stats: Arc<At
                 stats.closed_by_server.fetch_add(1, Ordering::Relaxed);
             }
             // Come back, but not so fast that loopback runs out of ephemeral ports.
-            let pause = 2000 + rand::random::<u64>() % 2000;
+            let pause = 5000 + rand::random::<u64>() % 5000;
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     }
@@ -243,7 +259,7 @@ async fn slow_connection_flood_keeps_the_leader_serving_and_leading() {
     let _g = SERIAL.lock().await;
     raise_own_nofile(ATTACKERS as u64 + 512);
     let fleet = raft_fleet(Some(NODE_NOFILE), "");
-    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    let (leader, addr, token) = stable_leader(&fleet).await;
     let pid = pid_of(&fleet, &leader);
     let client = NodeClient::new(Duration::from_secs(3));
     // Warm the keep-alive connection before the attack, as a real client would have one.
@@ -348,9 +364,11 @@ async fn slow_connection_flood_keeps_the_leader_serving_and_leading() {
         fresh_ok * 10 >= fresh_tries * 9,
         "new clients were locked out: /status {fresh_ok}/{fresh_tries}"
     );
+    // The cap is half the limit (512 slots) plus at most 64 evicted connections still closing.
+    let fd_bound = (NODE_NOFILE / 2) as usize + 64 + fds_before + 32;
     assert!(
-        (fds_peak as u64) < NODE_NOFILE,
-        "leader reached its descriptor limit"
+        fds_peak <= fd_bound,
+        "leader descriptors peaked at {fds_peak} (bound {fd_bound}, limit {NODE_NOFILE})"
     );
     assert_eq!(accept_failures, 0, "the leader ran out of descriptors");
     assert!(
@@ -430,7 +448,7 @@ async fn malformed_oversized_endless_and_pipelined_requests_get_precise_answers(
         "[http]\nheader_read_timeout_ms = {SHORT_TIMEOUT_MS}\nbody_read_timeout_ms = {SHORT_TIMEOUT_MS}\n"
     );
     let fleet = raft_fleet(None, &extra);
-    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    let (leader, addr, token) = stable_leader(&fleet).await;
     let rows_before = next_rows(&fleet).await;
     let quick = Duration::from_secs(3);
     let bound = Duration::from_millis(SHORT_TIMEOUT_MS) + Duration::from_secs(3);
@@ -550,7 +568,7 @@ GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 async fn stepdown_needs_the_fleets_admin_token() {
     let _g = SERIAL.lock().await;
     let fleet = raft_fleet(None, "");
-    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    let (leader, addr, token) = stable_leader(&fleet).await;
     let state = fleet.state();
     let secret = state.admin_token.clone().expect("fleet up generates an admin token");
     assert!(secret.len() >= 32, "token too short: {} bytes", secret.len());
@@ -616,15 +634,22 @@ async fn stepdown_needs_the_fleets_admin_token() {
 async fn leader_out_of_descriptors_steps_down() {
     let _g = SERIAL.lock().await;
     let fleet = raft_fleet(None, "[http]\naccept_failure_stepdown_ms = 2000\n");
-    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    let (leader, addr, token) = stable_leader(&fleet).await;
     let pid = pid_of(&fleet, &leader) as i32;
     // Leave the leader a handful of descriptors beyond what it has open now.
-    let limit = open_fds(pid as u32) as u64 + 8;
-    let lim = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
+    // Only the soft limit: the hard one could not be raised back without CAP_SYS_RESOURCE.
+    let mut original = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
     };
-    // SAFETY: prlimit on a process this test started; reads the struct we own.
+    // SAFETY: prlimit on a process this test started; writes the struct we own.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut original) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let lim = libc::rlimit {
+        rlim_cur: open_fds(pid as u32) as u64 + 8,
+        rlim_max: original.rlim_max,
+    };
+    // SAFETY: as above; reads the struct we own.
     let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &lim, std::ptr::null_mut()) };
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     // Hold connections until accept fails with EMFILE, and keep holding them.
@@ -654,8 +679,12 @@ async fn leader_out_of_descriptors_steps_down() {
     }
     let step = stepped.expect("the leader that could not accept did not step down");
     eprintln!("{leader} held {} connections; trace: {step}", held.len());
-    // Let go, so the old leader can answer /status again and the fleet can agree.
+    // Let go and give the descriptors back, so the old leader can follow and answer /status
+    // again and the fleet can agree.
     drop(held);
+    // SAFETY: as above.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &original, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit restore: {}", std::io::Error::last_os_error());
     let (new_leader, _, new_token) = fleet.new_leader(&leader, token, SETTLE).await;
     assert!(new_token > token);
     eprintln!("new leader {new_leader} (token {new_token})");

@@ -71,6 +71,38 @@ pub fn connection_cap(configured: usize, nofile_soft_limit: u64) -> usize {
     configured.min(half).max(1)
 }
 
+/// Runs [`serve`] on its own thread and single-threaded runtime, so client traffic (however many
+/// connections, however busy) queues behind other client work only, never in front of the
+/// node's timer-critical tasks (raft heartbeats, lease renewals, the watchdog) on the node's
+/// runtime. The receiver resolves when the server has stopped.
+pub(crate) fn spawn_server(
+    listener: TcpListener,
+    app: Arc<HttpApp>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    // Moved between runtimes as a std listener: a tokio one is bound to its runtime's reactor.
+    let listener = listener.into_std()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("baton-http")
+        .build()?;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("baton-http".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => serve(listener, app, shutdown).await,
+                    Err(e) => tracing::error!(error = %e, "HTTP listener lost between runtimes"),
+                }
+            });
+            // The runtime drops here, on its own thread (never inside an async context).
+            drop(rt);
+            let _ = done_tx.send(());
+        })?;
+    Ok(done_rx)
+}
+
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -82,6 +114,11 @@ pub(crate) async fn serve(
     let mut health = AcceptHealth::new(app.limits.accept_failure_stepdown());
     tokio::pin!(shutdown);
     loop {
+        // Accepting while evicted connections are still closing would spend descriptors faster
+        // than they come back; the kernel's backlog holds newcomers meanwhile (no descriptor).
+        while slots.too_many_closing() {
+            let _ = tokio::time::timeout(Duration::from_millis(10), slots.released.notified()).await;
+        }
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {

@@ -6,7 +6,7 @@
 //! when every slot is serving a request is the newcomer refused (503).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -23,6 +23,7 @@ pub(crate) struct ConnState {
     serving: AtomicU32,
     /// Told when the connection loses its slot; its task then drops the connection.
     pub(crate) evicted: Notify,
+    was_evicted: AtomicBool,
     epoch: Instant,
 }
 
@@ -67,7 +68,16 @@ pub(crate) struct Slots {
     max: usize,
     epoch: Instant,
     table: Mutex<Table>,
+    /// Evicted connections whose task has not yet dropped them: each still holds a descriptor.
+    closing: AtomicUsize,
+    /// Told whenever a connection is released.
+    pub(crate) released: Notify,
 }
+
+/// Evicted connections allowed to be still closing before the accept loop waits for them: this
+/// bounds the descriptors in use at `max + MAX_CLOSING` even when evictions outrun the tasks
+/// that close them.
+pub(crate) const MAX_CLOSING: usize = 64;
 
 #[derive(Default)]
 struct Table {
@@ -81,7 +91,14 @@ impl Slots {
             max,
             epoch: Instant::now(),
             table: Mutex::new(Table::default()),
+            closing: AtomicUsize::new(0),
+            released: Notify::new(),
         }
+    }
+
+    /// Whether so many evicted connections are still closing that the accept loop should wait.
+    pub(crate) fn too_many_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed) >= MAX_CLOSING
     }
 
     pub(crate) fn admit(&self) -> Admission {
@@ -91,6 +108,8 @@ impl Slots {
                 return Admission::Full;
             };
             t.conns.remove(&victim.id);
+            victim.was_evicted.store(true, Ordering::Relaxed);
+            self.closing.fetch_add(1, Ordering::Relaxed);
             victim.evicted.notify_one();
             true
         } else {
@@ -103,6 +122,7 @@ impl Slots {
             last_progress_us: AtomicU64::new(0),
             serving: AtomicU32::new(0),
             evicted: Notify::new(),
+            was_evicted: AtomicBool::new(false),
             epoch: self.epoch,
         });
         conn.progressed();
@@ -118,6 +138,11 @@ impl Slots {
     pub(crate) fn release(&self, conn: &ConnState) {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         t.conns.remove(&conn.id);
+        if conn.was_evicted.load(Ordering::Relaxed) {
+            self.closing.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(t);
+        self.released.notify_waiters();
     }
 
     #[cfg(test)]
@@ -175,6 +200,22 @@ mod tests {
         assert!(matches!(slots.admit(), Admission::Full));
         drop(_gb);
         assert!(matches!(slots.admit(), Admission::Evicted(_)));
+    }
+
+    #[test]
+    fn evictions_not_yet_closed_are_counted() {
+        let slots = Slots::new(1);
+        let mut conns = vec![conn(slots.admit())];
+        for _ in 0..MAX_CLOSING {
+            assert!(!slots.too_many_closing());
+            conns.push(conn(slots.admit()));
+        }
+        assert!(slots.too_many_closing());
+        // The evicted connections' tasks release them: room again.
+        for c in &conns[..MAX_CLOSING] {
+            slots.release(c);
+        }
+        assert!(!slots.too_many_closing());
     }
 
     #[test]
