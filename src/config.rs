@@ -181,7 +181,10 @@ impl HttpConfig {
             ("header_read_timeout_ms", self.header_read_timeout_ms),
             ("body_read_timeout_ms", self.body_read_timeout_ms),
             ("request_timeout_ms", self.request_timeout_ms),
-            ("accept_failure_stepdown_ms", self.accept_failure_stepdown_ms),
+            (
+                "accept_failure_stepdown_ms",
+                self.accept_failure_stepdown_ms,
+            ),
         ] {
             if v == 0 {
                 return bad(format!("{name} must be > 0"));

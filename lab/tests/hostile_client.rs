@@ -121,7 +121,10 @@ async fn stable_leader(fleet: &Fleet) -> (String, String, i64) {
         if now == last {
             return now;
         }
-        assert!(Instant::now() < until, "leadership kept moving: {last:?} -> {now:?}");
+        assert!(
+            Instant::now() < until,
+            "leadership kept moving: {last:?} -> {now:?}"
+        );
         last = now;
     }
 }
@@ -402,7 +405,8 @@ async fn slow_connection_flood_keeps_the_leader_serving_and_leading() {
 /// passed, and whether it closed.
 fn raw_exchange(addr: &str, bytes: &[u8], wait: Duration) -> (String, bool) {
     let mut s = StdTcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let _ = s.write_all(bytes);
     let until = Instant::now() + wait;
     let mut got = Vec::new();
@@ -556,7 +560,11 @@ POST /next?bogus=1 HTTP/1.1\r\nHost: x\r\n\r\n\
 GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     let (text, closed) = raw_exchange(&addr, pipelined, quick);
     assert!(closed, "{text:.500}");
-    assert_eq!(statuses(&text), vec![200, 400, 405, 400, 200], "{text:.800}");
+    assert_eq!(
+        statuses(&text),
+        vec![200, 400, 405, 400, 200],
+        "{text:.800}"
+    );
 
     // Nothing changed: the same leader and token, no ID issued.
     let (leader_after, _, token_after) = fleet.leader(SETTLE).await;
@@ -570,8 +578,15 @@ async fn stepdown_needs_the_fleets_admin_token() {
     let fleet = raft_fleet(None, "");
     let (leader, addr, token) = stable_leader(&fleet).await;
     let state = fleet.state();
-    let secret = state.admin_token.clone().expect("fleet up generates an admin token");
-    assert!(secret.len() >= 32, "token too short: {} bytes", secret.len());
+    let secret = state
+        .admin_token
+        .clone()
+        .expect("fleet up generates an admin token");
+    assert!(
+        secret.len() >= 32,
+        "token too short: {} bytes",
+        secret.len()
+    );
     // Every node got it; it never shows in /status.
     for n in &state.nodes {
         let cfg = baton::config::NodeConfig::from_file(&n.config).unwrap();
@@ -587,7 +602,12 @@ async fn stepdown_needs_the_fleets_admin_token() {
     let r = bare.post(&addr, "/stepdown").await.unwrap();
     assert_eq!(r.status, 401, "{:?}", r.body);
     let wrong = format!("Bearer {}", "0".repeat(secret.len()));
-    for auth in [wrong.as_str(), "Bearer ", "Basic Zm9vOmJhcg==", secret.as_str()] {
+    for auth in [
+        wrong.as_str(),
+        "Bearer ",
+        "Basic Zm9vOmJhcg==",
+        secret.as_str(),
+    ] {
         let r = bare
             .send(
                 Method::POST,
@@ -665,13 +685,9 @@ async fn leader_out_of_descriptors_steps_down() {
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let trace = std::fs::read_to_string(
-            fleet
-                .node(&leader)
-                .log
-                .with_file_name("actor-trace.jsonl"),
-        )
-        .unwrap_or_default();
+        let trace =
+            std::fs::read_to_string(fleet.node(&leader).log.with_file_name("actor-trace.jsonl"))
+                .unwrap_or_default();
         stepped = trace
             .lines()
             .find(|l| l.contains("unserviceable-stepdown"))
@@ -684,7 +700,12 @@ async fn leader_out_of_descriptors_steps_down() {
     drop(held);
     // SAFETY: as above.
     let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &original, std::ptr::null_mut()) };
-    assert_eq!(rc, 0, "prlimit restore: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "prlimit restore: {}",
+        std::io::Error::last_os_error()
+    );
     let (new_leader, _, new_token) = fleet.new_leader(&leader, token, SETTLE).await;
     assert!(new_token > token);
     eprintln!("new leader {new_leader} (token {new_token})");

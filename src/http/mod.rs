@@ -117,7 +117,8 @@ pub(crate) async fn serve(
         // Accepting while evicted connections are still closing would spend descriptors faster
         // than they come back; the kernel's backlog holds newcomers meanwhile (no descriptor).
         while slots.too_many_closing() {
-            let _ = tokio::time::timeout(Duration::from_millis(10), slots.released.notified()).await;
+            let _ =
+                tokio::time::timeout(Duration::from_millis(10), slots.released.notified()).await;
         }
         tokio::select! {
             accepted = listener.accept() => match accepted {

@@ -34,7 +34,8 @@ impl ConnState {
 
     /// A request head arrived or a response went out.
     pub(crate) fn progressed(&self) {
-        self.last_progress_us.store(self.now_us(), Ordering::Relaxed);
+        self.last_progress_us
+            .store(self.now_us(), Ordering::Relaxed);
     }
 
     /// Marks a request as being served (its body is in) until the guard drops: a connection
