@@ -76,8 +76,9 @@ pub struct NodeConfig {
     pub fencing: Fencing,
     /// How long demotion waits for each leader-work actor to stop before killing it.
     pub work_stop_timeout_ms: u64,
-    /// Bearer token required by `POST /stepdown` when set.
-    pub admin_token: Option<String>,
+    /// Bearer token required by `POST /stepdown` when set; required when `http_listen` is not
+    /// loopback. Never printed (`Debug` redacts it) and never in [`NodeConfig::redacted_json`].
+    pub admin_token: Option<Secret>,
     pub state_dir: PathBuf,
     pub etcd: EtcdConfig,
     pub raft: RaftConfig,
@@ -87,8 +88,116 @@ pub struct NodeConfig {
     pub resource: ResourceConfig,
     pub scheduler: SchedulerConfig,
     pub sequencer: SequencerConfig,
+    pub http: HttpConfig,
 }
 
+/// A credential (the admin token, the raft cluster secret): serialized as the plain string (node
+/// config files must carry it; `baton fleet` writes them 0600), but `Debug` never shows it, so a
+/// `{:?}` of a config in a log cannot leak it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+    /// The secret itself, for the one comparison (or config file) that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Secret {
+        Secret(value)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// Shortest admin token accepted: a guessable token is no guard.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// Bounds on what one client may hold of the node's HTTP server (SPEC §10): a client that
+/// trickles headers or a body, or never sends one, is cut off instead of holding a descriptor.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Client connections served at once; past it a new connection is answered 503 and closed.
+    /// The node also keeps it below half the descriptor soft limit (see `http::connection_cap`).
+    pub max_connections: usize,
+    /// Time to receive a whole request head. hyper starts this clock whenever a connection waits
+    /// for a request, so it is also the idle keep-alive bound.
+    pub header_read_timeout_ms: u64,
+    /// Time to receive a whole request body once the head is in.
+    pub body_read_timeout_ms: u64,
+    /// Largest request body a client route accepts (413 past it).
+    pub max_body_bytes: usize,
+    /// Bound on one request from head to response (a stalled handler answers 503 and closes).
+    /// Must exceed the step-down bound, which `POST /stepdown` waits for.
+    pub request_timeout_ms: u64,
+    /// A leader whose accept loop fails (e.g. out of descriptors) for this long steps down:
+    /// it cannot serve its clients, and its followers would otherwise keep following it.
+    pub accept_failure_stepdown_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_connections: 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
+            max_body_bytes: 1024,
+            request_timeout_ms: 60_000,
+            accept_failure_stepdown_ms: 5_000,
+        }
+    }
+}
+
+impl HttpConfig {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    pub fn accept_failure_stepdown(&self) -> Duration {
+        Duration::from_millis(self.accept_failure_stepdown_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[http] {m}")));
+        if self.max_connections == 0 {
+            return bad("max_connections must be > 0".into());
+        }
+        for (name, v) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+            (
+                "accept_failure_stepdown_ms",
+                self.accept_failure_stepdown_ms,
+            ),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be > 0"));
+            }
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > 1024 * 1024 {
+            return bad("max_body_bytes must be in 1..=1048576".into());
+        }
+        Ok(())
+    }
+}
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
@@ -107,28 +216,6 @@ pub struct PeerSpec {
     pub addr: String,
     /// `host:port` of the member's raft peer listener (`POST /peer/...`, authenticated).
     pub peer_addr: String,
-}
-
-/// A secret that never shows in `Debug` output (logs); it serializes as the plain string, so a
-/// generated config file carries it. Keep such files private (`baton fleet` writes them 0600).
-#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(text: impl Into<String>) -> Secret {
-        Secret(text.into())
-    }
-    /// The secret itself: for keying a MAC, never for printing.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -280,6 +367,7 @@ impl Default for NodeConfig {
             resource: ResourceConfig::default(),
             scheduler: SchedulerConfig::default(),
             sequencer: SequencerConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -463,7 +551,33 @@ impl NodeConfig {
         if self.sequencer.max_batch_ids == 0 || self.sequencer.max_block == 0 {
             return Err(ConfigError::Invalid("sequencer limits must be > 0".into()));
         }
-        Ok(())
+        self.http.validate()?;
+        // `POST /stepdown` must outlive the demotion it waits for.
+        let stepdown_bound_ms = self.work_stop_timeout_ms.saturating_mul(3) + 2000;
+        if self.http.request_timeout_ms <= stepdown_bound_ms {
+            return Err(ConfigError::Invalid(format!(
+                "[http] request_timeout_ms ({}) must exceed the step-down bound ({stepdown_bound_ms} ms = 3 x work_stop_timeout_ms + 2 s)",
+                self.http.request_timeout_ms
+            )));
+        }
+        self.check_admin_surface(self.http_listen.ip())
+    }
+
+    /// The admin route (`POST /stepdown`) is reachable by anyone who can reach `listen_ip`: off
+    /// loopback it must need a token, and a token must not be guessable.
+    pub fn check_admin_surface(&self, listen_ip: std::net::IpAddr) -> Result<(), ConfigError> {
+        match &self.admin_token {
+            Some(t) if t.expose().len() < MIN_ADMIN_TOKEN_BYTES => Err(ConfigError::Invalid(format!(
+                "admin_token is shorter than {MIN_ADMIN_TOKEN_BYTES} bytes"
+            ))),
+            Some(t) if t.expose().chars().any(|c| c.is_whitespace() || c.is_control()) => Err(
+                ConfigError::Invalid("admin_token must not contain whitespace or control characters".into()),
+            ),
+            None if !listen_ip.is_loopback() => Err(ConfigError::Invalid(format!(
+                "the HTTP server listens on {listen_ip}, which is not loopback: set admin_token (or BATON_ADMIN_TOKEN / --admin-token) so POST /stepdown needs it"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -518,6 +632,81 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(matches!(c.validate(), Err(ConfigError::Timing(_))));
+    }
+
+    #[test]
+    fn off_loopback_without_admin_token_is_refused() {
+        let mut c = NodeConfig {
+            http_listen: "0.0.0.0:8080".parse().unwrap(),
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("admin_token"), "{err}");
+        c.http_listen = "10.1.2.3:8080".parse().unwrap();
+        assert!(c.validate().is_err());
+        c.admin_token = Some(Secret::new("0123456789abcdef0123"));
+        c.validate().unwrap();
+        // Loopback needs none.
+        c.admin_token = None;
+        c.http_listen = "127.0.0.1:8080".parse().unwrap();
+        c.validate().unwrap();
+        c.http_listen = "[::1]:8080".parse().unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn short_or_blank_admin_tokens_are_refused() {
+        let mut c = NodeConfig::default();
+        for bad in ["", "short", "0123456789abcde f"] {
+            c.admin_token = Some(Secret::new(bad));
+            assert!(c.validate().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn admin_token_never_shows_in_debug_or_redacted_json() {
+        let c = NodeConfig {
+            admin_token: Some(Secret::new("very-secret-admin-token")),
+            ..NodeConfig::default()
+        };
+        assert!(!format!("{c:?}").contains("very-secret"));
+        assert!(!c.redacted_json().to_string().contains("very-secret"));
+        // The config file still carries it: a node started from it must know its token.
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("very-secret-admin-token"));
+        let back: NodeConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back.admin_token, c.admin_token);
+    }
+
+    #[test]
+    fn http_limits_are_validated() {
+        let zero_cap = NodeConfig {
+            http: HttpConfig {
+                max_connections: 0,
+                ..HttpConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        assert!(zero_cap.validate().is_err());
+        let zero_header = NodeConfig {
+            http: HttpConfig {
+                header_read_timeout_ms: 0,
+                ..HttpConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        assert!(zero_header.validate().is_err());
+        // A request bound shorter than a step-down would cut every step-down off.
+        let short_request = NodeConfig {
+            http: HttpConfig {
+                request_timeout_ms: 5000,
+                ..HttpConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        assert!(short_request.validate().is_err());
+        let unknown: Result<NodeConfig, _> = toml::from_str("[http]\nmax_conections = 5\n");
+        assert!(unknown.is_err(), "a typo in [http] must not be ignored");
     }
 
     #[test]

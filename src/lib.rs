@@ -81,6 +81,7 @@ pub mod elector;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod rlimit;
 pub mod tasks;
 pub mod trace;
 pub mod work;

@@ -66,6 +66,14 @@ pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
 pub const PEER_AUTH_FAILURES: &str = "baton_peer_auth_failures_total";
 /// Raft peer connections dropped at the peer listener's connection cap.
 pub const PEER_CONNECTIONS_REFUSED: &str = "baton_peer_connections_refused_total";
+/// Client connections answered 503 and closed because every slot was serving a request.
+pub const HTTP_CONNECTIONS_REFUSED: &str = "baton_http_connections_refused_total";
+/// Client connections closed to give their slot to a new one (they had made no progress longest).
+pub const HTTP_CONNECTIONS_EVICTED: &str = "baton_http_connections_evicted_total";
+/// Failed `accept(2)` calls on the client listener (e.g. out of descriptors).
+pub const HTTP_ACCEPT_FAILURES: &str = "baton_http_accept_failures_total";
+/// Step-downs because the client listener could not accept for too long.
+pub const HTTP_UNSERVICEABLE_STEPDOWNS: &str = "baton_http_unserviceable_stepdowns_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -129,6 +137,22 @@ mod prom {
 
 /// Describes baton's metrics (help text, units) to whatever recorder is installed.
 pub fn describe() {
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "Client connections refused (503, closed) because the connection cap was reached"
+    );
+    describe_counter!(
+        HTTP_CONNECTIONS_EVICTED,
+        "Client connections closed at the cap to make room: the ones longest without progress"
+    );
+    describe_counter!(
+        HTTP_ACCEPT_FAILURES,
+        "Failed accepts on the client listener (e.g. EMFILE)"
+    );
+    describe_counter!(
+        HTTP_UNSERVICEABLE_STEPDOWNS,
+        "Step-downs of a leader whose client listener kept failing to accept"
+    );
     describe_gauge!(
         LEADERS_ACTING,
         "1 while this node's leader work runs; the fleet sum must be exactly 1"

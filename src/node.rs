@@ -163,9 +163,12 @@ impl NodeBuilder {
             &cfg.state_dir.join("actor-trace.jsonl"),
         )
         .with_context(|| format!("opening the actor trace in {}", cfg.state_dir.display()))?;
+        let nofile = raise_nofile_limit();
         #[cfg(feature = "http")]
         if let Some(listener) = &self.http {
             let bound = listener.local_addr()?;
+            // The listener may differ from `http_listen` (a library user binds their own).
+            cfg.check_admin_surface(bound.ip()).context("config")?;
             // The backend publishes this address as our candidacy, so followers can redirect.
             cfg.advertise_addr.get_or_insert_with(|| bound.to_string());
         }
@@ -201,7 +204,7 @@ impl NodeBuilder {
 
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         #[cfg(feature = "http")]
-        let server = self.http.map(|listener| {
+        let server = self.http.map(|listener| -> std::io::Result<_> {
             let app = Arc::new(HttpApp {
                 shared: leadership.clone(),
                 supervisor: supervisor.clone(),
@@ -210,14 +213,30 @@ impl NodeBuilder {
                 prometheus,
                 admin_token: cfg.admin_token.clone(),
                 max_block: cfg.sequencer.max_block,
+                max_connections: http::connection_cap(cfg.http.max_connections, nofile),
+                limits: cfg.http.clone(),
+                trace: trace.clone(),
             });
-            tokio::spawn(http::serve(listener, app, async move {
+            tracing::info!(
+                max_connections = app.max_connections,
+                nofile_soft_limit = nofile,
+                "client connection cap"
+            );
+            http::spawn_server(listener, app, async move {
                 let _ = http_stop_rx.await;
-            }))
+            })
         });
+        #[cfg(feature = "http")]
+        let server = match server.transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                supervisor.stop(Some("the HTTP server did not start".into()));
+                return Err(anyhow::Error::new(e).context("starting the HTTP server"));
+            }
+        };
         #[cfg(not(feature = "http"))]
-        let server: Option<JoinHandle<()>> = {
-            let _ = (http_stop_rx, self.sequencer);
+        let server: Option<tokio::sync::oneshot::Receiver<()>> = {
+            let _ = (http_stop_rx, self.sequencer, nofile);
             None
         };
         Ok(NodeHandle {
@@ -265,7 +284,8 @@ pub struct NodeHandle {
 
 struct NodeTasks {
     tree: JoinHandle<()>,
-    server: Option<JoinHandle<()>>,
+    /// Resolves (or errs) when the HTTP server's thread has finished.
+    server: Option<tokio::sync::oneshot::Receiver<()>>,
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -340,6 +360,27 @@ impl NodeHandle {
             let _ = server.await;
         }
         Ok(())
+    }
+}
+
+/// Raises the descriptor soft limit to the hard limit and returns the soft limit the node runs
+/// with (logged: it sizes the connection cap).
+fn raise_nofile_limit() -> u64 {
+    match crate::rlimit::raise_nofile_soft_limit() {
+        Ok(l) => {
+            tracing::info!(
+                soft_before = l.soft_before,
+                soft = l.soft,
+                hard = l.hard,
+                "descriptor limit (RLIMIT_NOFILE)"
+            );
+            l.soft
+        }
+        Err(e) => {
+            // Unknown: assume the common default, so the cap stays conservative.
+            tracing::warn!(error = %e, "descriptor limit unknown; assuming 1024");
+            1024
+        }
     }
 }
 

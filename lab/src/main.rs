@@ -151,6 +151,14 @@ enum FleetCmd {
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
+    /// `POST /stepdown` to the current leader, with the fleet's admin token.
+    Stepdown {
+        /// Hand leadership to this node (raft only).
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
 }
 
 fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
@@ -204,7 +212,7 @@ fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
         c.state_dir = v;
     }
     if let Some(v) = a.admin_token {
-        c.admin_token = Some(v);
+        c.admin_token = Some(v.into());
     }
     c.validate()?;
     Ok(c)
@@ -347,7 +355,34 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             println!("started {id} as pid {pid}");
             Ok(())
         }
+        FleetCmd::Stepdown { to, dir } => fleet_stepdown(&FleetState::load(&dir)?, to).await,
     }
+}
+
+async fn fleet_stepdown(state: &FleetState, to: Option<String>) -> anyhow::Result<()> {
+    let rows = fleet::status(state).await;
+    let leader = rows
+        .iter()
+        .find(|r| r.role.as_deref() == Some("leader"))
+        .context("no node says it leads")?;
+    let path = match &to {
+        Some(t) => format!("/stepdown?to={t}"),
+        None => "/stepdown".to_owned(),
+    };
+    let r = state
+        .admin_client(Duration::from_secs(40))
+        .post(&leader.http_addr, &path)
+        .await?;
+    if r.status != 200 {
+        anyhow::bail!(
+            "POST {path} to {} answered {}: {}",
+            leader.id,
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    println!("{} stepped down: {}", leader.id, r.json()["stepped_down"]);
+    Ok(())
 }
 
 async fn wait_for_leader(state: &FleetState, within: Duration) -> Vec<fleet::NodeRow> {

@@ -1,5 +1,6 @@
 //! A small HTTP/1 client for talking to nodes (fleet status, tests, load runs). Keep-alive pooled.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,6 +13,13 @@ use hyper_util::rt::TokioExecutor;
 pub struct NodeClient {
     inner: Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
+    /// Sent as a bearer token to the admin routes only (`/stepdown`), never to the others.
+    admin_token: Option<Arc<str>>,
+}
+
+/// Paths that need the node's admin token.
+fn is_admin_path(path: &str) -> bool {
+    path == "/stepdown" || path.starts_with("/stepdown?")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +52,17 @@ impl NodeClient {
         let inner = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(conn);
-        NodeClient { inner, timeout }
+        NodeClient {
+            inner,
+            timeout,
+            admin_token: None,
+        }
+    }
+
+    /// This client with the fleet's admin token (`FleetState::admin_token`) for `/stepdown`.
+    pub fn with_admin_token(mut self, token: Option<&str>) -> NodeClient {
+        self.admin_token = token.map(Arc::from);
+        self
     }
 
     /// `addr` is `host:port`; `path` includes any query.
@@ -60,6 +78,14 @@ impl NodeClient {
         let mut req = Request::builder().method(method).uri(&url);
         for (k, v) in headers {
             req = req.header(*k, *v);
+        }
+        let explicit_auth = headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("authorization"));
+        if let Some(token) = self.admin_token.as_deref() {
+            if is_admin_path(path) && !explicit_auth {
+                req = req.header("authorization", format!("Bearer {token}"));
+            }
         }
         let req = req
             .body(Full::new(body))

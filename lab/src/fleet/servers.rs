@@ -226,14 +226,11 @@ impl PgServer {
     /// `role`'s password: generated (24 random bytes, hex, 0600 under `secrets/`) the first
     /// time, then the same one. The role itself is created elsewhere.
     pub fn make_password(&self, role: &str) -> Result<String, ServerError> {
-        use rand::Rng;
         let dir = self.root.join("secrets");
         fs::create_dir_all(&dir).map_err(|e| ServerError::Io("secrets dir".into(), e))?;
         let path = dir.join(role);
         if !path.exists() {
-            let bytes: [u8; 24] = rand::thread_rng().gen();
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            fs::write(&path, hex).map_err(|e| ServerError::Io(path.display().to_string(), e))?;
+            fs::write(&path, super::random_hex(24)).map_err(|e| ServerError::Io(path.display().to_string(), e))?;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
                 .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
         }

@@ -56,7 +56,7 @@ impl Fleet {
             dir_arg.as_str(),
         ];
         args.extend_from_slice(extra);
-        let fleet = Fleet {
+        let mut fleet = Fleet {
             dir,
             client: NodeClient::new(Duration::from_secs(3)),
         };
@@ -75,6 +75,7 @@ impl Fleet {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        fleet.client = fleet.state().admin_client(Duration::from_secs(3));
         fleet
     }
 
