@@ -313,8 +313,9 @@ impl Drop for Group {
     }
 }
 
-/// Whether `/proc` shows a process of group `pgid` that is not a zombie.
-fn live_member(pgid: i32) -> bool {
+/// Whether `/proc` shows a process of group `pgid` that is not a zombie: what "the group is
+/// gone" means for the stop barrier (a zombie runs nothing; it only waits to be reaped).
+pub fn live_member(pgid: i32) -> bool {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return true; // cannot tell: assume it runs (the safe answer for a barrier)
     };
