@@ -97,6 +97,9 @@ struct RunNode {
     state_dir: PathBuf,
     log: PathBuf,
     proc: Option<Child>,
+    /// After a kill -9 of this baton: when the test saw its program's group gone (its trace
+    /// cannot say: the node died first).
+    killed_gone_ns: Option<u64>,
 }
 
 impl RunNode {
@@ -244,6 +247,7 @@ fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str
         state_dir: c.state_dir.clone(),
         log,
         proc: Some(proc),
+        killed_gone_ns: None,
     }
 }
 
@@ -271,10 +275,11 @@ fn mono(v: &Value) -> u64 {
     v["mono_ns"].as_u64().unwrap()
 }
 
-/// The node whose program runs now (a `child-started` not followed by `child-gone`): (index,
-/// token, pid, started mono ns).
+/// The newest program that runs now (a `child-started` not followed by `child-gone`, on a node
+/// not killed): (index, token, pid, started mono ns).
 fn running_child(nodes: &[RunNode]) -> Option<(usize, i64, i32, u64)> {
-    nodes.iter().enumerate().find_map(|(i, n)| {
+    let running = nodes.iter().enumerate().filter(|(_, n)| n.killed_gone_ns.is_none());
+    running.filter_map(|(i, n)| {
         let steps = n.child_steps();
         let last = steps
             .iter()
@@ -284,6 +289,7 @@ fn running_child(nodes: &[RunNode]) -> Option<(usize, i64, i32, u64)> {
             (i, last["token"].as_i64().unwrap(), detail(last, "pid").unwrap() as i32, mono(last))
         })
     })
+    .max_by_key(|(_, token, _, _)| *token)
 }
 
 /// Waits for a running program on any node with a token above `above`, and for its first row.
@@ -320,7 +326,7 @@ fn assert_no_overlap(nodes: &[RunNode]) {
             }
         }
         if let Some((s, t)) = open {
-            spans.push((s, u64::MAX, t, n.id.clone()));
+            spans.push((s, n.killed_gone_ns.unwrap_or(u64::MAX), t, n.id.clone()));
         }
     }
     spans.sort();
@@ -362,6 +368,7 @@ async fn kill9_handover(pg: &Pg, nodes: &mut [RunNode]) -> (i64, f64, f64, f64) 
         (!live_member(pgid)).then(monotonic_ns)
     })
     .await;
+    nodes[i].killed_gone_ns = Some(t_gone);
     let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
     assert!(t_start > t_gone, "the new program started before the old group was gone");
     let resource_ms = pg.resource_gap_ms(token, new_token).await;
