@@ -161,6 +161,9 @@ struct Timing {
     retry_interval_ms: u64,
     stop_timeout_ms: u64,
     child_stop_margin_ms: u64,
+    /// Raft only. Raft grants min(lease_ttl, election timeout min) (no new leader can be elected
+    /// sooner), so the margin for the program's stop must fit inside the election timeout.
+    election_timeout: &'static str,
 }
 
 const PG_LEASE: Timing = Timing {
@@ -169,6 +172,7 @@ const PG_LEASE: Timing = Timing {
     retry_interval_ms: 100,
     stop_timeout_ms: 1000,
     child_stop_margin_ms: 1300,
+    election_timeout: "150-300",
 };
 
 const RAFT: Timing = Timing {
@@ -177,6 +181,7 @@ const RAFT: Timing = Timing {
     retry_interval_ms: 50,
     stop_timeout_ms: 500,
     child_stop_margin_ms: 700,
+    election_timeout: "1500-3000",
 };
 
 /// Node configs for `n` members of `backend`, written under `dir`.
@@ -200,7 +205,7 @@ fn configs(pg: &Pg, dir: &Path, backend: BackendKind, n: usize, t: Timing) -> Ve
             c.resource.database_url = pg.server.app_url();
             c.pg_lease.database_url = pg.server.lease_url();
             if backend == BackendKind::Raft {
-                c.election_timeout_ms = "150-300".into();
+                c.election_timeout_ms = t.election_timeout.into();
                 c.raft.heartbeat_interval_ms = 50;
                 c.raft.peers = (0..n)
                     .map(|j| PeerSpec {
@@ -262,6 +267,12 @@ async fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
+/// The last 30 lines of a log.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
 /// `key=value` from a trace line's detail.
 fn detail(v: &Value, key: &str) -> Option<i64> {
     let d = v["detail"].as_str()?;
@@ -294,10 +305,17 @@ fn running_child(nodes: &[RunNode]) -> Option<(usize, i64, i32, u64)> {
 
 /// Waits for a running program on any node with a token above `above`, and for its first row.
 async fn wait_leader_child(pg: &Pg, nodes: &[RunNode], above: i64) -> (usize, i64, i32, u64) {
-    let found = wait_for("a leader's program", 60, || {
-        running_child(nodes).filter(|(_, t, _, _)| *t > above)
-    })
-    .await;
+    let until = Instant::now() + Duration::from_secs(60);
+    let found = loop {
+        if let Some(f) = running_child(nodes).filter(|(_, t, _, _)| *t > above) {
+            break f;
+        }
+        if Instant::now() > until {
+            let logs: Vec<String> = nodes.iter().map(|n| format!("== {}\n{}", n.id, tail(&n.log_text()))).collect();
+            panic!("no program with a token above {above} within 60 s:\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let token = found.1;
     let until = Instant::now() + Duration::from_secs(30);
     while !pg.table_tokens().await.contains(&token) {
