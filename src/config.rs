@@ -76,6 +76,10 @@ pub struct NodeConfig {
     pub fencing: Fencing,
     /// How long demotion waits for each leader-work actor to stop before killing it.
     pub work_stop_timeout_ms: u64,
+    /// Extra time taken off every lease deadline so that leader work which needs time to stop
+    /// (an external program: `baton run --child-stop-margin`) has stopped before the lease could
+    /// expire: the watchdog demotes this much earlier. 0 by default.
+    pub work_stop_margin_ms: u64,
     /// Bearer token required by `POST /stepdown` when set; required when `http_listen` is not
     /// loopback. Never printed (`Debug` redacts it) and never in [`NodeConfig::redacted_json`].
     pub admin_token: Option<Secret>,
@@ -357,6 +361,7 @@ impl Default for NodeConfig {
             election_timeout_ms: "150-300".into(),
             fencing: Fencing::On,
             work_stop_timeout_ms: 2000,
+            work_stop_margin_ms: 0,
             admin_token: None,
             state_dir: PathBuf::from("state/n1"),
             etcd: EtcdConfig::default(),
@@ -472,9 +477,17 @@ impl NodeConfig {
     }
 
     /// How much of a granted TTL the node gives up so it stops before the backend expires it:
-    /// the clock-rate error over the whole TTL plus a fixed margin.
+    /// the clock-rate error over the whole TTL plus a fixed margin, plus the time leader work is
+    /// given to stop ([`NodeConfig::work_stop_margin_ms`]).
     pub fn lease_safety_margin(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.clock_rate_error) + Duration::from_millis(self.deadline_margin_ms)
+        ttl.mul_f64(self.clock_rate_error)
+            + Duration::from_millis(self.deadline_margin_ms)
+            + self.work_stop_margin()
+    }
+
+    /// [`NodeConfig::work_stop_margin_ms`] as a duration.
+    pub fn work_stop_margin(&self) -> Duration {
+        Duration::from_millis(self.work_stop_margin_ms)
     }
 
     /// `(min, max)` of the Raft election timeout.

@@ -150,6 +150,7 @@ impl NodeBuilder {
         #[cfg_attr(not(feature = "http"), allow(unused_mut))]
         let mut cfg = self.cfg;
         cfg.validate().context("config")?;
+        check_stop_bounds(&cfg, &self.works)?;
         crate::metrics::describe();
         #[cfg(feature = "prometheus")]
         let prometheus = crate::metrics::install(&cfg.node_id);
@@ -287,6 +288,23 @@ struct NodeTasks {
     /// Resolves (or errs) when the HTTP server's thread has finished.
     server: Option<tokio::sync::oneshot::Receiver<()>>,
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Refuses a config whose supervisor would give up on a registered work before that work can
+/// have stopped: the stop is a barrier only if the supervisor waits for all of it.
+fn check_stop_bounds(cfg: &NodeConfig, works: &[Registered]) -> anyhow::Result<()> {
+    for w in works {
+        if let Some(needed) = w.work.stop_bound() {
+            anyhow::ensure!(
+                cfg.work_stop_timeout() >= needed,
+                "work_stop_timeout_ms ({}) must be at least {} ms: the stop bound of work {:?}",
+                cfg.work_stop_timeout_ms,
+                needed.as_millis(),
+                w.work.name()
+            );
+        }
+    }
+    Ok(())
 }
 
 impl NodeHandle {

@@ -346,6 +346,7 @@ impl SupervisorState {
             fence: self.args.fence.clone(),
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
+            leadership: self.args.shared.clone(),
         };
         self.restarts.clear();
         let (works, me) = (self.args.works.clone(), myself.clone());
@@ -614,6 +615,7 @@ impl SupervisorState {
             fence: self.args.fence.clone(),
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
+            leadership: self.args.shared.clone(),
         };
         let (work, me) = (self.args.works[index].work.clone(), myself.clone());
         tokio::spawn(async move {
