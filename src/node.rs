@@ -59,6 +59,7 @@ pub struct NodeBuilder {
 }
 
 impl NodeBuilder {
+    /// A node with `cfg` and no leader work yet; timing is validated by [`NodeBuilder::start`].
     pub fn new(cfg: NodeConfig) -> NodeBuilder {
         NodeBuilder {
             cfg,

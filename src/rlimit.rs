@@ -6,14 +6,18 @@
 /// RLIMIT_NOFILE as the node runs with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NofileLimit {
+    /// The soft limit in force (what `open` and `accept` hit).
     pub soft: u64,
+    /// The hard limit: the most the soft limit may be raised to without privileges.
     pub hard: u64,
     /// The soft limit before the node raised it.
     pub soft_before: u64,
 }
 
+/// Reading the limit failed (raising it is best effort and never an error).
 #[derive(Debug, thiserror::Error)]
 pub enum RlimitError {
+    /// `getrlimit` failed.
     #[error("getrlimit(RLIMIT_NOFILE): {0}")]
     Get(std::io::Error),
 }
