@@ -1,6 +1,6 @@
 //! Raft transport over each node's own *peer listener* ([`super::server`], never the client
 //! port): `POST http://<peer_addr>/peer/<method>` with a serde_json body, signed with the cluster
-//! secret ([`super::auth`]), answered by [`RaftPeerRpc`] once the server has authenticated it.
+//! secret ([`super::auth`]), answered by `RaftPeerRpc` once the server has authenticated it.
 //!
 //! | method            | request                          | answer                      |
 //! | ----------------- | -------------------------------- | --------------------------- |
