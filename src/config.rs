@@ -12,29 +12,51 @@ use serde::{Deserialize, Serialize};
 
 use crate::elector::BackendKind;
 
+/// Why a config was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file (or a secret file it names) could not be read.
     #[error("cannot read config {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         source: std::io::Error,
     },
+    /// A file the config names (a TLS certificate, key or CA) could not be read.
+    #[error("cannot read {option} {path}: {source}")]
+    File {
+        /// The option that names it, e.g. `[http] tls_key_file`.
+        option: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for a [`NodeConfig`].
     #[error("cannot parse config {path}: {source}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// What the parser said.
         source: toml::de::Error,
     },
+    /// A duration flag that [`parse_duration_ms`] cannot read.
     #[error("invalid duration {0:?}: use e.g. 3s, 250ms or a plain number of milliseconds")]
     Duration(String),
+    /// Lease timing that cannot be safe (see the module docs).
     #[error("invalid timing: {0}")]
     Timing(String),
+    /// Any other refused setting.
     #[error("invalid config: {0}")]
     Invalid(String),
 }
 
+/// Whether the fenced resource checks tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fencing {
+    /// The resource refuses a write with a stale token (the only setting for production).
     On,
     /// Exists only to prove fencing is load-bearing: the resource accepts any token.
     Off,
@@ -51,17 +73,24 @@ impl std::str::FromStr for Fencing {
     }
 }
 
+/// One node's whole configuration (`config/*.toml`, overlaid by flags). Every field has a
+/// default; [`NodeConfig::validate`] refuses combinations that cannot be safe.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
+    /// This node's id: 1-64 of `[A-Za-z0-9_-]`, unique in the fleet; the fence's holder.
     pub node_id: String,
+    /// The election backend.
     pub backend: BackendKind,
     /// Where this node's HTTP server listens.
     pub http_listen: SocketAddr,
     /// The address other nodes and clients should use (defaults to the bound address).
     pub advertise_addr: Option<String>,
+    /// How long a granted lease lasts.
     pub lease_ttl_ms: u64,
+    /// How often the leader renews its lease (below the usable lease, see [`NodeConfig::validate`]).
     pub renew_interval_ms: u64,
+    /// How often a follower retries a campaign, and a failed renewal is retried.
     pub retry_interval_ms: u64,
     /// The largest clock-rate error the lease arithmetic tolerates (0.01 = 1%).
     pub clock_rate_error: f64,
@@ -73,6 +102,7 @@ pub struct NodeConfig {
     pub clock_drift: f64,
     /// Raft election timeout range in ms, "min-max".
     pub election_timeout_ms: String,
+    /// Whether the fenced resource checks tokens (`off` only to show what fencing prevents).
     pub fencing: Fencing,
     /// How long demotion waits for each leader-work actor to stop before killing it.
     pub work_stop_timeout_ms: u64,
@@ -83,15 +113,25 @@ pub struct NodeConfig {
     /// Bearer token required by `POST /stepdown` when set; required when `http_listen` is not
     /// loopback. Never printed (`Debug` redacts it) and never in [`NodeConfig::redacted_json`].
     pub admin_token: Option<Secret>,
+    /// Where this node keeps its state (raft log, actor trace).
     pub state_dir: PathBuf,
+    /// `[etcd]`: the etcd backend.
     pub etcd: EtcdConfig,
+    /// `[raft]`: the embedded raft backend.
     pub raft: RaftConfig,
+    /// `[redis]`: the redis and redis-naive backends.
     pub redis: RedisConfig,
+    /// `[zk]`: the ZooKeeper backend.
     pub zk: ZkConfig,
+    /// `[pg_lease]`: the pg-lease backend.
     pub pg_lease: PgLeaseConfig,
+    /// `[resource]`: the fenced resource (PostgreSQL).
     pub resource: ResourceConfig,
+    /// `[scheduler]`: the built-in scheduler job.
     pub scheduler: SchedulerConfig,
+    /// `[sequencer]`: the built-in ID sequencer behind `POST /next`.
     pub sequencer: SequencerConfig,
+    /// `[http]`: the client HTTP server's limits and TLS.
     pub http: HttpConfig,
 }
 
@@ -149,6 +189,11 @@ pub struct HttpConfig {
     /// A leader whose accept loop fails (e.g. out of descriptors) for this long steps down:
     /// it cannot serve its clients, and its followers would otherwise keep following it.
     pub accept_failure_stepdown_ms: u64,
+    /// PEM certificate chain to serve HTTPS with (feature `tls`); with `tls_key_file`, the
+    /// server speaks HTTPS only. The TLS handshake must complete within `header_read_timeout_ms`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1). Keep it 0600; never logged.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -160,20 +205,26 @@ impl Default for HttpConfig {
             max_body_bytes: 1024,
             request_timeout_ms: 60_000,
             accept_failure_stepdown_ms: 5_000,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
 
 impl HttpConfig {
+    /// [`HttpConfig::header_read_timeout_ms`] (also the TLS handshake bound).
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
     }
+    /// [`HttpConfig::body_read_timeout_ms`].
     pub fn body_read_timeout(&self) -> Duration {
         Duration::from_millis(self.body_read_timeout_ms)
     }
+    /// [`HttpConfig::request_timeout_ms`].
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
+    /// [`HttpConfig::accept_failure_stepdown_ms`].
     pub fn accept_failure_stepdown(&self) -> Duration {
         Duration::from_millis(self.accept_failure_stepdown_ms)
     }
@@ -202,19 +253,27 @@ impl HttpConfig {
         Ok(())
     }
 }
+
+/// `[etcd]`: the etcd backend's cluster and election.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EtcdConfig {
+    /// Client URLs of the cluster's members (`https://` with `tls_ca_file`).
     pub endpoints: Vec<String>,
     /// The election name; `etcdctl elect NAME` on the same name interoperates.
     pub election_name: String,
+    /// Bound on each request (and on connecting).
     pub request_timeout_ms: u64,
+    /// PEM CA bundle that etcd's server certificates must chain to (feature `tls`); the
+    /// endpoints must then be `https://`.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 /// One member of a raft fleet.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PeerSpec {
+    /// The member's node id.
     pub id: String,
     /// `host:port` of the member's client HTTP server (where followers redirect clients).
     pub addr: String,
@@ -222,11 +281,14 @@ pub struct PeerSpec {
     pub peer_addr: String,
 }
 
+/// `[raft]`: the embedded raft group.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RaftConfig {
     /// Every member, this node included.
     pub peers: Vec<PeerSpec>,
+    /// How often the raft leader sends heartbeats (0: the default, 50 ms); at most half the
+    /// minimum election timeout.
     pub heartbeat_interval_ms: u64,
     /// Where this node's raft peer listener binds; defaults to this node's `peer_addr` in
     /// `peers`. Never the client port: peer RPC has its own listener.
@@ -258,13 +320,19 @@ impl RaftConfig {
     }
 }
 
+/// `[redis]`: the redis backends' server and lock key.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
+    /// `redis://host:port/` or, over TLS, `rediss://host:port/`.
     pub url: String,
     /// The lock key; the fenced variant keeps its token counter at `<key>:token`.
     pub key: String,
+    /// Bound on each request (and on connecting).
     pub request_timeout_ms: u64,
+    /// PEM CA bundle that the server's certificate must chain to (feature `tls`); the URL must
+    /// then be `rediss://`.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -273,15 +341,18 @@ impl Default for RedisConfig {
             url: "redis://127.0.0.1:6379/".into(),
             key: "baton:leader".into(),
             request_timeout_ms: 1000,
+            tls_ca_file: None,
         }
     }
 }
 
+/// `[zk]`: the ZooKeeper backend's ensemble and election node.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ZkConfig {
     /// `host:port,host:port,...`
     pub connect: String,
+    /// The parent znode of the election's sequential candidates.
     pub election_path: String,
     /// Bound on each request (and 3× on establishing a session).
     pub request_timeout_ms: u64,
@@ -297,12 +368,17 @@ impl Default for ZkConfig {
     }
 }
 
+/// `[pg_lease]`: the pg-lease backend's database and lease row.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PgLeaseConfig {
     /// May be the fenced resource's server, but the lease lives in its own table.
     pub database_url: String,
+    /// The lease row's name: nodes electing together share it.
     pub lease_name: String,
+    /// PEM CA bundle that the server's certificate must chain to (feature `tls`); when set, the
+    /// connection must be TLS (`sslmode=require`) and the server is verified.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for PgLeaseConfig {
@@ -310,23 +386,33 @@ impl Default for PgLeaseConfig {
         PgLeaseConfig {
             database_url: "postgres://postgres@127.0.0.1:5432/baton".into(),
             lease_name: "baton".into(),
+            tls_ca_file: None,
         }
     }
 }
 
+/// `[resource]`: the fenced resource (PostgreSQL).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResourceConfig {
     /// The fenced resource, connected to as the application role (which may only call functions).
     pub database_url: String,
+    /// Connections kept to it.
     pub pool_size: usize,
+    /// Server-side bound on each statement, and on waiting for or making a connection.
     pub statement_timeout_ms: u64,
+    /// PEM CA bundle that the server's certificate must chain to (feature `tls`); when set, the
+    /// connection must be TLS (`sslmode=require`) and the server is verified.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
+/// `[scheduler]`: the built-in scheduler job (works through a fenced work-set).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SchedulerConfig {
+    /// Whether the leader runs it.
     pub enabled: bool,
+    /// Time between ticks.
     pub tick_interval_ms: u64,
     /// Jobs taken from the work-set per tick.
     pub jobs_per_tick: i64,
@@ -334,9 +420,11 @@ pub struct SchedulerConfig {
     pub checkpoint_every_ticks: u64,
 }
 
+/// `[sequencer]`: the built-in ID sequencer (`POST /next`), group-committed through the fence.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SequencerConfig {
+    /// Whether the leader runs it.
     pub enabled: bool,
     /// Upper bound on IDs committed in one group commit.
     pub max_batch_ids: usize,
@@ -383,6 +471,7 @@ impl Default for EtcdConfig {
             endpoints: vec!["http://127.0.0.1:2379".into()],
             election_name: "baton".into(),
             request_timeout_ms: 1000,
+            tls_ca_file: None,
         }
     }
 }
@@ -393,6 +482,7 @@ impl Default for ResourceConfig {
             database_url: "postgres://baton_app@127.0.0.1:5432/baton".into(),
             pool_size: 4,
             statement_timeout_ms: 2000,
+            tls_ca_file: None,
         }
     }
 }
@@ -443,6 +533,12 @@ impl NodeConfig {
                 ("raft", "cluster_secret"),
                 ("raft", "cluster_secret_file"),
                 ("zk", "connect"),
+                ("resource", "tls_ca_file"),
+                ("pg_lease", "tls_ca_file"),
+                ("etcd", "tls_ca_file"),
+                ("redis", "tls_ca_file"),
+                ("http", "tls_cert_file"),
+                ("http", "tls_key_file"),
             ] {
                 if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
                     s.remove(key);
@@ -452,6 +548,7 @@ impl NodeConfig {
         v
     }
 
+    /// Reads a TOML config file (unknown keys are errors).
     pub fn from_file(path: &Path) -> Result<NodeConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
@@ -463,15 +560,19 @@ impl NodeConfig {
         })
     }
 
+    /// [`NodeConfig::lease_ttl_ms`].
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
     }
+    /// [`NodeConfig::renew_interval_ms`].
     pub fn renew_interval(&self) -> Duration {
         Duration::from_millis(self.renew_interval_ms)
     }
+    /// [`NodeConfig::retry_interval_ms`].
     pub fn retry_interval(&self) -> Duration {
         Duration::from_millis(self.retry_interval_ms)
     }
+    /// [`NodeConfig::work_stop_timeout_ms`].
     pub fn work_stop_timeout(&self) -> Duration {
         Duration::from_millis(self.work_stop_timeout_ms)
     }
@@ -573,7 +674,64 @@ impl NodeConfig {
                 self.http.request_timeout_ms
             )));
         }
+        self.validate_tls()?;
         self.check_admin_surface(self.http_listen.ip())
+    }
+
+    /// The TLS options: the server's certificate and key together or not at all, the URL schemes
+    /// that go with a CA, every named file readable (parsed when the node starts), and a build
+    /// with TLS in it whenever any is set.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let http = match (&self.http.tls_cert_file, &self.http.tls_key_file) {
+            (Some(cert), Some(key)) => [
+                Some(("[http] tls_cert_file", cert)),
+                Some(("[http] tls_key_file", key)),
+            ],
+            (None, None) => [None, None],
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "[http] set tls_cert_file and tls_key_file together, or neither".into(),
+                ))
+            }
+        };
+        if self.redis.tls_ca_file.is_some() && !self.redis.url.starts_with("rediss://") {
+            return Err(ConfigError::Invalid(
+                "[redis] tls_ca_file needs a rediss:// url".into(),
+            ));
+        }
+        // The redis client reads `#insecure` as "skip certificate checks": never with a CA.
+        if self.redis.tls_ca_file.is_some() && self.redis.url.contains("#insecure") {
+            return Err(ConfigError::Invalid(
+                "[redis] a url with #insecure would skip the checks tls_ca_file asks for".into(),
+            ));
+        }
+        if self.etcd.tls_ca_file.is_some()
+            && !self.etcd.endpoints.iter().all(|e| e.starts_with("https://"))
+        {
+            return Err(ConfigError::Invalid(
+                "[etcd] tls_ca_file needs https:// endpoints".into(),
+            ));
+        }
+        let cas = [
+            ("[resource] tls_ca_file", &self.resource.tls_ca_file),
+            ("[pg_lease] tls_ca_file", &self.pg_lease.tls_ca_file),
+            ("[redis] tls_ca_file", &self.redis.tls_ca_file),
+            ("[etcd] tls_ca_file", &self.etcd.tls_ca_file),
+        ]
+        .map(|(option, path)| path.as_ref().map(|p| (option, p)));
+        for (option, path) in http.into_iter().chain(cas).flatten() {
+            if !cfg!(feature = "tls") {
+                return Err(ConfigError::Invalid(format!(
+                    "{option} is set, but this build of baton has no TLS (cargo feature `tls`)"
+                )));
+            }
+            std::fs::File::open(path).map_err(|source| ConfigError::File {
+                option,
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// The admin route (`POST /stepdown`) is reachable by anyone who can reach `listen_ip`: off
@@ -744,6 +902,64 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+
+    #[test]
+    fn https_needs_both_certificate_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(&cert, "x").unwrap();
+        let mut c = NodeConfig::default();
+        c.http.tls_cert_file = Some(cert.clone());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("together"), "{err}");
+        c.http.tls_cert_file = None;
+        c.http.tls_key_file = Some(cert);
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn tls_files_must_be_readable_and_schemes_must_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let mut c = NodeConfig::default();
+        c.resource.tls_ca_file = Some(missing.clone());
+        let err = c.validate().unwrap_err();
+        if cfg!(feature = "tls") {
+            assert!(matches!(err, ConfigError::File { option: "[resource] tls_ca_file", .. }), "{err}");
+        } else {
+            assert!(err.to_string().contains("feature `tls`"), "{err}");
+        }
+        let mut c = NodeConfig::default();
+        c.redis.tls_ca_file = Some(missing.clone());
+        assert!(c.validate().unwrap_err().to_string().contains("rediss://"));
+        let mut c = NodeConfig::default();
+        c.etcd.tls_ca_file = Some(missing);
+        assert!(c.validate().unwrap_err().to_string().contains("https://"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn readable_tls_files_pass_validation_and_stay_out_of_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "x").unwrap();
+        let mut c = NodeConfig::default();
+        c.http.tls_cert_file = Some(ca.clone());
+        c.http.tls_key_file = Some(ca.clone());
+        c.resource.tls_ca_file = Some(ca.clone());
+        c.redis.url = "rediss://127.0.0.1:6380/".into();
+        c.redis.tls_ca_file = Some(ca.clone());
+        c.validate().unwrap();
+        let redacted = c.redacted_json().to_string();
+        assert!(!redacted.contains("ca.pem"), "{redacted}");
+        let back: NodeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back.http.tls_key_file, Some(ca));
     }
 }
 

@@ -54,6 +54,7 @@
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
 //! tasks.rs           AbortOnDrop: a spawned helper ends with its owner
+//! tls.rs             (feature `tls`) PEM loading and the rustls configs of every TLS endpoint
 //! ```
 //!
 //! # What is guaranteed, and what is not
@@ -83,5 +84,7 @@ pub mod metrics;
 pub mod node;
 pub mod rlimit;
 pub mod tasks;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod trace;
 pub mod work;

@@ -78,6 +78,8 @@ pub const HTTP_CONNECTIONS_REFUSED: &str = "baton_http_connections_refused_total
 pub const HTTP_CONNECTIONS_EVICTED: &str = "baton_http_connections_evicted_total";
 /// Failed `accept(2)` calls on the client listener (e.g. out of descriptors).
 pub const HTTP_ACCEPT_FAILURES: &str = "baton_http_accept_failures_total";
+/// Client connections that failed or timed out in the TLS handshake (HTTPS servers only).
+pub const HTTP_TLS_HANDSHAKE_FAILURES: &str = "baton_http_tls_handshake_failures_total";
 /// Step-downs because the client listener could not accept for too long.
 pub const HTTP_UNSERVICEABLE_STEPDOWNS: &str = "baton_http_unserviceable_stepdowns_total";
 
@@ -146,6 +148,10 @@ pub fn describe() {
     describe_counter!(
         HTTP_CONNECTIONS_REFUSED,
         "Client connections refused (503, closed) because the connection cap was reached"
+    );
+    describe_counter!(
+        HTTP_TLS_HANDSHAKE_FAILURES,
+        "Client connections that failed or timed out in the TLS handshake"
     );
     describe_counter!(
         HTTP_CONNECTIONS_EVICTED,

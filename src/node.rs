@@ -175,6 +175,13 @@ impl NodeBuilder {
             cfg.advertise_addr.get_or_insert_with(|| bound.to_string());
         }
         let http_addr = cfg.advertise_addr.clone();
+        // Built before anything starts, so a bad certificate or key fails the start, not the
+        // first client.
+        #[cfg(all(feature = "http", feature = "tls"))]
+        let http_tls = match &self.http {
+            Some(_) => http::tls_acceptor(&cfg.http).context("[http] TLS")?,
+            None => None,
+        };
 
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
@@ -218,6 +225,8 @@ impl NodeBuilder {
                 max_connections: http::connection_cap(cfg.http.max_connections, nofile),
                 limits: cfg.http.clone(),
                 trace: trace.clone(),
+                #[cfg(feature = "tls")]
+                tls: http_tls,
             });
             tracing::info!(
                 max_connections = app.max_connections,

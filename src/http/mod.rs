@@ -7,6 +7,11 @@
 //! own work, nor lock new clients out; see [`slots`]), a header-read clock that also bounds idle keep-alive, a body-read clock and size
 //! limit, and a bound on the whole request. A leader whose accept loop keeps failing cannot serve
 //! its clients, and its followers cannot tell: it steps down ([`AcceptHealth`]).
+//!
+//! With `[http] tls_cert_file`/`tls_key_file` (feature `tls`) the server speaks HTTPS only. The
+//! handshake happens inside the connection's slot and is bounded by the header-read timeout, so a
+//! client that opens TCP and never handshakes holds a slot (evictable, it makes no progress) no
+//! longer than one that never sends a request head.
 
 mod routes;
 mod slots;
@@ -48,6 +53,31 @@ pub(crate) struct HttpApp {
     /// by [`connection_cap`].
     pub max_connections: usize,
     pub trace: ActorTrace,
+    /// Set when the server speaks HTTPS only (`[http] tls_cert_file`).
+    #[cfg(feature = "tls")]
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl HttpApp {
+    fn speaks_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+}
+
+/// The HTTPS acceptor for `limits`, when it names a certificate (None: plain HTTP).
+#[cfg(feature = "tls")]
+pub(crate) fn tls_acceptor(
+    limits: &HttpConfig,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, crate::tls::TlsError> {
+    let (Some(cert), Some(key)) = (&limits.tls_cert_file, &limits.tls_key_file) else {
+        return Ok(None);
+    };
+    // http/1.1 only: the server is hyper's http1, and ALPN lets a client learn it up front.
+    let cfg = crate::tls::server_config(cert, key, &[b"http/1.1"])?;
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg))))
 }
 
 /// hyper's read buffer per connection (its default is ~400 KiB), so 1,000 connections cannot
@@ -152,12 +182,66 @@ fn admit(
         Admission::Full => {
             metrics::counter!(m::HTTP_CONNECTIONS_REFUSED).increment(1);
             // Best effort and never waiting: a client that does not read this still loses its
-            // descriptor here, when `stream` drops.
-            let _ = stream.try_write(REFUSAL_503);
+            // descriptor here, when `stream` drops. An HTTPS client could not read plain text:
+            // it just sees the connection close.
+            if !app.speaks_tls() {
+                let _ = stream.try_write(REFUSAL_503);
+            }
             return;
         }
     };
     let _ = stream.set_nodelay(true);
+    let (app, slots, watcher) = (app.clone(), slots.clone(), graceful.watcher());
+    tokio::spawn(async move {
+        // Evicted: dropping the connection (or the handshake) closes its socket and frees its
+        // descriptor.
+        tokio::select! {
+            _ = serve_connection(stream, &app, &state, watcher) => {}
+            _ = state.evicted.notified() => {}
+        }
+        slots.release(&state);
+    });
+}
+
+/// Serves one admitted connection: over TLS once the handshake is done (within the header-read
+/// bound), or as plain HTTP.
+async fn serve_connection(
+    stream: TcpStream,
+    app: &Arc<HttpApp>,
+    state: &Arc<slots::ConnState>,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    #[cfg(feature = "tls")]
+    if let Some(acceptor) = &app.tls {
+        let bound = app.limits.header_read_timeout();
+        match tokio::time::timeout(bound, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => {
+                state.progressed();
+                serve_http1(TokioIo::new(tls), app, state, watcher).await;
+            }
+            Ok(Err(e)) => {
+                metrics::counter!(m::HTTP_TLS_HANDSHAKE_FAILURES).increment(1);
+                tracing::debug!(error = %e, "TLS handshake failed");
+            }
+            Err(_) => {
+                metrics::counter!(m::HTTP_TLS_HANDSHAKE_FAILURES).increment(1);
+                tracing::debug!(bound_ms = bound.as_millis() as u64, "TLS handshake timed out");
+            }
+        }
+        return;
+    }
+    serve_http1(TokioIo::new(stream), app, state, watcher).await;
+}
+
+/// hyper's HTTP/1 on `io`, with every per-connection bound, until the connection ends.
+async fn serve_http1<I>(
+    io: I,
+    app: &Arc<HttpApp>,
+    state: &Arc<slots::ConnState>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (svc_app, svc_state) = (app.clone(), state.clone());
     let svc = service_fn(move |req| {
         let (app, conn) = (svc_app.clone(), svc_state.clone());
@@ -174,17 +258,8 @@ fn admit(
         .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(MAX_READ_BUF_BYTES)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), svc);
-    let conn = graceful.watch(conn);
-    let slots = slots.clone();
-    tokio::spawn(async move {
-        // Evicted: dropping the connection closes its socket and frees its descriptor.
-        tokio::select! {
-            _ = conn => {}
-            _ = state.evicted.notified() => {}
-        }
-        slots.release(&state);
-    });
+        .serve_connection(io, svc);
+    let _ = watcher.watch(conn).await;
 }
 
 /// Logs (rate-limited), counts, and steps down when accepting has failed for too long.

@@ -284,6 +284,7 @@ async fn baseline(
             .url_as(&baton::work::fence::node_role(&holder), "127.0.0.1"),
         pool_size: args.baseline_connections,
         statement_timeout_ms: 5000,
+        tls_ca_file: None,
     };
     let fence = Fence::new(&cfg, &holder).context("baseline pool")?;
     let until = Instant::now() + Duration::from_millis(args.baseline_duration);

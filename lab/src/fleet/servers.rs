@@ -177,6 +177,24 @@ const SUPERUSER: &str = "postgres";
 /// What nodes connect as (created by the migrations too; here it gets its password).
 const APP_ROLE: &str = "baton_app";
 
+/// A server certificate and key (PEM files) for a private server to serve TLS with, and the CA
+/// that issued it (what our own readiness probes trust).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+/// The pg_hba.conf head of a TLS server: the superuser may still connect in plain text from
+/// loopback (our admin tooling: psql, migrations, role provisioning), every other role only
+/// over TLS. First match wins, so these go before initdb's lines.
+const HBA_TLS_HEAD: &str = "# baton: TLS required for every role but the superuser
+host    all postgres 127.0.0.1/32 scram-sha-256
+hostssl all all      127.0.0.1/32 scram-sha-256
+host    all all      127.0.0.1/32 reject
+";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PgServer {
     pub port: u16,
@@ -287,6 +305,21 @@ impl PgServer {
         port: u16,
         extra_listen: &[std::net::IpAddr],
     ) -> Result<PgServer, ServerError> {
+        PgServer::start_inner(root, port, extra_listen, None)
+    }
+
+    /// [`PgServer::start`] with `ssl = on`, serving `tls`'s certificate; every role but the
+    /// superuser must then connect over TLS (`hostssl`, see [`HBA_TLS_HEAD`]).
+    pub fn start_tls(root: &Path, port: u16, tls: &ServerTls) -> Result<PgServer, ServerError> {
+        PgServer::start_inner(root, port, &[], Some(tls))
+    }
+
+    fn start_inner(
+        root: &Path,
+        port: u16,
+        extra_listen: &[std::net::IpAddr],
+        tls: Option<&ServerTls>,
+    ) -> Result<PgServer, ServerError> {
         let pg = PgServer {
             port,
             root: root.to_owned(),
@@ -351,11 +384,14 @@ impl PgServer {
                 fs::write(&hba, format!("{cur}\n{line}\n")).map_err(io("pg_hba.conf"))?;
             }
         }
-        let conf = format!(
+        let mut conf = format!(
             "listen_addresses = '{}'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 200\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
             listen.join(","),
             root.join("sock").display()
         );
+        if let Some(tls) = tls {
+            conf.push_str(&pg.install_tls(tls)?);
+        }
         fs::write(pg.data_dir().join("postgresql.auto.conf"), conf)
             .map_err(io("postgresql.auto.conf"))?;
         chown_to_postgres(root)?;
@@ -394,6 +430,31 @@ impl PgServer {
         })?;
         pg.make_login_roles()?;
         Ok(pg)
+    }
+
+    /// Copies `tls`'s files into the server's root (the server reads them as the postgres OS
+    /// user, and refuses a key readable by others: 0600), puts [`HBA_TLS_HEAD`] at the head of
+    /// pg_hba.conf once, and returns the postgresql.conf lines that turn TLS on.
+    fn install_tls(&self, tls: &ServerTls) -> Result<String, ServerError> {
+        let dir = self.root.join("tls");
+        let io = |what: String| move |e| ServerError::Io(what, e);
+        fs::create_dir_all(&dir).map_err(io(dir.display().to_string()))?;
+        let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+        fs::copy(&tls.cert_file, &cert).map_err(io(tls.cert_file.display().to_string()))?;
+        fs::copy(&tls.key_file, &key).map_err(io(tls.key_file.display().to_string()))?;
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600))
+            .map_err(io(key.display().to_string()))?;
+        // Owned by postgres with the rest of the root (chown -R before the server starts).
+        let hba = self.data_dir().join("pg_hba.conf");
+        let cur = fs::read_to_string(&hba).map_err(io("pg_hba.conf".into()))?;
+        if !cur.starts_with(HBA_TLS_HEAD) {
+            fs::write(&hba, format!("{HBA_TLS_HEAD}{cur}")).map_err(io("pg_hba.conf".into()))?;
+        }
+        Ok(format!(
+            "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            cert.display(),
+            key.display()
+        ))
     }
 
     /// Runs SQL with psql as the superuser; returns its unaligned output. The SQL goes in on
@@ -472,14 +533,37 @@ pub struct EtcdCluster {
     pub members: Vec<EtcdMember>,
     pub heartbeat_ms: u64,
     pub election_ms: u64,
+    /// Set when the client ports speak TLS only (peers stay plain, on loopback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTls>,
 }
 
 impl EtcdCluster {
+    /// The members' client URLs (`https://` for a TLS cluster).
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{}://127.0.0.1:{}", self.client_scheme(), m.client_port))
             .collect()
+    }
+
+    fn client_scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// [`EtcdCluster::start`] with the client ports serving TLS only, with `tls`'s certificate.
+    pub fn start_tls(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+        tls: &ServerTls,
+    ) -> Result<EtcdCluster, ServerError> {
+        EtcdCluster::start_inner(root, n, heartbeat_ms, election_ms, None, Some(tls))
     }
 
     /// Starts an `n`-member cluster. etcd's minimum lease TTL is 1.5 × its election timeout, so
@@ -502,6 +586,17 @@ impl EtcdCluster {
         election_ms: u64,
         extra_listen: Option<std::net::IpAddr>,
     ) -> Result<EtcdCluster, ServerError> {
+        EtcdCluster::start_inner(root, n, heartbeat_ms, election_ms, extra_listen, None)
+    }
+
+    fn start_inner(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+        extra_listen: Option<std::net::IpAddr>,
+        tls: Option<&ServerTls>,
+    ) -> Result<EtcdCluster, ServerError> {
         let etcd = which("etcd").ok_or(ServerError::Missing {
             what: "etcd (Debian package etcd-server)".into(),
             hint: INSTALL_HINT,
@@ -519,6 +614,7 @@ impl EtcdCluster {
             std::process::id(),
             baton::clock::monotonic_ns()
         );
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut members = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let (cp, pp) = (ports[2 * i], ports[2 * i + 1]);
@@ -529,11 +625,11 @@ impl EtcdCluster {
                 .arg(root.join(name))
                 .arg("--listen-client-urls")
                 .arg(match extra_listen {
-                    Some(ip) => format!("http://127.0.0.1:{cp},http://{ip}:{cp}"),
-                    None => format!("http://127.0.0.1:{cp}"),
+                    Some(ip) => format!("{scheme}://127.0.0.1:{cp},{scheme}://{ip}:{cp}"),
+                    None => format!("{scheme}://127.0.0.1:{cp}"),
                 })
                 .arg("--advertise-client-urls")
-                .arg(format!("http://127.0.0.1:{cp}"))
+                .arg(format!("{scheme}://127.0.0.1:{cp}"))
                 .arg("--listen-peer-urls")
                 .arg(format!("http://127.0.0.1:{pp}"))
                 .arg("--initial-advertise-peer-urls")
@@ -552,6 +648,12 @@ impl EtcdCluster {
                 .arg("warn")
                 .arg("--logger")
                 .arg("zap");
+            if let Some(tls) = tls {
+                cmd.arg("--cert-file")
+                    .arg(&tls.cert_file)
+                    .arg("--key-file")
+                    .arg(&tls.key_file);
+            }
             let pid = spawn_detached(&mut cmd, &root.join(format!("{name}.log")))?;
             members.push(EtcdMember {
                 name: name.clone(),
@@ -565,6 +667,7 @@ impl EtcdCluster {
             members,
             heartbeat_ms,
             election_ms,
+            tls: tls.cloned(),
         };
         cluster.wait_healthy(Duration::from_secs(30))?;
         Ok(cluster)
@@ -577,7 +680,11 @@ impl EtcdCluster {
         })?;
         let until = Instant::now() + within;
         loop {
-            let ok = Command::new(&etcdctl)
+            let mut probe = Command::new(&etcdctl);
+            if let Some(tls) = &self.tls {
+                probe.arg("--cacert").arg(&tls.ca_file);
+            }
+            let ok = probe
                 .env("ETCDCTL_API", "3")
                 .arg("--endpoints")
                 .arg(self.endpoints().join(","))
