@@ -706,7 +706,11 @@ impl NodeConfig {
             ));
         }
         if self.etcd.tls_ca_file.is_some()
-            && !self.etcd.endpoints.iter().all(|e| e.starts_with("https://"))
+            && !self
+                .etcd
+                .endpoints
+                .iter()
+                .all(|e| e.starts_with("https://"))
         {
             return Err(ConfigError::Invalid(
                 "[etcd] tls_ca_file needs https:// endpoints".into(),
@@ -931,7 +935,16 @@ mod tls_tests {
         c.resource.tls_ca_file = Some(missing.clone());
         let err = c.validate().unwrap_err();
         if cfg!(feature = "tls") {
-            assert!(matches!(err, ConfigError::File { option: "[resource] tls_ca_file", .. }), "{err}");
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::File {
+                        option: "[resource] tls_ca_file",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
         } else {
             assert!(err.to_string().contains("feature `tls`"), "{err}");
         }

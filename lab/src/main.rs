@@ -326,13 +326,12 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
     }
     let stop_timeout = Duration::from_millis(args.stop_timeout);
     let mut cfg = node_config(args.node)?;
-    cfg.work_stop_margin_ms = args
-        .child_stop_margin
-        .unwrap_or(args.stop_timeout + 250);
+    cfg.work_stop_margin_ms = args.child_stop_margin.unwrap_or(args.stop_timeout + 250);
     // The supervisor must wait out the whole barrier, never give up on it first.
     let needed_ms = (stop_timeout + KILL_GRACE).as_millis() as u64;
     cfg.work_stop_timeout_ms = cfg.work_stop_timeout_ms.max(needed_ms);
-    cfg.validate().context("config with the child stop margin")?;
+    cfg.validate()
+        .context("config with the child stop margin")?;
     let spec = ChildSpec {
         command: args.command,
         stop_timeout,

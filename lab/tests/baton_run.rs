@@ -86,7 +86,9 @@ impl Pg {
             "SELECT EXTRACT(EPOCH FROM (SELECT min(committed_at) FROM baton.fence_log WHERE token = {new})
                                       - (SELECT max(committed_at) FROM baton.fence_log WHERE token = {old}))::float8 * 1000"
         );
-        self.sql(&q).await[0].get::<_, Option<f64>>(0).unwrap_or(f64::NAN)
+        self.sql(&q).await[0]
+            .get::<_, Option<f64>>(0)
+            .unwrap_or(f64::NAN)
     }
 }
 
@@ -109,7 +111,8 @@ impl RunNode {
 
     /// The child lines of this node's actor trace.
     fn child_steps(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(self.state_dir.join("actor-trace.jsonl")).unwrap_or_default();
+        let text =
+            std::fs::read_to_string(self.state_dir.join("actor-trace.jsonl")).unwrap_or_default();
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter(|v| v["actor"] == "child")
@@ -117,7 +120,10 @@ impl RunNode {
     }
 
     fn steps(&self, event: &str) -> Vec<Value> {
-        self.child_steps().into_iter().filter(|v| v["event"] == event).collect()
+        self.child_steps()
+            .into_iter()
+            .filter(|v| v["event"] == event)
+            .collect()
     }
 
     fn log_text(&self) -> String {
@@ -135,7 +141,9 @@ impl RunNode {
 
 impl Drop for RunNode {
     fn drop(&mut self) {
-        let Some(mut p) = self.proc.take() else { return };
+        let Some(mut p) = self.proc.take() else {
+            return;
+        };
         // SAFETY: signals to the process this test started.
         unsafe {
             libc::kill(p.id() as i32, libc::SIGCONT);
@@ -196,7 +204,13 @@ const RAFT: Timing = Timing {
 };
 
 /// Node configs for `n` members of `backend`, written under `dir`.
-fn configs(pg: &Pg, dir: &Path, backend: BackendKind, n: usize, t: Timing) -> Vec<(NodeConfig, PathBuf)> {
+fn configs(
+    pg: &Pg,
+    dir: &Path,
+    backend: BackendKind,
+    n: usize,
+    t: Timing,
+) -> Vec<(NodeConfig, PathBuf)> {
     let ports = free_ports(n).unwrap();
     let peer_ports = free_ports(n).unwrap();
     let secret = Secret::new("test-cluster-secret-0123456789abcdef");
@@ -246,7 +260,10 @@ fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str
         .arg("--config")
         .arg(path)
         .args(["--stop-timeout", &format!("{}ms", t.stop_timeout_ms)])
-        .args(["--child-stop-margin", &format!("{}ms", t.child_stop_margin_ms)])
+        .args([
+            "--child-stop-margin",
+            &format!("{}ms", t.child_stop_margin_ms),
+        ])
         .args(flags)
         .arg("--")
         .args(command)
@@ -273,7 +290,10 @@ async fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) ->
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < until, "timed out after {secs} s waiting for {what}");
+        assert!(
+            Instant::now() < until,
+            "timed out after {secs} s waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -300,18 +320,27 @@ fn mono(v: &Value) -> u64 {
 /// The newest program that runs now (a `child-started` not followed by `child-gone`, on a node
 /// not killed): (index, token, pid, started mono ns).
 fn running_child(nodes: &[RunNode]) -> Option<(usize, i64, i32, u64)> {
-    let running = nodes.iter().enumerate().filter(|(_, n)| n.killed_gone_ns.is_none());
-    running.filter_map(|(i, n)| {
-        let steps = n.child_steps();
-        let last = steps
-            .iter()
-            .rev()
-            .find(|v| v["event"] == "child-started" || v["event"] == "child-gone")?;
-        (last["event"] == "child-started").then(|| {
-            (i, last["token"].as_i64().unwrap(), detail(last, "pid").unwrap() as i32, mono(last))
+    let running = nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.killed_gone_ns.is_none());
+    running
+        .filter_map(|(i, n)| {
+            let steps = n.child_steps();
+            let last = steps
+                .iter()
+                .rev()
+                .find(|v| v["event"] == "child-started" || v["event"] == "child-gone")?;
+            (last["event"] == "child-started").then(|| {
+                (
+                    i,
+                    last["token"].as_i64().unwrap(),
+                    detail(last, "pid").unwrap() as i32,
+                    mono(last),
+                )
+            })
         })
-    })
-    .max_by_key(|(_, token, _, _)| *token)
+        .max_by_key(|(_, token, _, _)| *token)
 }
 
 /// Waits for a running program on any node with a token above `above`, and for its first row.
@@ -322,8 +351,14 @@ async fn wait_leader_child(pg: &Pg, nodes: &[RunNode], above: i64) -> (usize, i6
             break f;
         }
         if Instant::now() > until {
-            let logs: Vec<String> = nodes.iter().map(|n| format!("== {}\n{}", n.id, tail(&n.log_text()))).collect();
-            panic!("no program with a token above {above} within 60 s:\n{}", logs.join("\n"));
+            let logs: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("== {}\n{}", n.id, tail(&n.log_text())))
+                .collect();
+            panic!(
+                "no program with a token above {above} within 60 s:\n{}",
+                logs.join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -399,9 +434,15 @@ async fn kill9_handover(pg: &Pg, nodes: &mut [RunNode]) -> (i64, f64, f64, f64) 
     .await;
     nodes[i].killed_gone_ns = Some(t_gone);
     let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
-    assert!(t_start > t_gone, "the new program started before the old group was gone");
+    assert!(
+        t_start > t_gone,
+        "the new program started before the old group was gone"
+    );
     let resource_ms = pg.resource_gap_ms(token, new_token).await;
-    assert!(resource_ms > 0.0, "resource clock: new term wrote before the old one's last write");
+    assert!(
+        resource_ms > 0.0,
+        "resource clock: new term wrote before the old one's last write"
+    );
     (
         token,
         (t_gone - t_kill) as f64 / 1e6,
@@ -414,14 +455,32 @@ async fn kill9_handover(pg: &Pg, nodes: &mut [RunNode]) -> (i64, f64, f64, f64) 
 /// program's `child-gone` and the new program's `child-started`, and at the resource.
 async fn stepdown_handover(pg: &Pg, nodes: &[RunNode], client: &NodeClient) -> (f64, f64) {
     let (i, token, pgid, _) = wait_leader_child(pg, nodes, 0).await;
-    let r = client.post(&nodes[i].http, "/stepdown").await.expect("POST /stepdown");
-    assert_eq!(r.status.as_u16(), 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = client
+        .post(&nodes[i].http, "/stepdown")
+        .await
+        .expect("POST /stepdown");
+    assert_eq!(
+        r.status.as_u16(),
+        200,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
     // Step-down answers after release, so the group must already be gone.
-    assert!(!live_member(pgid), "stepdown answered while the program's group lived");
-    let gone = nodes[i].steps("child-gone").last().cloned().expect("child-gone traced");
+    assert!(
+        !live_member(pgid),
+        "stepdown answered while the program's group lived"
+    );
+    let gone = nodes[i]
+        .steps("child-gone")
+        .last()
+        .cloned()
+        .expect("child-gone traced");
     assert_eq!(gone["token"].as_i64(), Some(token));
     let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
-    assert!(t_start > mono(&gone), "new program started before the old one was gone");
+    assert!(
+        t_start > mono(&gone),
+        "new program started before the old one was gone"
+    );
     let resource_ms = pg.resource_gap_ms(token, new_token).await;
     ((t_start - mono(&gone)) as f64 / 1e6, resource_ms)
 }
@@ -435,15 +494,29 @@ async fn pg_lease_program_runs_only_on_the_leader_and_hands_over_after_it_is_gon
     let pg = Pg::start().await;
     let dir = tempfile::tempdir().unwrap();
     let cfgs = configs(&pg, dir.path(), BackendKind::PgLease, 2, PG_LEASE);
-    let mut nodes: Vec<RunNode> = cfgs.iter().map(|c| start(c, PG_LEASE, &[], &python_child())).collect();
+    let mut nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, PG_LEASE, &[], &python_child()))
+        .collect();
     let client = NodeClient::new(Duration::from_secs(3));
 
     let (i, token, pid, _) = wait_leader_child(&pg, &nodes, 0).await;
     // Only the leader has ever started it, and its /metrics names the pid.
     let other = 1 - i;
-    assert!(nodes[other].steps("child-started").is_empty(), "a follower started the program");
-    assert_eq!(metric(&client, &nodes[i], "baton_child_pid").await, Some(f64::from(pid)));
-    assert_eq!(metric(&client, &nodes[other], "baton_child_pid").await.unwrap_or(0.0), 0.0);
+    assert!(
+        nodes[other].steps("child-started").is_empty(),
+        "a follower started the program"
+    );
+    assert_eq!(
+        metric(&client, &nodes[i], "baton_child_pid").await,
+        Some(f64::from(pid))
+    );
+    assert_eq!(
+        metric(&client, &nodes[other], "baton_child_pid")
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
 
     let (step_gap_ms, step_res_ms) = stepdown_handover(&pg, &nodes, &client).await;
     let (_, dead_ms, kill_gap_ms, kill_res_ms) = kill9_handover(&pg, &mut nodes).await;
@@ -462,7 +535,10 @@ async fn raft_program_hands_over_after_it_is_gone_on_stepdown_and_kill9() {
     let pg = Pg::start().await;
     let dir = tempfile::tempdir().unwrap();
     let cfgs = configs(&pg, dir.path(), BackendKind::Raft, 3, RAFT);
-    let mut nodes: Vec<RunNode> = cfgs.iter().map(|c| start(c, RAFT, &[], &python_child())).collect();
+    let mut nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, RAFT, &[], &python_child()))
+        .collect();
     let client = NodeClient::new(Duration::from_secs(3));
     let (step_gap_ms, step_res_ms) = stepdown_handover(&pg, &nodes, &client).await;
     let (_, dead_ms, kill_gap_ms, kill_res_ms) = kill9_handover(&pg, &mut nodes).await;
@@ -488,12 +564,35 @@ async fn stubborn_forking_program_is_killed_at_the_bound_and_leaves_nothing() {
     let (_, token, pgid, _) = wait_for("the program", 60, || running_child(&nodes)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(live_member(pgid));
-    let r = client.post(&nodes[0].http, "/stepdown").await.expect("POST /stepdown");
-    assert_eq!(r.status.as_u16(), 200, "{}", String::from_utf8_lossy(&r.body));
-    assert!(!live_member(pgid), "a process of group {pgid} outlived the step-down");
-    let term = nodes[0].steps("child-term-sent").last().cloned().expect("SIGTERM traced");
-    let kill = nodes[0].steps("child-kill-sent").last().cloned().expect("SIGKILL traced");
-    let gone = nodes[0].steps("child-gone").last().cloned().expect("gone traced");
+    let r = client
+        .post(&nodes[0].http, "/stepdown")
+        .await
+        .expect("POST /stepdown");
+    assert_eq!(
+        r.status.as_u16(),
+        200,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        !live_member(pgid),
+        "a process of group {pgid} outlived the step-down"
+    );
+    let term = nodes[0]
+        .steps("child-term-sent")
+        .last()
+        .cloned()
+        .expect("SIGTERM traced");
+    let kill = nodes[0]
+        .steps("child-kill-sent")
+        .last()
+        .cloned()
+        .expect("SIGKILL traced");
+    let gone = nodes[0]
+        .steps("child-gone")
+        .last()
+        .cloned()
+        .expect("gone traced");
     assert_eq!(gone["token"].as_i64(), Some(token));
     let term_to_kill_ms = (mono(&kill) - mono(&term)) as f64 / 1e6;
     let kill_to_gone_ms = (mono(&gone) - mono(&kill)) as f64 / 1e6;
@@ -517,15 +616,39 @@ async fn exiting_program_is_restarted_or_demotes_by_policy() {
         &["sh", "-c", "echo run $BATON_TOKEN; sleep 0.3; exit 3"],
     );
     let nodes = vec![restart];
-    wait_for("three starts", 60, || (nodes[0].steps("child-started").len() >= 3).then_some(())).await;
+    wait_for("three starts", 60, || {
+        (nodes[0].steps("child-started").len() >= 3).then_some(())
+    })
+    .await;
     let starts = nodes[0].steps("child-started");
-    assert!(starts.iter().all(|v| v["token"] == starts[0]["token"]), "restarts changed the token");
-    assert!(nodes[0].steps("child-exited").iter().any(|v| v["detail"].as_str().unwrap().contains("exit=3")));
-    assert!(metric(&client, &nodes[0], "baton_child_restarts_total").await.unwrap_or(0.0) >= 2.0);
-    assert!(nodes[0].log_text().contains(&format!("run {}", starts[0]["token"])), "stdout passes through");
+    assert!(
+        starts.iter().all(|v| v["token"] == starts[0]["token"]),
+        "restarts changed the token"
+    );
+    assert!(nodes[0]
+        .steps("child-exited")
+        .iter()
+        .any(|v| v["detail"].as_str().unwrap().contains("exit=3")));
+    assert!(
+        metric(&client, &nodes[0], "baton_child_restarts_total")
+            .await
+            .unwrap_or(0.0)
+            >= 2.0
+    );
+    assert!(
+        nodes[0]
+            .log_text()
+            .contains(&format!("run {}", starts[0]["token"])),
+        "stdout passes through"
+    );
     drop(nodes);
 
-    let demote = start(&cfgs[1], PG_LEASE, &["--on-exit", "demote"], &["sh", "-c", "sleep 0.3; exit 4"]);
+    let demote = start(
+        &cfgs[1],
+        PG_LEASE,
+        &["--on-exit", "demote"],
+        &["sh", "-c", "sleep 0.3; exit 4"],
+    );
     let nodes = vec![demote];
     wait_for("two terms", 60, || {
         let s = nodes[0].steps("child-started");
@@ -543,14 +666,20 @@ async fn watchdog_stops_the_program_before_the_lease_deadline_by_the_margin() {
     let dir = tempfile::tempdir().unwrap();
     let cfgs = configs(&pg, dir.path(), BackendKind::Raft, 3, RAFT);
     let script = "trap '' TERM; sleep 1000 & wait";
-    let nodes: Vec<RunNode> = cfgs.iter().map(|c| start(c, RAFT, &[], &["sh", "-c", script])).collect();
+    let nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, RAFT, &[], &["sh", "-c", script]))
+        .collect();
     let (i, token, pgid, _) = wait_for("the program", 60, || running_child(&nodes)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let isolate = baton::backends::raft::faults::isolate_peers_path(&cfgs[i].0.state_dir);
     std::fs::create_dir_all(isolate.parent().unwrap()).unwrap();
     std::fs::write(&isolate, b"").unwrap();
     let gone = wait_for("the program gone", 30, || {
-        nodes[i].steps("child-gone").into_iter().find(|v| v["token"].as_i64() == Some(token))
+        nodes[i]
+            .steps("child-gone")
+            .into_iter()
+            .find(|v| v["token"].as_i64() == Some(token))
     })
     .await;
     assert!(!live_member(pgid));
@@ -576,7 +705,10 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
     let pg = Pg::start().await;
     let dir = tempfile::tempdir().unwrap();
     let cfgs = configs(&pg, dir.path(), BackendKind::PgLease, 2, PG_LEASE_SLOW_STOP);
-    let nodes: Vec<RunNode> = cfgs.iter().map(|c| start(c, PG_LEASE_SLOW_STOP, &[], &python_child())).collect();
+    let nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, PG_LEASE_SLOW_STOP, &[], &python_child()))
+        .collect();
     let (i, token, pgid, _) = wait_leader_child(&pg, &nodes, 0).await;
     // SAFETY: signals to processes this test started (baton) and their group (its program).
     unsafe {
@@ -591,7 +723,10 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
         libc::kill(nodes[i].pid(), libc::SIGCONT);
     }
     wait_for("the stale program gone", 30, || {
-        nodes[i].steps("child-gone").into_iter().find(|v| v["token"].as_i64() == Some(token))
+        nodes[i]
+            .steps("child-gone")
+            .into_iter()
+            .find(|v| v["token"].as_i64() == Some(token))
     })
     .await;
     let q = format!(
@@ -599,10 +734,19 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
         nodes[i].id
     );
     let rows = pg.sql(&q).await;
-    assert!(!rows.is_empty(), "the stale write was not recorded:\n{}", nodes[i].log_text());
+    assert!(
+        !rows.is_empty(),
+        "the stale write was not recorded:\n{}",
+        nodes[i].log_text()
+    );
     let max_token: i64 = rows[0].get(0);
     assert!(max_token >= newer);
-    assert!(nodes[i].log_text().contains(&format!("token {token} refused by the fence")));
-    eprintln!("paused: stale token {token} refused at max_token {max_token} ({} rejection(s))", rows.len());
+    assert!(nodes[i]
+        .log_text()
+        .contains(&format!("token {token} refused by the fence")));
+    eprintln!(
+        "paused: stale token {token} refused at max_token {max_token} ({} rejection(s))",
+        rows.len()
+    );
     assert_table_monotonic(&pg).await;
 }

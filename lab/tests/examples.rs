@@ -55,7 +55,9 @@ fn run(name: &str, envs: &[(&str, String)]) -> String {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let out = cmd.output().unwrap_or_else(|e| panic!("run example {name}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run example {name}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -160,9 +162,12 @@ database_url = "{lease}"
 
 /// (holder, token) of the newest row in the user's own table.
 fn newest_row(pg: &Pg) -> Option<(String, i64)> {
-    admin_sql(pg, "SELECT holder, token FROM ledger ORDER BY id DESC LIMIT 1")
-        .first()
-        .map(|r| (r.get(0), r.get(1)))
+    admin_sql(
+        pg,
+        "SELECT holder, token FROM ledger ORDER BY id DESC LIMIT 1",
+    )
+    .first()
+    .map(|r| (r.get(0), r.get(1)))
 }
 
 fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
@@ -171,7 +176,10 @@ fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
         if let Some(v) = f() {
             return v;
         }
-        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
@@ -215,7 +223,10 @@ fn fenced_job_a_paused_stale_leaders_write_is_refused() {
         );
         if let Some(r) = rows.first() {
             let max_token: i64 = r.get(1);
-            assert!(max_token >= newer, "recorded max_token {max_token} < newer term {newer}");
+            assert!(
+                max_token >= newer,
+                "recorded max_token {max_token} < newer term {newer}"
+            );
             refused = Some((leader, token, max_token));
             break;
         }

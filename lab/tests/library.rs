@@ -268,7 +268,9 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
                 let insert = "INSERT INTO orders (token, note) VALUES ($1, 'term start')";
                 tx.client().execute(insert, &[&term.token().0]).await?;
                 tx.commit().await?;
-                kept.lock().unwrap().push((term.fence().clone(), term.token()));
+                kept.lock()
+                    .unwrap()
+                    .push((term.fence().clone(), term.token()));
                 term.stopping().await;
                 Ok(())
             }
@@ -320,7 +322,10 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     // A fenced transaction dropped without commit rolls back.
     let tx = fence.begin("orders", new).await.expect("current token");
     tx.client()
-        .execute("INSERT INTO orders (token, note) VALUES ($1, 'dropped')", &[&new.0])
+        .execute(
+            "INSERT INTO orders (token, note) VALUES ($1, 'dropped')",
+            &[&new.0],
+        )
         .await
         .unwrap();
     drop(tx);
@@ -331,7 +336,9 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
         "BEGIN; INSERT INTO orders (token, note) VALUES ({old}, 'stale sql');
          SELECT baton.fence_assert('orders', {old}, 'u1'); COMMIT;"
     );
-    let err = sql(&app, &stale_sql).await.expect_err("stale SQL assertion");
+    let err = sql(&app, &stale_sql)
+        .await
+        .expect_err("stale SQL assertion");
     assert_eq!(err.code().map(|c| c.code()), Some("BF409"), "{err}");
     let recorded = sql(
         &app,
@@ -339,7 +346,10 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     )
     .await
     .unwrap();
-    assert!(recorded[0].get::<_, bool>(0), "the stale SQL write is recorded after rollback");
+    assert!(
+        recorded[0].get::<_, bool>(0),
+        "the stale SQL write is recorded after rollback"
+    );
     // A current token cannot be planted as a rejection.
     let planted = sql(
         &app,
@@ -347,7 +357,10 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     )
     .await
     .unwrap();
-    assert!(!planted[0].get::<_, bool>(0), "a write the fence accepts is not recorded as refused");
+    assert!(
+        !planted[0].get::<_, bool>(0),
+        "a write the fence accepts is not recorded as refused"
+    );
 
     let notes: Vec<String> = sql(&admin, "SELECT note FROM orders ORDER BY id")
         .await
@@ -355,7 +368,11 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(notes, vec!["term start", "term start"], "only the two terms' own writes landed");
+    assert_eq!(
+        notes,
+        vec!["term start", "term start"],
+        "only the two terms' own writes landed"
+    );
 
     // The application role still cannot touch the fence itself.
     for forbidden in [
@@ -364,7 +381,11 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
         "UPDATE baton.settings SET fencing = false",
     ] {
         let err = sql(&app, forbidden).await.expect_err(forbidden);
-        assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{forbidden}: {err}");
+        assert_eq!(
+            err.code().map(|c| c.code()),
+            Some("42501"),
+            "{forbidden}: {err}"
+        );
     }
     node.shutdown().await.unwrap();
 }

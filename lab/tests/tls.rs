@@ -151,10 +151,7 @@ async fn wait_leading(node: &NodeHandle, within: Duration) {
 }
 
 /// `POST /next` once the leader's work is up (it answers 503 `not_ready` while it starts).
-async fn next_when_ready(
-    client: &NodeClient,
-    addr: &str,
-) -> baton_lab::fleet::client::Reply {
+async fn next_when_ready(client: &NodeClient, addr: &str) -> baton_lab::fleet::client::Reply {
     let until = Instant::now() + Duration::from_secs(15);
     loop {
         let reply = client.post(addr, "/next").await.expect("POST /next");
@@ -190,7 +187,10 @@ async fn the_client_api_serves_https_only_verified_against_its_ca() {
     let client = NodeClient::new(Duration::from_secs(5))
         .with_tls_ca(cas.ours.ca_file())
         .unwrap();
-    let status = client.get(&addr, "/status").await.expect("GET /status over HTTPS");
+    let status = client
+        .get(&addr, "/status")
+        .await
+        .expect("GET /status over HTTPS");
     assert_eq!(status.status, 200);
     assert_eq!(status.json()["node_id"], "t1");
     assert_eq!(status.json()["role"], "leader");
@@ -206,7 +206,11 @@ async fn the_client_api_serves_https_only_verified_against_its_ca() {
     })
     .await
     .unwrap();
-    assert!(!answer.starts_with(b"HTTP/"), "{:?}", String::from_utf8_lossy(&answer));
+    assert!(
+        !answer.starts_with(b"HTTP/"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
     assert!(NodeClient::new(Duration::from_secs(3))
         .get(&addr, "/status")
         .await
@@ -218,7 +222,10 @@ async fn the_client_api_serves_https_only_verified_against_its_ca() {
         .with_tls_ca(cas.other.ca_file())
         .unwrap();
     let err = stranger.get(&addr, "/status").await.unwrap_err();
-    assert!(matches!(err, baton_lab::fleet::client::ClientError::Request(..)), "{err}");
+    assert!(
+        matches!(err, baton_lab::fleet::client::ClientError::Request(..)),
+        "{err}"
+    );
 
     // A client that opens TCP and never handshakes is closed within the head bound (1 s), not
     // left holding its slot.
@@ -253,13 +260,19 @@ async fn https_config_is_checked_before_the_node_starts() {
     let mut cfg = node_config(&pg, cas.tmp.path(), "t2");
     cfg.http.tls_cert_file = Some(cas.ours.server.cert_file.clone());
     cfg.http.tls_key_file = Some(cas.other.server.key_file.clone());
-    let err = format!("{:#}", start_serving(cfg).await.err().expect("a mismatched key"));
+    let err = format!(
+        "{:#}",
+        start_serving(cfg).await.err().expect("a mismatched key")
+    );
     assert!(err.contains("TLS"), "{err}");
     // A certificate file that does not exist.
     let mut cfg = node_config(&pg, cas.tmp.path(), "t3");
     cfg.http.tls_cert_file = Some(cas.tmp.path().join("missing.pem"));
     cfg.http.tls_key_file = Some(cas.ours.server.key_file.clone());
-    let err = format!("{:#}", start_serving(cfg).await.err().expect("a missing file"));
+    let err = format!(
+        "{:#}",
+        start_serving(cfg).await.err().expect("a missing file")
+    );
     assert!(err.contains("missing.pem"), "{err}");
     // The key's contents never appear in an error.
     let key = std::fs::read_to_string(&cas.other.server.key_file).unwrap();
@@ -303,7 +316,9 @@ async fn fenced_writes_and_the_lease_go_over_tls_to_postgres() {
     let plain = node_config(&pg, cas.tmp.path(), "p2");
     let err = fence_error(&plain).await;
     assert!(err.contains("no encryption"), "{err}");
-    let err = leader_error(&plain).await.expect("pg-lease in plain text refused");
+    let err = leader_error(&plain)
+        .await
+        .expect("pg-lease in plain text refused");
     assert!(err.contains("no encryption"), "{err}");
 
     let mut stranger = node_config(&pg, cas.tmp.path(), "p3");
@@ -311,7 +326,9 @@ async fn fenced_writes_and_the_lease_go_over_tls_to_postgres() {
     stranger.pg_lease.tls_ca_file = Some(cas.other.ca_file().to_owned());
     let err = fence_error(&stranger).await;
     assert!(err.to_lowercase().contains("certificate"), "{err}");
-    let err = leader_error(&stranger).await.expect("pg-lease with another CA refused");
+    let err = leader_error(&stranger)
+        .await
+        .expect("pg-lease with another CA refused");
     assert!(err.to_lowercase().contains("certificate"), "{err}");
 }
 
@@ -326,7 +343,9 @@ async fn fence_error(cfg: &NodeConfig) -> String {
 
 /// Builds the configured backend and campaigns once; its token, or the error.
 async fn campaign_once(cfg: &NodeConfig) -> Result<i64, String> {
-    let elector = baton::backends::build(cfg).await.map_err(|e| e.to_string())?;
+    let elector = baton::backends::build(cfg)
+        .await
+        .map_err(|e| e.to_string())?;
     let win = tokio::time::timeout(Duration::from_secs(10), elector.campaign())
         .await
         .map_err(|_| "campaign timed out".to_string())?
@@ -386,10 +405,11 @@ async fn the_redis_backend_elects_over_tls() {
 async fn the_etcd_backend_elects_over_tls() {
     let cas = cas();
     let (root, tls) = (cas.tmp.path().join("etcd"), cas.ours.server.clone());
-    let etcd = tokio::task::spawn_blocking(move || EtcdCluster::start_tls(&root, 1, 100, 1000, &tls))
-        .await
-        .unwrap()
-        .expect("start a private TLS etcd");
+    let etcd =
+        tokio::task::spawn_blocking(move || EtcdCluster::start_tls(&root, 1, 100, 1000, &tls))
+            .await
+            .unwrap()
+            .expect("start a private TLS etcd");
     let mut cfg = NodeConfig {
         node_id: "e1".into(),
         backend: BackendKind::Etcd,

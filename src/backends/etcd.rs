@@ -86,8 +86,8 @@ pub(super) async fn revoke_lease(
 fn with_tls(opts: ConnectOptions, ca_file: &std::path::Path) -> ElectorResult<ConnectOptions> {
     let ca = crate::tls::CaBundle::read(ca_file)
         .map_err(|e| ElectorError::Config(format!("etcd: {e}")))?;
-    let tls = etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(ca.pem()));
+    let tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca.pem()));
     Ok(opts.with_tls(tls))
 }
 

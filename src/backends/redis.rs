@@ -128,7 +128,8 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
 /// The client for `cfg.url`: over TLS verified against exactly `cfg.tls_ca_file` when set (the
 /// URL is then `rediss://`, checked by the config), as the URL says otherwise.
 fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Client> {
-    let bad_url = |e: ::redis::RedisError| ElectorError::Config(format!("redis url {:?}: {e}", cfg.url));
+    let bad_url =
+        |e: ::redis::RedisError| ElectorError::Config(format!("redis url {:?}: {e}", cfg.url));
     let Some(ca) = &cfg.tls_ca_file else {
         return ::redis::Client::open(cfg.url.as_str()).map_err(bad_url);
     };
@@ -136,7 +137,8 @@ fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Clien
     {
         // The redis client builds its rustls config with the process-default provider.
         crate::tls::install_default_provider();
-        let ca = crate::tls::CaBundle::read(ca).map_err(|e| ElectorError::Config(format!("redis: {e}")))?;
+        let ca = crate::tls::CaBundle::read(ca)
+            .map_err(|e| ElectorError::Config(format!("redis: {e}")))?;
         let certs = ::redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(ca.pem().to_vec()),

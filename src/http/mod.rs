@@ -225,7 +225,10 @@ async fn serve_connection(
             }
             Err(_) => {
                 metrics::counter!(m::HTTP_TLS_HANDSHAKE_FAILURES).increment(1);
-                tracing::debug!(bound_ms = bound.as_millis() as u64, "TLS handshake timed out");
+                tracing::debug!(
+                    bound_ms = bound.as_millis() as u64,
+                    "TLS handshake timed out"
+                );
             }
         }
         return;

@@ -163,8 +163,12 @@ impl LeaderWork for ChildWork {
         let pid = group.pgid;
         metrics::gauge!(m::CHILD_PID).set(f64::from(pid));
         let deadline = deadline_detail(&ctx.leadership, ctx.token);
-        ctx.trace
-            .step(NAME, "child-started", Some(ctx.token), &format!("pid={pid}{deadline}"));
+        ctx.trace.step(
+            NAME,
+            "child-started",
+            Some(ctx.token),
+            &format!("pid={pid}{deadline}"),
+        );
         tracing::info!(pid, token = ctx.token.0, "started the leader program");
         let (stop_tx, stop_rx) = watch::channel(false);
         let (gone_tx, gone_rx) = watch::channel(false);
@@ -320,7 +324,11 @@ pub fn live_member(pgid: i32) -> bool {
         return true; // cannot tell: assume it runs (the safe answer for a barrier)
     };
     dir.flatten()
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
         .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
         .any(|stat| stat_is_live_in(&stat, pgid))
 }
@@ -360,7 +368,9 @@ fn spawn_group(mut cmd: Command) -> io::Result<Group> {
     let child = on_spawner_thread(cmd)?;
     let pgid = i32::try_from(child.id()).map_err(io::Error::other)?;
     let sentinel = Sentinel::start(pgid)
-        .inspect_err(|e| tracing::warn!(%e, "no sentinel: grandchildren survive a kill -9 of baton"))
+        .inspect_err(
+            |e| tracing::warn!(%e, "no sentinel: grandchildren survive a kill -9 of baton"),
+        )
         .ok();
     Ok(Group {
         pgid,
@@ -414,13 +424,18 @@ impl Sentinel {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: both fds were just created and are owned here only.
-        let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read_end, write_end) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let mut cmd = Command::new("/bin/sh");
-        cmd.args(["-c", r#"read -r _; kill -s KILL -- "-$1" 2>/dev/null"#, "baton-sentinel"])
-            .arg(pgid.to_string())
-            .stdin(Stdio::from(read_end))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "-c",
+            r#"read -r _; kill -s KILL -- "-$1" 2>/dev/null"#,
+            "baton-sentinel",
+        ])
+        .arg(pgid.to_string())
+        .stdin(Stdio::from(read_end))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         // Its own group: a terminal's Ctrl-C (or a kill of the node's group) must not take the
         // sentinel down before the node has stopped the program.
         // SAFETY: setpgid is async-signal-safe.
@@ -497,8 +512,12 @@ impl Keeper {
         } else {
             tracing::warn!(pid, %how, "the leader program exited");
         }
-        self.trace
-            .step(NAME, "child-exited", Some(self.token), &format!("pid={pid} {how}"));
+        self.trace.step(
+            NAME,
+            "child-exited",
+            Some(self.token),
+            &format!("pid={pid} {how}"),
+        );
     }
 
     /// SIGTERM, up to the stop timeout, SIGKILL, then wait until nothing of the group is left.
@@ -511,7 +530,13 @@ impl Keeper {
             how = "term";
             if !self.group.wait_gone(Some(self.stop_timeout)).await {
                 self.group.signal(libc::SIGKILL);
-                self.step("child-kill-sent", &format!("pid={pid} stop_timeout_ms={}", self.stop_timeout.as_millis()));
+                self.step(
+                    "child-kill-sent",
+                    &format!(
+                        "pid={pid} stop_timeout_ms={}",
+                        self.stop_timeout.as_millis()
+                    ),
+                );
                 how = "kill";
                 self.group.wait_gone(None).await;
             }
@@ -662,13 +687,19 @@ mod tests {
             stop_timeout: Duration::from_millis(ms),
             database_url: None,
         };
-        assert!(matches!(ChildWork::new(spec(vec![], 100)), Err(ChildError::NoCommand)));
+        assert!(matches!(
+            ChildWork::new(spec(vec![], 100)),
+            Err(ChildError::NoCommand)
+        ));
         assert!(matches!(
             ChildWork::new(spec(vec!["true".into()], 0)),
             Err(ChildError::ZeroStopTimeout)
         ));
         let w = ChildWork::new(spec(vec!["true".into()], 100)).unwrap();
-        assert_eq!(w.stop_bound(), Some(Duration::from_millis(100) + KILL_GRACE));
+        assert_eq!(
+            w.stop_bound(),
+            Some(Duration::from_millis(100) + KILL_GRACE)
+        );
     }
 
     /// The barrier itself, without a node: a group with grandchildren that ignore SIGTERM is
@@ -692,7 +723,10 @@ mod tests {
         keeper.stop_group().await;
         let took = t0.elapsed();
         assert!(!live_member(pgid), "a process of group {pgid} survived");
-        assert!(took >= Duration::from_millis(300), "killed before the stop timeout: {took:?}");
+        assert!(
+            took >= Duration::from_millis(300),
+            "killed before the stop timeout: {took:?}"
+        );
         assert!(took < Duration::from_secs(3), "{took:?}");
     }
 

@@ -157,7 +157,12 @@ impl Verdict {
     /// The resource's reason, or the token rule's when the function does not name one.
     fn reason(&self, token: FenceToken) -> String {
         self.reason.clone().unwrap_or_else(|| {
-            if token.0 < self.max_token { "stale-token" } else { "holder-mismatch" }.to_owned()
+            if token.0 < self.max_token {
+                "stale-token"
+            } else {
+                "holder-mismatch"
+            }
+            .to_owned()
         })
     }
 }

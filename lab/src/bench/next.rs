@@ -341,10 +341,19 @@ impl Neighbour {
         if cpu_percent == 0 {
             return Ok(Neighbour(None));
         }
-        anyhow::ensure!(cpu_percent <= 100, "--neighbour-cpu-percent {cpu_percent} > 100");
+        anyhow::ensure!(
+            cpu_percent <= 100,
+            "--neighbour-cpu-percent {cpu_percent} > 100"
+        );
         use std::os::unix::process::CommandExt;
         let child = std::process::Command::new("stress-ng")
-            .args(["--cpu", "2", "--cpu-load", &cpu_percent.to_string(), "--quiet"])
+            .args([
+                "--cpu",
+                "2",
+                "--cpu-load",
+                &cpu_percent.to_string(),
+                "--quiet",
+            ])
             .process_group(0)
             .stdout(std::process::Stdio::null())
             .spawn()

@@ -189,7 +189,6 @@ impl FleetState {
     }
 }
 
-
 /// A fresh admin token for a fleet: 32 random bytes, hex.
 pub fn generate_admin_token() -> String {
     random_hex(32)

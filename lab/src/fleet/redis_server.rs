@@ -44,7 +44,11 @@ fn redis_binary() -> Result<PathBuf, ServerError> {
 impl RedisServer {
     /// `redis://`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 

@@ -248,7 +248,8 @@ impl PgServer {
         fs::create_dir_all(&dir).map_err(|e| ServerError::Io("secrets dir".into(), e))?;
         let path = dir.join(role);
         if !path.exists() {
-            fs::write(&path, super::random_hex(24)).map_err(|e| ServerError::Io(path.display().to_string(), e))?;
+            fs::write(&path, super::random_hex(24))
+                .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
                 .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
         }
@@ -348,14 +349,7 @@ impl PgServer {
                     "--pwfile",
                 ])
                 .arg(&pwfile)
-                .args([
-                    "-U",
-                    "postgres",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "-D",
-                ])
+                .args(["-U", "postgres", "-E", "UTF8", "--no-sync", "-D"])
                 .arg(pg.data_dir())
                 .output()
                 .map_err(io("initdb"))?;

@@ -206,7 +206,11 @@ impl Fleet {
             .expect("node config")
             .lease_ttl_ms;
         for _ in 0..8 {
-            let reply = self.client.get(leader_addr, "/status").await.expect("/status");
+            let reply = self
+                .client
+                .get(leader_addr, "/status")
+                .await
+                .expect("/status");
             let status: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
             assert_eq!(status["role"], "leader", "{status}");
             let left = status["lease_ttl_remaining_ms"]
