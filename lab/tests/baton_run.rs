@@ -17,7 +17,7 @@ use baton::clock::monotonic_ns;
 use baton::config::{NodeConfig, PeerSpec, Secret};
 use baton::work::child::live_member;
 use baton_lab::fleet::client::NodeClient;
-use baton_lab::fleet::servers::{free_ports, PgServer};
+use baton_lab::fleet::servers::{free_ports, PgServer, ScratchPg};
 use serde_json::Value;
 
 const BATON: &str = env!("CARGO_BIN_EXE_baton");
@@ -25,32 +25,20 @@ const FENCED_CHILD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fen
 
 /// A private PostgreSQL with the fence migrated, pg-lease provisioned and the program's table.
 struct Pg {
+    /// Held for its Drop: the server stops with the test.
+    _scratch: ScratchPg,
     server: PgServer,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.server.stop();
-    }
 }
 
 impl Pg {
     async fn start() -> Pg {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_ports(1).unwrap()[0];
-        let root = dir.path().join("pg");
-        let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+        let scratch = ScratchPg::start()
             .await
-            .unwrap()
-            .expect("start PostgreSQL");
-        baton::work::fence::migrate(&server.admin_url(), Some(true))
-            .await
-            .expect("migrate");
-        baton::backends::pg_lease::provision(&server.admin_url())
-            .await
-            .expect("provision pg-lease");
-        let pg = Pg { server, _dir: dir };
+            .expect("a private PostgreSQL, migrated");
+        let pg = Pg {
+            server: scratch.server.clone(),
+            _scratch: scratch,
+        };
         pg.sql(
             "CREATE TABLE jobtable (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, token BIGINT,
                                     holder TEXT, n BIGINT, kind TEXT, at TIMESTAMPTZ DEFAULT clock_timestamp());

@@ -7,32 +7,15 @@
 use std::time::{Duration, Instant};
 
 use baton_lab::fence_admin;
-use baton_lab::fleet::servers::{free_ports, PgServer};
+use baton_lab::fleet::servers::ScratchPg;
 use tokio_postgres::{Client, NoTls};
 
-struct Pg {
-    server: PgServer,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.server.stop();
-    }
-}
+type Pg = ScratchPg;
 
 async fn private_pg() -> Pg {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1).unwrap()[0];
-    let root = dir.path().join("pg");
-    let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+    ScratchPg::start()
         .await
-        .unwrap()
-        .expect("start a private PostgreSQL");
-    baton::work::fence::migrate(&server.admin_url(), Some(true))
-        .await
-        .expect("migrate");
-    Pg { server, _dir: dir }
+        .expect("a private PostgreSQL, migrated")
 }
 
 async fn connect(url: &str) -> Client {
@@ -248,7 +231,7 @@ async fn the_private_postgres_asks_every_client_for_a_password() {
         eprintln!("{role}: {err} / {err2}");
     }
     // Another OS user on the socket, claiming to be the superuser: peer auth says no.
-    let sock = pg._dir.path().join("pg").join("sock");
+    let sock = pg.dir.path().join("pg").join("sock");
     let out = std::process::Command::new("runuser")
         .args(["-u", "nobody", "--"])
         .arg(pg.server.bin_dir.join("psql"))

@@ -11,42 +11,21 @@ use baton::config::NodeConfig;
 use baton::elector::FenceToken;
 use baton::node::{NodeBuilder, NodeHandle};
 use baton::work::SupervisionPolicy;
-use baton_lab::fleet::servers::{free_ports, PgServer};
+use baton_lab::fleet::servers::ScratchPg;
 
-/// A private PostgreSQL, stopped however the test ends.
-struct Pg {
-    server: PgServer,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.server.stop();
-    }
-}
+type Pg = ScratchPg;
 
 async fn private_pg() -> Pg {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1).unwrap()[0];
-    let root = dir.path().join("pg");
-    let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+    ScratchPg::start()
         .await
-        .unwrap()
-        .expect("start a private PostgreSQL");
-    baton::work::fence::migrate(&server.admin_url(), Some(true))
-        .await
-        .expect("migrate the fenced resource");
-    baton::backends::pg_lease::provision(&server.admin_url())
-        .await
-        .expect("provision the pg-lease role");
-    Pg { server, _dir: dir }
+        .expect("a private PostgreSQL, migrated")
 }
 
 fn node_config(pg: &Pg, node_id: &str) -> NodeConfig {
     let mut cfg = NodeConfig {
         node_id: node_id.into(),
         backend: BackendKind::PgLease,
-        state_dir: pg._dir.path().join(node_id),
+        state_dir: pg.dir.path().join(node_id),
         ..NodeConfig::default()
     };
     cfg.sequencer.enabled = false;

@@ -707,3 +707,33 @@ impl EtcdCluster {
         }
     }
 }
+
+/// A private PostgreSQL in its own temp dir, with the fence migrated (fencing on) and the
+/// pg-lease role provisioned: what a test of the library starts. Stopped, and its dir removed,
+/// on drop.
+pub struct ScratchPg {
+    /// The running server.
+    pub server: PgServer,
+    /// Its temp dir (the server lives in `pg/`; tests put node state beside it).
+    pub dir: tempfile::TempDir,
+}
+
+impl ScratchPg {
+    /// Starts, migrates and provisions it.
+    pub async fn start() -> anyhow::Result<ScratchPg> {
+        let dir = tempfile::tempdir()?;
+        let port = free_ports(1)?[0];
+        let root = dir.path().join("pg");
+        let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port)).await??;
+        let pg = ScratchPg { server, dir };
+        baton::work::fence::migrate(&pg.server.admin_url(), Some(true)).await?;
+        baton::backends::pg_lease::provision(&pg.server.admin_url()).await?;
+        Ok(pg)
+    }
+}
+
+impl Drop for ScratchPg {
+    fn drop(&mut self) {
+        self.server.stop();
+    }
+}
