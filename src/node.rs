@@ -31,7 +31,6 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::actors::leadership::{Leadership, Status};
 use crate::actors::supervisor::{
     NodeSupervisor, StepDownError, StepDownReport, SupervisorArgs, SupervisorMsg,
 };
@@ -41,6 +40,7 @@ use crate::config::{Fencing, NodeConfig};
 use crate::elector::{Elector, FenceToken, LeaderInfo};
 #[cfg(feature = "http")]
 use crate::http::{self, HttpApp};
+use crate::leadership::{Leadership, Status};
 use crate::trace::ActorTrace;
 use crate::work::job::{FnWork, Term};
 use crate::work::scheduler::SchedulerWork;
@@ -153,7 +153,9 @@ impl NodeBuilder {
         cfg.validate().context("config")?;
         check_stop_bounds(&cfg, &self.works)?;
         crate::metrics::describe();
+        // The recorder is installed either way; only the HTTP server renders it (/metrics).
         #[cfg(feature = "prometheus")]
+        #[cfg_attr(not(feature = "http"), allow(unused_variables))]
         let prometheus = crate::metrics::install(&cfg.node_id);
         let clock = NodeClock {
             skew_ms: cfg.clock_skew_ms,

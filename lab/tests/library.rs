@@ -5,10 +5,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton::actors::leadership::Role;
 use baton::backends::BackendKind;
 use baton::config::NodeConfig;
 use baton::elector::FenceToken;
+use baton::leadership::Role;
 use baton::node::{NodeBuilder, NodeHandle};
 use baton::work::SupervisionPolicy;
 use baton_lab::fleet::servers::ScratchPg;

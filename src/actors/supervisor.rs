@@ -23,12 +23,12 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use serde::Serialize;
 
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
-use crate::actors::leadership::Leadership;
 use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
 use crate::actors::DemotionReason;
 use crate::backends::{Elector, FenceToken, LeaderInfo};
 use crate::clock::monotonic_ns;
 use crate::config::NodeConfig;
+use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
 use crate::work::{Fence, Registered, RunningWork, SupervisionPolicy, WorkContext};

@@ -137,7 +137,7 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(format!("pg-lease: {e}"))
 }
 
-use crate::work::fence::error_chain as chain;
+use crate::pg::error_chain as chain;
 
 impl PgLeaseElector {
     /// Builds the pool; connects lazily (a database that is down at start shows up as failed,
@@ -160,7 +160,7 @@ impl PgLeaseElector {
             },
             ..PoolSize::default()
         });
-        let pool = crate::work::fence::create_pool(pc, cfg.pg_lease.tls_ca_file.as_deref())
+        let pool = crate::pg::create_pool(pc, cfg.pg_lease.tls_ca_file.as_deref())
             .map_err(|e| ElectorError::Config(format!("pg_lease: {e}")))?;
         let me = LeaderInfo {
             node_id: cfg.node_id.clone(),

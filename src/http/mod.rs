@@ -27,9 +27,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use ractor::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::config::{HttpConfig, Secret};
+use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
 use crate::work::sequencer::SequencerHandle;

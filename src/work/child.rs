@@ -59,9 +59,9 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use tokio::sync::watch;
 
 use super::{LeaderWork, RunningWork, WorkContext, WorkError};
-use crate::actors::leadership::Leadership;
 use crate::clock::monotonic_ns;
 use crate::elector::FenceToken;
+use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::tasks::AbortOnDrop;
 use crate::trace::ActorTrace;

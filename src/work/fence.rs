@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Runtime, Timeouts};
+use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
 use tokio_postgres::NoTls;
 
 use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
+use crate::pg::{create_pool, error_chain};
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
@@ -76,19 +77,6 @@ impl From<tokio_postgres::Error> for FenceError {
     }
 }
 
-/// An error with its sources: tokio-postgres says only "db error" or "error performing TLS
-/// handshake" at the top, the reason (e.g. an unknown issuer) is below.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
 impl From<deadpool_postgres::PoolError> for FenceError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         match e {
@@ -98,32 +86,6 @@ impl From<deadpool_postgres::PoolError> for FenceError {
             e => FenceError::Unavailable(e.to_string()),
         }
     }
-}
-
-/// Builds the pool for `pc`: over TLS verified against `tls_ca_file` when it is set, with
-/// `sslmode=require` (never a silent fallback to plain text, whatever the URL says); plain
-/// otherwise. Every PostgreSQL pool of a node (the fence's, pg-lease's) is made here.
-pub(crate) fn create_pool(
-    mut pc: PoolConfig,
-    tls_ca_file: Option<&std::path::Path>,
-) -> Result<Pool, String> {
-    let Some(ca) = tls_ca_file else {
-        return pc
-            .create_pool(Some(Runtime::Tokio1), NoTls)
-            .map_err(|e| e.to_string());
-    };
-    #[cfg(feature = "tls")]
-    {
-        let tls = crate::tls::postgres_connector(ca).map_err(|e| e.to_string())?;
-        pc.ssl_mode = Some(deadpool_postgres::SslMode::Require);
-        pc.create_pool(Some(Runtime::Tokio1), tls)
-            .map_err(|e| e.to_string())
-    }
-    #[cfg(not(feature = "tls"))]
-    Err(format!(
-        "tls_ca_file {} is set, but this build of baton has no TLS (cargo feature `tls`)",
-        ca.display()
-    ))
 }
 
 /// A handle on the fenced resource for one holder (node). Cheap to clone.

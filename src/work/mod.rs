@@ -16,8 +16,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::ActorCell;
 
-use crate::actors::leadership::Leadership;
 use crate::backends::FenceToken;
+use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
 pub use fence::{Fence, FenceError, FencedTransaction};
 pub use job::Term;
