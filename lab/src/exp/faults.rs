@@ -306,8 +306,9 @@ pub async fn stepdown_leader_to(
                     ),
                 })
             }
-            // Leadership moved between the status read and the request: look again.
-            409 => tokio::time::sleep(Duration::from_millis(50)).await,
+            // Leadership moved between the status read and the request (409), or an election
+            // is under way (503 no_leader): look again.
+            409 | 503 => tokio::time::sleep(Duration::from_millis(100)).await,
             s => bail!(
                 "POST /stepdown to {node} answered {s}: {}",
                 String::from_utf8_lossy(&r.body)

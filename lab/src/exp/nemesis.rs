@@ -10,6 +10,16 @@
 //! step-down was still in flight when its node died. The kill, pause, partition and step-down
 //! code is [`super::faults`] and [`crate::chaos`]; this module draws, dispatches and adds what
 //! they lack (followers, restarts with a wiped state dir, clock rate, server restarts).
+//!
+//! **A wiped raft member under its old id is not safe for raft itself.** Raft's safety assumes
+//! `currentTerm`, `votedFor` and the log survive a restart. A member that lost them can vote a
+//! second time in a term it already voted in (two leaders of one term), and can help elect a
+//! leader that misses an entry it had acknowledged (a committed entry lost). The raft-correct
+//! procedure is to remove the member and add it back as a new one (learner, catch up, promote).
+//! baton's tokens are raft terms, so the first hazard gives two leaders *the same token*; the
+//! fence refuses the second holder (`token = max_token` with another holder), and a leader that
+//! somehow ran on an older term is refused as stale. The nemesis wipes raft members anyway, to
+//! show that the resource stays correct when the election layer does not.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -650,8 +660,12 @@ pub struct NemesisReport {
     pub drawn: usize,
     pub injected: usize,
     pub took_effect: usize,
-    /// `took_effect ≥ min_effective_fraction × drawn`: otherwise the run does not count.
+    /// `took_effect ≥ min_effective_fraction × (injected + errors)`: otherwise the run does
+    /// not count (faults that did not bite prove nothing).
     pub enough_took_effect: bool,
+    /// Every drawn fault was injected and took effect (the run was not cut short by its
+    /// duration bound).
+    pub all_drawn_took_effect: bool,
     pub by_kind: BTreeMap<String, KindCount>,
     /// `ok / sent` of `POST /next`.
     pub availability: f64,
@@ -695,7 +709,10 @@ pub fn report(
         drawn,
         injected: records.len(),
         took_effect,
-        enough_took_effect: took_effect as f64 >= cfg.min_effective_fraction * drawn as f64,
+        // A fault that erred (could not be applied) counts as attempted and not in effect.
+        enough_took_effect: !records.is_empty()
+            && took_effect as f64 >= cfg.min_effective_fraction * (records.len() + errors) as f64,
+        all_drawn_took_effect: took_effect >= drawn,
         by_kind,
         availability: if load.sent > 0 {
             load.ok as f64 / load.sent as f64

@@ -16,12 +16,14 @@
 //! rate = 300.0
 //! connections = 8
 //! [[faults]]
-//! kind = "pause-leader"        # kill-leader | pause-leader | partition-leader | stepdown
+//! kind = "pause-leader"        # kill-leader | pause-leader | partition-leader | stepdown, or a
+//!                              # nemesis kind (kill-follower, clock-rate, resource-kill, ...)
 //! at = "4s"                    # from the start of the load
 //! every = "ttl+8s"             # repeat...
 //! count = 2                    # ...this many times (occurrences past `duration` are dropped)
 //! length = "ttl+500ms"         # pause / partition length
 //! jitter_ms = 300              # uniform ± jitter on each occurrence, drawn from the seed
+//! [nemesis]                    # optional: a seeded random schedule (see `NemesisCfg`)
 //! [quick]                      # `--quick` overrides, for tests
 //! duration = "8s"
 //! ```
@@ -196,7 +198,7 @@ pub struct NemesisCfg {
     /// How many faults to draw (the load's `duration` bounds the run: faults still due when
     /// the load ends are not injected).
     pub faults: usize,
-    /// The run counts only if at least this fraction of `faults` took effect.
+    /// The run counts only if at least this fraction of the injected faults took effect.
     #[serde(default = "default_min_effective")]
     pub min_effective_fraction: f64,
     /// Quiet time between two faults.
