@@ -18,11 +18,15 @@ async fn main() -> anyhow::Result<()> {
                 let fence = term.fence().begin("ledger", term.token()).await;
                 let tx = fence.inspect_err(|e| println!("{e}"))?; // a stale term stops here
                 let sql = "INSERT INTO ledger (token, holder, n) VALUES ($1, $2, $3)";
-                tx.client().execute(sql, &[&term.token().0, &term.holder(), &n]).await?;
+                tx.client()
+                    .execute(sql, &[&term.token().0, &term.holder(), &n])
+                    .await?;
                 tx.commit().await?;
                 println!("wrote n={n} under token {}", term.token());
                 term.sleep(Duration::from_millis(100)).await;
-                if term.is_stopping() { return Ok(()); }
+                if term.is_stopping() {
+                    return Ok(());
+                }
             }
             Ok(())
         })

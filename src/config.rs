@@ -12,29 +12,51 @@ use serde::{Deserialize, Serialize};
 
 use crate::elector::BackendKind;
 
+/// Why a config was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file (or a secret file it names) could not be read.
     #[error("cannot read config {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         source: std::io::Error,
     },
+    /// A file the config names (a TLS certificate, key or CA) could not be read.
+    #[error("cannot read {option} {path}: {source}")]
+    File {
+        /// The option that names it, e.g. `[http] tls_key_file`.
+        option: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML for a [`NodeConfig`].
     #[error("cannot parse config {path}: {source}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// What the parser said.
         source: toml::de::Error,
     },
+    /// A duration flag that [`parse_duration_ms`] cannot read.
     #[error("invalid duration {0:?}: use e.g. 3s, 250ms or a plain number of milliseconds")]
     Duration(String),
+    /// Lease timing that cannot be safe (see the module docs).
     #[error("invalid timing: {0}")]
     Timing(String),
+    /// Any other refused setting.
     #[error("invalid config: {0}")]
     Invalid(String),
 }
 
+/// Whether the fenced resource checks tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fencing {
+    /// The resource refuses a write with a stale token (the only setting for production).
     On,
     /// Exists only to prove fencing is load-bearing: the resource accepts any token.
     Off,
@@ -51,17 +73,24 @@ impl std::str::FromStr for Fencing {
     }
 }
 
+/// One node's whole configuration (`config/*.toml`, overlaid by flags). Every field has a
+/// default; [`NodeConfig::validate`] refuses combinations that cannot be safe.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
+    /// This node's id: 1-64 of `[A-Za-z0-9_-]`, unique in the fleet; the fence's holder.
     pub node_id: String,
+    /// The election backend.
     pub backend: BackendKind,
     /// Where this node's HTTP server listens.
     pub http_listen: SocketAddr,
     /// The address other nodes and clients should use (defaults to the bound address).
     pub advertise_addr: Option<String>,
+    /// How long a granted lease lasts.
     pub lease_ttl_ms: u64,
+    /// How often the leader renews its lease (below the usable lease, see [`NodeConfig::validate`]).
     pub renew_interval_ms: u64,
+    /// How often a follower retries a campaign, and a failed renewal is retried.
     pub retry_interval_ms: u64,
     /// The largest clock-rate error the lease arithmetic tolerates (0.01 = 1%).
     pub clock_rate_error: f64,
@@ -73,55 +102,60 @@ pub struct NodeConfig {
     pub clock_drift: f64,
     /// Raft election timeout range in ms, "min-max".
     pub election_timeout_ms: String,
+    /// Whether the fenced resource checks tokens (`off` only to show what fencing prevents).
     pub fencing: Fencing,
     /// How long demotion waits for each leader-work actor to stop before killing it.
     pub work_stop_timeout_ms: u64,
-    /// Bearer token required by `POST /stepdown` when set.
-    pub admin_token: Option<String>,
+    /// Extra time taken off every lease deadline so that leader work which needs time to stop
+    /// (an external program: `baton run --child-stop-margin`) has stopped before the lease could
+    /// expire: the watchdog demotes this much earlier. 0 by default.
+    pub work_stop_margin_ms: u64,
+    /// Bearer token required by `POST /stepdown` when set; required when `http_listen` is not
+    /// loopback. Never printed (`Debug` redacts it) and never in [`NodeConfig::redacted_json`].
+    pub admin_token: Option<Secret>,
+    /// Where this node keeps its state (raft log, actor trace).
     pub state_dir: PathBuf,
+    /// `[etcd]`: the etcd backend.
     pub etcd: EtcdConfig,
+    /// `[raft]`: the embedded raft backend.
     pub raft: RaftConfig,
+    /// `[redis]`: the redis and redis-naive backends.
     pub redis: RedisConfig,
+    /// `[zk]`: the ZooKeeper backend.
     pub zk: ZkConfig,
+    /// `[pg_lease]`: the pg-lease backend.
     pub pg_lease: PgLeaseConfig,
+    /// `[resource]`: the fenced resource (PostgreSQL).
     pub resource: ResourceConfig,
+    /// `[scheduler]`: the built-in scheduler job.
     pub scheduler: SchedulerConfig,
+    /// `[sequencer]`: the built-in ID sequencer behind `POST /next`.
     pub sequencer: SequencerConfig,
+    /// `[http]`: the client HTTP server's limits and TLS.
+    pub http: HttpConfig,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EtcdConfig {
-    pub endpoints: Vec<String>,
-    /// The election name; `etcdctl elect NAME` on the same name interoperates.
-    pub election_name: String,
-    pub request_timeout_ms: u64,
-}
-
-/// One member of a raft fleet.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct PeerSpec {
-    pub id: String,
-    /// `host:port` of the member's client HTTP server (where followers redirect clients).
-    pub addr: String,
-    /// `host:port` of the member's raft peer listener (`POST /peer/...`, authenticated).
-    pub peer_addr: String,
-}
-
-/// A secret that never shows in `Debug` output (logs); it serializes as the plain string, so a
-/// generated config file carries it. Keep such files private (`baton fleet` writes them 0600).
-#[derive(Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// A credential (the admin token, the raft cluster secret): serialized as the plain string (node
+/// config files must carry it; `baton fleet` writes them 0600), but `Debug` never shows it, so a
+/// `{:?}` of a config in a log cannot leak it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(String);
 
 impl Secret {
-    pub fn new(text: impl Into<String>) -> Secret {
-        Secret(text.into())
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
     }
-    /// The secret itself: for keying a MAC, never for printing.
+    /// The secret itself, for the one comparison (or config file) that needs it.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Secret {
+        Secret(value)
     }
 }
 
@@ -131,11 +165,130 @@ impl std::fmt::Debug for Secret {
     }
 }
 
+/// Shortest admin token accepted: a guessable token is no guard.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// Bounds on what one client may hold of the node's HTTP server (SPEC §10): a client that
+/// trickles headers or a body, or never sends one, is cut off instead of holding a descriptor.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Client connections served at once; past it a new connection is answered 503 and closed.
+    /// The node also keeps it below half the descriptor soft limit (see `http::connection_cap`).
+    pub max_connections: usize,
+    /// Time to receive a whole request head. hyper starts this clock whenever a connection waits
+    /// for a request, so it is also the idle keep-alive bound.
+    pub header_read_timeout_ms: u64,
+    /// Time to receive a whole request body once the head is in.
+    pub body_read_timeout_ms: u64,
+    /// Largest request body a client route accepts (413 past it).
+    pub max_body_bytes: usize,
+    /// Bound on one request from head to response (a stalled handler answers 503 and closes).
+    /// Must exceed the step-down bound, which `POST /stepdown` waits for.
+    pub request_timeout_ms: u64,
+    /// A leader whose accept loop fails (e.g. out of descriptors) for this long steps down:
+    /// it cannot serve its clients, and its followers would otherwise keep following it.
+    pub accept_failure_stepdown_ms: u64,
+    /// PEM certificate chain to serve HTTPS with (feature `tls`); with `tls_key_file`, the
+    /// server speaks HTTPS only. The TLS handshake must complete within `header_read_timeout_ms`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1). Keep it 0600; never logged.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_connections: 1024,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 10_000,
+            max_body_bytes: 1024,
+            request_timeout_ms: 60_000,
+            accept_failure_stepdown_ms: 5_000,
+            tls_cert_file: None,
+            tls_key_file: None,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// [`HttpConfig::header_read_timeout_ms`] (also the TLS handshake bound).
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    /// [`HttpConfig::body_read_timeout_ms`].
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+    /// [`HttpConfig::request_timeout_ms`].
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    /// [`HttpConfig::accept_failure_stepdown_ms`].
+    pub fn accept_failure_stepdown(&self) -> Duration {
+        Duration::from_millis(self.accept_failure_stepdown_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[http] {m}")));
+        if self.max_connections == 0 {
+            return bad("max_connections must be > 0".into());
+        }
+        for (name, v) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+            (
+                "accept_failure_stepdown_ms",
+                self.accept_failure_stepdown_ms,
+            ),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} must be > 0"));
+            }
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > 1024 * 1024 {
+            return bad("max_body_bytes must be in 1..=1048576".into());
+        }
+        Ok(())
+    }
+}
+
+/// `[etcd]`: the etcd backend's cluster and election.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Client URLs of the cluster's members (`https://` with `tls_ca_file`).
+    pub endpoints: Vec<String>,
+    /// The election name; `etcdctl elect NAME` on the same name interoperates.
+    pub election_name: String,
+    /// Bound on each request (and on connecting).
+    pub request_timeout_ms: u64,
+    /// PEM CA bundle that etcd's server certificates must chain to (feature `tls`); the
+    /// endpoints must then be `https://`.
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+/// One member of a raft fleet.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSpec {
+    /// The member's node id.
+    pub id: String,
+    /// `host:port` of the member's client HTTP server (where followers redirect clients).
+    pub addr: String,
+    /// `host:port` of the member's raft peer listener (`POST /peer/...`, authenticated).
+    pub peer_addr: String,
+}
+
+/// `[raft]`: the embedded raft group.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RaftConfig {
     /// Every member, this node included.
     pub peers: Vec<PeerSpec>,
+    /// How often the raft leader sends heartbeats (0: the default, 50 ms); at most half the
+    /// minimum election timeout.
     pub heartbeat_interval_ms: u64,
     /// Where this node's raft peer listener binds; defaults to this node's `peer_addr` in
     /// `peers`. Never the client port: peer RPC has its own listener.
@@ -167,13 +320,19 @@ impl RaftConfig {
     }
 }
 
+/// `[redis]`: the redis backends' server and lock key.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
+    /// `redis://host:port/` or, over TLS, `rediss://host:port/`.
     pub url: String,
     /// The lock key; the fenced variant keeps its token counter at `<key>:token`.
     pub key: String,
+    /// Bound on each request (and on connecting).
     pub request_timeout_ms: u64,
+    /// PEM CA bundle that the server's certificate must chain to (feature `tls`); the URL must
+    /// then be `rediss://`.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -182,15 +341,18 @@ impl Default for RedisConfig {
             url: "redis://127.0.0.1:6379/".into(),
             key: "baton:leader".into(),
             request_timeout_ms: 1000,
+            tls_ca_file: None,
         }
     }
 }
 
+/// `[zk]`: the ZooKeeper backend's ensemble and election node.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ZkConfig {
     /// `host:port,host:port,...`
     pub connect: String,
+    /// The parent znode of the election's sequential candidates.
     pub election_path: String,
     /// Bound on each request (and 3× on establishing a session).
     pub request_timeout_ms: u64,
@@ -206,12 +368,17 @@ impl Default for ZkConfig {
     }
 }
 
+/// `[pg_lease]`: the pg-lease backend's database and lease row.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PgLeaseConfig {
     /// May be the fenced resource's server, but the lease lives in its own table.
     pub database_url: String,
+    /// The lease row's name: nodes electing together share it.
     pub lease_name: String,
+    /// PEM CA bundle that the server's certificate must chain to (feature `tls`); when set, the
+    /// connection must be TLS (`sslmode=require`) and the server is verified.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for PgLeaseConfig {
@@ -219,23 +386,33 @@ impl Default for PgLeaseConfig {
         PgLeaseConfig {
             database_url: "postgres://postgres@127.0.0.1:5432/baton".into(),
             lease_name: "baton".into(),
+            tls_ca_file: None,
         }
     }
 }
 
+/// `[resource]`: the fenced resource (PostgreSQL).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResourceConfig {
     /// The fenced resource, connected to as the application role (which may only call functions).
     pub database_url: String,
+    /// Connections kept to it.
     pub pool_size: usize,
+    /// Server-side bound on each statement, and on waiting for or making a connection.
     pub statement_timeout_ms: u64,
+    /// PEM CA bundle that the server's certificate must chain to (feature `tls`); when set, the
+    /// connection must be TLS (`sslmode=require`) and the server is verified.
+    pub tls_ca_file: Option<PathBuf>,
 }
 
+/// `[scheduler]`: the built-in scheduler job (works through a fenced work-set).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SchedulerConfig {
+    /// Whether the leader runs it.
     pub enabled: bool,
+    /// Time between ticks.
     pub tick_interval_ms: u64,
     /// Jobs taken from the work-set per tick.
     pub jobs_per_tick: i64,
@@ -243,9 +420,11 @@ pub struct SchedulerConfig {
     pub checkpoint_every_ticks: u64,
 }
 
+/// `[sequencer]`: the built-in ID sequencer (`POST /next`), group-committed through the fence.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SequencerConfig {
+    /// Whether the leader runs it.
     pub enabled: bool,
     /// Upper bound on IDs committed in one group commit.
     pub max_batch_ids: usize,
@@ -270,6 +449,7 @@ impl Default for NodeConfig {
             election_timeout_ms: "150-300".into(),
             fencing: Fencing::On,
             work_stop_timeout_ms: 2000,
+            work_stop_margin_ms: 0,
             admin_token: None,
             state_dir: PathBuf::from("state/n1"),
             etcd: EtcdConfig::default(),
@@ -280,6 +460,7 @@ impl Default for NodeConfig {
             resource: ResourceConfig::default(),
             scheduler: SchedulerConfig::default(),
             sequencer: SequencerConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -290,6 +471,7 @@ impl Default for EtcdConfig {
             endpoints: vec!["http://127.0.0.1:2379".into()],
             election_name: "baton".into(),
             request_timeout_ms: 1000,
+            tls_ca_file: None,
         }
     }
 }
@@ -300,6 +482,7 @@ impl Default for ResourceConfig {
             database_url: "postgres://baton_app@127.0.0.1:5432/baton".into(),
             pool_size: 4,
             statement_timeout_ms: 2000,
+            tls_ca_file: None,
         }
     }
 }
@@ -350,6 +533,12 @@ impl NodeConfig {
                 ("raft", "cluster_secret"),
                 ("raft", "cluster_secret_file"),
                 ("zk", "connect"),
+                ("resource", "tls_ca_file"),
+                ("pg_lease", "tls_ca_file"),
+                ("etcd", "tls_ca_file"),
+                ("redis", "tls_ca_file"),
+                ("http", "tls_cert_file"),
+                ("http", "tls_key_file"),
             ] {
                 if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
                     s.remove(key);
@@ -359,6 +548,7 @@ impl NodeConfig {
         v
     }
 
+    /// Reads a TOML config file (unknown keys are errors).
     pub fn from_file(path: &Path) -> Result<NodeConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
@@ -370,23 +560,35 @@ impl NodeConfig {
         })
     }
 
+    /// [`NodeConfig::lease_ttl_ms`].
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
     }
+    /// [`NodeConfig::renew_interval_ms`].
     pub fn renew_interval(&self) -> Duration {
         Duration::from_millis(self.renew_interval_ms)
     }
+    /// [`NodeConfig::retry_interval_ms`].
     pub fn retry_interval(&self) -> Duration {
         Duration::from_millis(self.retry_interval_ms)
     }
+    /// [`NodeConfig::work_stop_timeout_ms`].
     pub fn work_stop_timeout(&self) -> Duration {
         Duration::from_millis(self.work_stop_timeout_ms)
     }
 
     /// How much of a granted TTL the node gives up so it stops before the backend expires it:
-    /// the clock-rate error over the whole TTL plus a fixed margin.
+    /// the clock-rate error over the whole TTL plus a fixed margin, plus the time leader work is
+    /// given to stop ([`NodeConfig::work_stop_margin_ms`]).
     pub fn lease_safety_margin(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.clock_rate_error) + Duration::from_millis(self.deadline_margin_ms)
+        ttl.mul_f64(self.clock_rate_error)
+            + Duration::from_millis(self.deadline_margin_ms)
+            + self.work_stop_margin()
+    }
+
+    /// [`NodeConfig::work_stop_margin_ms`] as a duration.
+    pub fn work_stop_margin(&self) -> Duration {
+        Duration::from_millis(self.work_stop_margin_ms)
     }
 
     /// `(min, max)` of the Raft election timeout.
@@ -463,7 +665,94 @@ impl NodeConfig {
         if self.sequencer.max_batch_ids == 0 || self.sequencer.max_block == 0 {
             return Err(ConfigError::Invalid("sequencer limits must be > 0".into()));
         }
+        self.http.validate()?;
+        // `POST /stepdown` must outlive the demotion it waits for.
+        let stepdown_bound_ms = self.work_stop_timeout_ms.saturating_mul(3) + 2000;
+        if self.http.request_timeout_ms <= stepdown_bound_ms {
+            return Err(ConfigError::Invalid(format!(
+                "[http] request_timeout_ms ({}) must exceed the step-down bound ({stepdown_bound_ms} ms = 3 x work_stop_timeout_ms + 2 s)",
+                self.http.request_timeout_ms
+            )));
+        }
+        self.validate_tls()?;
+        self.check_admin_surface(self.http_listen.ip())
+    }
+
+    /// The TLS options: the server's certificate and key together or not at all, the URL schemes
+    /// that go with a CA, every named file readable (parsed when the node starts), and a build
+    /// with TLS in it whenever any is set.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let http = match (&self.http.tls_cert_file, &self.http.tls_key_file) {
+            (Some(cert), Some(key)) => [
+                Some(("[http] tls_cert_file", cert)),
+                Some(("[http] tls_key_file", key)),
+            ],
+            (None, None) => [None, None],
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "[http] set tls_cert_file and tls_key_file together, or neither".into(),
+                ))
+            }
+        };
+        if self.redis.tls_ca_file.is_some() && !self.redis.url.starts_with("rediss://") {
+            return Err(ConfigError::Invalid(
+                "[redis] tls_ca_file needs a rediss:// url".into(),
+            ));
+        }
+        // The redis client reads `#insecure` as "skip certificate checks": never with a CA.
+        if self.redis.tls_ca_file.is_some() && self.redis.url.contains("#insecure") {
+            return Err(ConfigError::Invalid(
+                "[redis] a url with #insecure would skip the checks tls_ca_file asks for".into(),
+            ));
+        }
+        if self.etcd.tls_ca_file.is_some()
+            && !self
+                .etcd
+                .endpoints
+                .iter()
+                .all(|e| e.starts_with("https://"))
+        {
+            return Err(ConfigError::Invalid(
+                "[etcd] tls_ca_file needs https:// endpoints".into(),
+            ));
+        }
+        let cas = [
+            ("[resource] tls_ca_file", &self.resource.tls_ca_file),
+            ("[pg_lease] tls_ca_file", &self.pg_lease.tls_ca_file),
+            ("[redis] tls_ca_file", &self.redis.tls_ca_file),
+            ("[etcd] tls_ca_file", &self.etcd.tls_ca_file),
+        ]
+        .map(|(option, path)| path.as_ref().map(|p| (option, p)));
+        for (option, path) in http.into_iter().chain(cas).flatten() {
+            if !cfg!(feature = "tls") {
+                return Err(ConfigError::Invalid(format!(
+                    "{option} is set, but this build of baton has no TLS (cargo feature `tls`)"
+                )));
+            }
+            std::fs::File::open(path).map_err(|source| ConfigError::File {
+                option,
+                path: path.clone(),
+                source,
+            })?;
+        }
         Ok(())
+    }
+
+    /// The admin route (`POST /stepdown`) is reachable by anyone who can reach `listen_ip`: off
+    /// loopback it must need a token, and a token must not be guessable.
+    pub fn check_admin_surface(&self, listen_ip: std::net::IpAddr) -> Result<(), ConfigError> {
+        match &self.admin_token {
+            Some(t) if t.expose().len() < MIN_ADMIN_TOKEN_BYTES => Err(ConfigError::Invalid(format!(
+                "admin_token is shorter than {MIN_ADMIN_TOKEN_BYTES} bytes"
+            ))),
+            Some(t) if t.expose().chars().any(|c| c.is_whitespace() || c.is_control()) => Err(
+                ConfigError::Invalid("admin_token must not contain whitespace or control characters".into()),
+            ),
+            None if !listen_ip.is_loopback() => Err(ConfigError::Invalid(format!(
+                "the HTTP server listens on {listen_ip}, which is not loopback: set admin_token (or BATON_ADMIN_TOKEN / --admin-token) so POST /stepdown needs it"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -521,6 +810,81 @@ mod tests {
     }
 
     #[test]
+    fn off_loopback_without_admin_token_is_refused() {
+        let mut c = NodeConfig {
+            http_listen: "0.0.0.0:8080".parse().unwrap(),
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("admin_token"), "{err}");
+        c.http_listen = "10.1.2.3:8080".parse().unwrap();
+        assert!(c.validate().is_err());
+        c.admin_token = Some(Secret::new("0123456789abcdef0123"));
+        c.validate().unwrap();
+        // Loopback needs none.
+        c.admin_token = None;
+        c.http_listen = "127.0.0.1:8080".parse().unwrap();
+        c.validate().unwrap();
+        c.http_listen = "[::1]:8080".parse().unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn short_or_blank_admin_tokens_are_refused() {
+        let mut c = NodeConfig::default();
+        for bad in ["", "short", "0123456789abcde f"] {
+            c.admin_token = Some(Secret::new(bad));
+            assert!(c.validate().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn admin_token_never_shows_in_debug_or_redacted_json() {
+        let c = NodeConfig {
+            admin_token: Some(Secret::new("very-secret-admin-token")),
+            ..NodeConfig::default()
+        };
+        assert!(!format!("{c:?}").contains("very-secret"));
+        assert!(!c.redacted_json().to_string().contains("very-secret"));
+        // The config file still carries it: a node started from it must know its token.
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("very-secret-admin-token"));
+        let back: NodeConfig = toml::from_str(&text).unwrap();
+        assert_eq!(back.admin_token, c.admin_token);
+    }
+
+    #[test]
+    fn http_limits_are_validated() {
+        let zero_cap = NodeConfig {
+            http: HttpConfig {
+                max_connections: 0,
+                ..HttpConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        assert!(zero_cap.validate().is_err());
+        let zero_header = NodeConfig {
+            http: HttpConfig {
+                header_read_timeout_ms: 0,
+                ..HttpConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        assert!(zero_header.validate().is_err());
+        // A request bound shorter than a step-down would cut every step-down off.
+        let short_request = NodeConfig {
+            http: HttpConfig {
+                request_timeout_ms: 5000,
+                ..HttpConfig::default()
+            },
+            ..NodeConfig::default()
+        };
+        assert!(short_request.validate().is_err());
+        let unknown: Result<NodeConfig, _> = toml::from_str("[http]\nmax_conections = 5\n");
+        assert!(unknown.is_err(), "a typo in [http] must not be ignored");
+    }
+
+    #[test]
     fn durations_parse_with_units() {
         assert_eq!(parse_duration_ms("3s").unwrap(), 3000);
         assert_eq!(parse_duration_ms("250ms").unwrap(), 250);
@@ -542,6 +906,73 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(c.validate().is_err());
+    }
+}
+
+#[cfg(test)]
+mod tls_tests {
+    use super::*;
+
+    #[test]
+    fn https_needs_both_certificate_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cert.pem");
+        std::fs::write(&cert, "x").unwrap();
+        let mut c = NodeConfig::default();
+        c.http.tls_cert_file = Some(cert.clone());
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("together"), "{err}");
+        c.http.tls_cert_file = None;
+        c.http.tls_key_file = Some(cert);
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn tls_files_must_be_readable_and_schemes_must_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let mut c = NodeConfig::default();
+        c.resource.tls_ca_file = Some(missing.clone());
+        let err = c.validate().unwrap_err();
+        if cfg!(feature = "tls") {
+            assert!(
+                matches!(
+                    err,
+                    ConfigError::File {
+                        option: "[resource] tls_ca_file",
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        } else {
+            assert!(err.to_string().contains("feature `tls`"), "{err}");
+        }
+        let mut c = NodeConfig::default();
+        c.redis.tls_ca_file = Some(missing.clone());
+        assert!(c.validate().unwrap_err().to_string().contains("rediss://"));
+        let mut c = NodeConfig::default();
+        c.etcd.tls_ca_file = Some(missing);
+        assert!(c.validate().unwrap_err().to_string().contains("https://"));
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn readable_tls_files_pass_validation_and_stay_out_of_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "x").unwrap();
+        let mut c = NodeConfig::default();
+        c.http.tls_cert_file = Some(ca.clone());
+        c.http.tls_key_file = Some(ca.clone());
+        c.resource.tls_ca_file = Some(ca.clone());
+        c.redis.url = "rediss://127.0.0.1:6380/".into();
+        c.redis.tls_ca_file = Some(ca.clone());
+        c.validate().unwrap();
+        let redacted = c.redacted_json().to_string();
+        assert!(!redacted.contains("ca.pem"), "{redacted}");
+        let back: NodeConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back.http.tls_key_file, Some(ca));
     }
 }
 

@@ -46,6 +46,8 @@
 //! config.rs          NodeConfig: TOML + flags, timing validated at construction
 //! elector.rs         the Elector seam's types (the ground floor: imports nothing above it)
 //! node.rs            NodeBuilder -> NodeHandle: assemble and run one fleet member (entry point)
+//! leadership.rs      the status mirror (role, token, leader, deadline): written by the actors
+//!                    that own each fact, read by the handle, HTTP and leader work
 //! actors/            the supervision tree: NodeSupervisor, Elector loop, LeaseWatchdog
 //! backends/          the `Elector` seam, one module per backend, the conformance suite
 //! work/              leader-only work: the fence client + SQL, closure jobs, Sequencer, Scheduler
@@ -54,6 +56,8 @@
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
 //! tasks.rs           AbortOnDrop: a spawned helper ends with its owner
+//! pg.rs              PostgreSQL pools (plain or TLS) for the fence and pg-lease, error chains
+//! tls.rs             (feature `tls`) PEM loading and the rustls configs of every TLS endpoint
 //! ```
 //!
 //! # What is guaranteed, and what is not
@@ -79,8 +83,13 @@ pub mod config;
 pub mod elector;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod leadership;
 pub mod metrics;
 pub mod node;
+mod pg;
+pub mod rlimit;
 pub mod tasks;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod trace;
 pub mod work;

@@ -61,11 +61,27 @@ pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
 /// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
+/// Gauge: the pid of the external program `baton run` runs as leader work (see
+/// [`ChildWork`](crate::work::child::ChildWork)), 0 while none runs; no labels.
+pub const CHILD_PID: &str = "baton_child_pid";
+/// Counter of starts of that program after the first in the same term (the supervision policy's
+/// restarts after it exited on its own); no labels.
+pub const CHILD_RESTARTS: &str = "baton_child_restarts_total";
 /// Raft peer requests refused by authentication (label `reason`: missing, bad_mac, stale,
 /// unknown_sender); a refused request changes nothing.
 pub const PEER_AUTH_FAILURES: &str = "baton_peer_auth_failures_total";
 /// Raft peer connections dropped at the peer listener's connection cap.
 pub const PEER_CONNECTIONS_REFUSED: &str = "baton_peer_connections_refused_total";
+/// Client connections answered 503 and closed because every slot was serving a request.
+pub const HTTP_CONNECTIONS_REFUSED: &str = "baton_http_connections_refused_total";
+/// Client connections closed to give their slot to a new one (they had made no progress longest).
+pub const HTTP_CONNECTIONS_EVICTED: &str = "baton_http_connections_evicted_total";
+/// Failed `accept(2)` calls on the client listener (e.g. out of descriptors).
+pub const HTTP_ACCEPT_FAILURES: &str = "baton_http_accept_failures_total";
+/// Client connections that failed or timed out in the TLS handshake (HTTPS servers only).
+pub const HTTP_TLS_HANDSHAKE_FAILURES: &str = "baton_http_tls_handshake_failures_total";
+/// Step-downs because the client listener could not accept for too long.
+pub const HTTP_UNSERVICEABLE_STEPDOWNS: &str = "baton_http_unserviceable_stepdowns_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -129,6 +145,26 @@ mod prom {
 
 /// Describes baton's metrics (help text, units) to whatever recorder is installed.
 pub fn describe() {
+    describe_counter!(
+        HTTP_CONNECTIONS_REFUSED,
+        "Client connections refused (503, closed) because the connection cap was reached"
+    );
+    describe_counter!(
+        HTTP_TLS_HANDSHAKE_FAILURES,
+        "Client connections that failed or timed out in the TLS handshake"
+    );
+    describe_counter!(
+        HTTP_CONNECTIONS_EVICTED,
+        "Client connections closed at the cap to make room: the ones longest without progress"
+    );
+    describe_counter!(
+        HTTP_ACCEPT_FAILURES,
+        "Failed accepts on the client listener (e.g. EMFILE)"
+    );
+    describe_counter!(
+        HTTP_UNSERVICEABLE_STEPDOWNS,
+        "Step-downs of a leader whose client listener kept failing to accept"
+    );
     describe_gauge!(
         LEADERS_ACTING,
         "1 while this node's leader work runs; the fleet sum must be exactly 1"
@@ -194,6 +230,14 @@ pub fn describe() {
         DEMOTION_SECONDS,
         Unit::Seconds,
         "Demotion: checkpoint + stop + release"
+    );
+    describe_gauge!(
+        CHILD_PID,
+        "Pid of the program baton run runs as leader work (0 when none runs)"
+    );
+    describe_counter!(
+        CHILD_RESTARTS,
+        "Starts of baton run's program after the first in the same term"
     );
     describe_counter!(
         WORK_RESTARTS,

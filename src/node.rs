@@ -31,7 +31,6 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::actors::leadership::{Leadership, Status};
 use crate::actors::supervisor::{
     NodeSupervisor, StepDownError, StepDownReport, SupervisorArgs, SupervisorMsg,
 };
@@ -41,6 +40,7 @@ use crate::config::{Fencing, NodeConfig};
 use crate::elector::{Elector, FenceToken, LeaderInfo};
 #[cfg(feature = "http")]
 use crate::http::{self, HttpApp};
+use crate::leadership::{Leadership, Status};
 use crate::trace::ActorTrace;
 use crate::work::job::{FnWork, Term};
 use crate::work::scheduler::SchedulerWork;
@@ -59,6 +59,7 @@ pub struct NodeBuilder {
 }
 
 impl NodeBuilder {
+    /// A node with `cfg` and no leader work yet; timing is validated by [`NodeBuilder::start`].
     pub fn new(cfg: NodeConfig) -> NodeBuilder {
         NodeBuilder {
             cfg,
@@ -150,8 +151,11 @@ impl NodeBuilder {
         #[cfg_attr(not(feature = "http"), allow(unused_mut))]
         let mut cfg = self.cfg;
         cfg.validate().context("config")?;
+        check_stop_bounds(&cfg, &self.works)?;
         crate::metrics::describe();
+        // The recorder is installed either way; only the HTTP server renders it (/metrics).
         #[cfg(feature = "prometheus")]
+        #[cfg_attr(not(feature = "http"), allow(unused_variables))]
         let prometheus = crate::metrics::install(&cfg.node_id);
         let clock = NodeClock {
             skew_ms: cfg.clock_skew_ms,
@@ -163,13 +167,23 @@ impl NodeBuilder {
             &cfg.state_dir.join("actor-trace.jsonl"),
         )
         .with_context(|| format!("opening the actor trace in {}", cfg.state_dir.display()))?;
+        let nofile = raise_nofile_limit();
         #[cfg(feature = "http")]
         if let Some(listener) = &self.http {
             let bound = listener.local_addr()?;
+            // The listener may differ from `http_listen` (a library user binds their own).
+            cfg.check_admin_surface(bound.ip()).context("config")?;
             // The backend publishes this address as our candidacy, so followers can redirect.
             cfg.advertise_addr.get_or_insert_with(|| bound.to_string());
         }
         let http_addr = cfg.advertise_addr.clone();
+        // Built before anything starts, so a bad certificate or key fails the start, not the
+        // first client.
+        #[cfg(all(feature = "http", feature = "tls"))]
+        let http_tls = match &self.http {
+            Some(_) => http::tls_acceptor(&cfg.http).context("[http] TLS")?,
+            None => None,
+        };
 
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
@@ -201,7 +215,7 @@ impl NodeBuilder {
 
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         #[cfg(feature = "http")]
-        let server = self.http.map(|listener| {
+        let server = self.http.map(|listener| -> std::io::Result<_> {
             let app = Arc::new(HttpApp {
                 shared: leadership.clone(),
                 supervisor: supervisor.clone(),
@@ -210,14 +224,32 @@ impl NodeBuilder {
                 prometheus,
                 admin_token: cfg.admin_token.clone(),
                 max_block: cfg.sequencer.max_block,
+                max_connections: http::connection_cap(cfg.http.max_connections, nofile),
+                limits: cfg.http.clone(),
+                trace: trace.clone(),
+                #[cfg(feature = "tls")]
+                tls: http_tls,
             });
-            tokio::spawn(http::serve(listener, app, async move {
+            tracing::info!(
+                max_connections = app.max_connections,
+                nofile_soft_limit = nofile,
+                "client connection cap"
+            );
+            http::spawn_server(listener, app, async move {
                 let _ = http_stop_rx.await;
-            }))
+            })
         });
+        #[cfg(feature = "http")]
+        let server = match server.transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                supervisor.stop(Some("the HTTP server did not start".into()));
+                return Err(anyhow::Error::new(e).context("starting the HTTP server"));
+            }
+        };
         #[cfg(not(feature = "http"))]
-        let server: Option<JoinHandle<()>> = {
-            let _ = (http_stop_rx, self.sequencer);
+        let server: Option<tokio::sync::oneshot::Receiver<()>> = {
+            let _ = (http_stop_rx, self.sequencer, nofile);
             None
         };
         Ok(NodeHandle {
@@ -265,8 +297,26 @@ pub struct NodeHandle {
 
 struct NodeTasks {
     tree: JoinHandle<()>,
-    server: Option<JoinHandle<()>>,
+    /// Resolves (or errs) when the HTTP server's thread has finished.
+    server: Option<tokio::sync::oneshot::Receiver<()>>,
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Refuses a config whose supervisor would give up on a registered work before that work can
+/// have stopped: the stop is a barrier only if the supervisor waits for all of it.
+fn check_stop_bounds(cfg: &NodeConfig, works: &[Registered]) -> anyhow::Result<()> {
+    for w in works {
+        if let Some(needed) = w.work.stop_bound() {
+            anyhow::ensure!(
+                cfg.work_stop_timeout() >= needed,
+                "work_stop_timeout_ms ({}) must be at least {} ms: the stop bound of work {:?}",
+                cfg.work_stop_timeout_ms,
+                needed.as_millis(),
+                w.work.name()
+            );
+        }
+    }
+    Ok(())
 }
 
 impl NodeHandle {
@@ -340,6 +390,27 @@ impl NodeHandle {
             let _ = server.await;
         }
         Ok(())
+    }
+}
+
+/// Raises the descriptor soft limit to the hard limit and returns the soft limit the node runs
+/// with (logged: it sizes the connection cap).
+fn raise_nofile_limit() -> u64 {
+    match crate::rlimit::raise_nofile_soft_limit() {
+        Ok(l) => {
+            tracing::info!(
+                soft_before = l.soft_before,
+                soft = l.soft,
+                hard = l.hard,
+                "descriptor limit (RLIMIT_NOFILE)"
+            );
+            l.soft
+        }
+        Err(e) => {
+            // Unknown: assume the common default, so the cap stays conservative.
+            tracing::warn!(error = %e, "descriptor limit unknown; assuming 1024");
+            1024
+        }
     }
 }
 

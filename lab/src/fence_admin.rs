@@ -44,7 +44,10 @@ pub async fn run(cmd: FenceCmd) -> anyhow::Result<()> {
             max_token,
             yes,
         } => {
-            anyhow::ensure!(yes, "`baton fence reset` lowers the fence on purpose: pass --yes");
+            anyhow::ensure!(
+                yes,
+                "`baton fence reset` lowers the fence on purpose: pass --yes"
+            );
             let (before, _) = reset(&connect(&admin_url).await?, max_token).await?;
             println!("fence max_token {before} -> {max_token} (holder 'operator'), recorded in fence_log");
         }
@@ -80,7 +83,10 @@ pub async fn status(client: &Client, rejections: i64) -> anyhow::Result<String> 
         fence.get::<_, i64>(4),
     );
     for r in client
-        .query("SELECT name, last_seq, owner_token FROM baton.sequence ORDER BY name", &[])
+        .query(
+            "SELECT name, last_seq, owner_token FROM baton.sequence ORDER BY name",
+            &[],
+        )
         .await?
     {
         out += &format!(

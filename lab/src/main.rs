@@ -1,6 +1,7 @@
 //! The `baton` binary: thin subcommands over the library.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -24,6 +25,11 @@ struct Cli {
 enum Cmd {
     /// Run one fleet member: campaign, lead while (and only while) elected, serve HTTP.
     Node(NodeArgs),
+    /// A fleet member whose leader work is CMD: `baton run [node flags] -- CMD ARGS...`. CMD runs
+    /// only while this node leads (env BATON_TOKEN, BATON_HOLDER, BATON_NODE_ID,
+    /// BATON_DATABASE_URL), in its own process group, stopped (SIGTERM, SIGKILL, every process
+    /// gone) before the lease is released.
+    Run(RunArgs),
     /// Start, inspect and stop a local fleet (private servers + N nodes on loopback).
     Fleet {
         #[command(subcommand)]
@@ -100,6 +106,40 @@ struct NodeArgs {
     admin_token: Option<String>,
 }
 
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Time between SIGTERM and SIGKILL to CMD's process group on demotion.
+    #[arg(long, value_parser = parse_duration_ms, default_value = "1s")]
+    stop_timeout: u64,
+    /// How much earlier than its lease deadline the node demotes, so CMD is gone before the
+    /// lease can expire (keep it above --stop-timeout). Default: the stop timeout + 250 ms.
+    #[arg(long, value_parser = parse_duration_ms)]
+    child_stop_margin: Option<u64>,
+    /// What to do when CMD exits on its own: restart it in the same term, or demote so another
+    /// node tries.
+    #[arg(long, value_enum, default_value = "restart")]
+    on_exit: OnExit,
+    /// With --on-exit restart: restarts allowed within --restart-within before the node demotes.
+    #[arg(long, default_value_t = 5)]
+    restart_max: u32,
+    #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
+    restart_within: u64,
+    /// With --on-exit restart: the wait before a restart.
+    #[arg(long, value_parser = parse_duration_ms, default_value = "1s")]
+    restart_backoff: u64,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OnExit {
+    Restart,
+    Demote,
+}
+
 #[derive(Subcommand)]
 enum FleetCmd {
     /// Start N nodes and the servers their backend needs.
@@ -148,6 +188,14 @@ enum FleetCmd {
     /// (Re)start one node with its config and state dir.
     Start {
         id: String,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+    /// `POST /stepdown` to the current leader, with the fleet's admin token.
+    Stepdown {
+        /// Hand leadership to this node (raft only).
+        #[arg(long)]
+        to: Option<String>,
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -204,7 +252,7 @@ fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
         c.state_dir = v;
     }
     if let Some(v) = a.admin_token {
-        c.admin_token = Some(v);
+        c.admin_token = Some(v.into());
     }
     c.validate()?;
     Ok(c)
@@ -244,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
                 .run(listener, shutdown_signal())
                 .await
         }
+        Cmd::Run(args) => run_child(args).await,
         Cmd::Migrate { admin_url, fencing } => {
             baton::work::fence::migrate(&admin_url, fencing.map(|f| f == Fencing::On)).await?;
             println!(
@@ -264,6 +313,45 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Exp(args) => std::process::exit(baton_lab::exp::cli_main(args).await?),
         Cmd::Chaos(args) => baton_lab::chaos::cli_main(args).await,
     }
+}
+
+/// `baton run`: a node whose only leader work is the program (no sequencer, no scheduler).
+async fn run_child(args: RunArgs) -> anyhow::Result<()> {
+    use baton::work::child::{become_subreaper, ChildSpec, ChildWork, KILL_GRACE};
+    use baton::work::SupervisionPolicy;
+    // Orphaned grandchildren come to us, so the stop barrier can reap them (PID 1 of a
+    // container often does not).
+    if let Err(e) = become_subreaper() {
+        tracing::warn!(%e, "not a subreaper: orphaned grandchildren may linger as zombies");
+    }
+    let stop_timeout = Duration::from_millis(args.stop_timeout);
+    let mut cfg = node_config(args.node)?;
+    cfg.work_stop_margin_ms = args.child_stop_margin.unwrap_or(args.stop_timeout + 250);
+    // The supervisor must wait out the whole barrier, never give up on it first.
+    let needed_ms = (stop_timeout + KILL_GRACE).as_millis() as u64;
+    cfg.work_stop_timeout_ms = cfg.work_stop_timeout_ms.max(needed_ms);
+    cfg.validate()
+        .context("config with the child stop margin")?;
+    let spec = ChildSpec {
+        command: args.command,
+        stop_timeout,
+        database_url: Some(cfg.resource.database_url.clone()),
+    };
+    let policy = match args.on_exit {
+        OnExit::Demote => SupervisionPolicy::Demote,
+        OnExit::Restart => SupervisionPolicy::Restart {
+            max: args.restart_max,
+            within: Duration::from_millis(args.restart_within),
+            backoff: Duration::from_millis(args.restart_backoff),
+        },
+    };
+    let listener = tokio::net::TcpListener::bind(cfg.http_listen)
+        .await
+        .with_context(|| format!("binding {}", cfg.http_listen))?;
+    baton::node::NodeBuilder::new(cfg)
+        .with_work_supervised(Arc::new(ChildWork::new(spec)?), policy)
+        .run(listener, shutdown_signal())
+        .await
 }
 
 async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
@@ -347,7 +435,34 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             println!("started {id} as pid {pid}");
             Ok(())
         }
+        FleetCmd::Stepdown { to, dir } => fleet_stepdown(&FleetState::load(&dir)?, to).await,
     }
+}
+
+async fn fleet_stepdown(state: &FleetState, to: Option<String>) -> anyhow::Result<()> {
+    let rows = fleet::status(state).await;
+    let leader = rows
+        .iter()
+        .find(|r| r.role.as_deref() == Some("leader"))
+        .context("no node says it leads")?;
+    let path = match &to {
+        Some(t) => format!("/stepdown?to={t}"),
+        None => "/stepdown".to_owned(),
+    };
+    let r = state
+        .admin_client(Duration::from_secs(40))
+        .post(&leader.http_addr, &path)
+        .await?;
+    if r.status != 200 {
+        anyhow::bail!(
+            "POST {path} to {} answered {}: {}",
+            leader.id,
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    println!("{} stepped down: {}", leader.id, r.json()["stepped_down"]);
+    Ok(())
 }
 
 async fn wait_for_leader(state: &FleetState, within: Duration) -> Vec<fleet::NodeRow> {

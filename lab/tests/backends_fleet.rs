@@ -201,7 +201,8 @@ async fn kill9_and_continue(backend: &str) {
     let _serial = serial();
     let t0 = Instant::now();
     let fleet = Fleet::up_with(backend, 3, &[]);
-    let (_, _, t1) = fleet.leader(SETTLE).await;
+    let (_, leader_addr, t1) = fleet.leader(SETTLE).await;
+    fleet.assert_lease_left_within_ttl(&leader_addr).await;
     let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let kill = kill_leader(&fleet, backend).await;

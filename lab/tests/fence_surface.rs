@@ -7,32 +7,15 @@
 use std::time::{Duration, Instant};
 
 use baton_lab::fence_admin;
-use baton_lab::fleet::servers::{free_ports, PgServer};
+use baton_lab::fleet::servers::ScratchPg;
 use tokio_postgres::{Client, NoTls};
 
-struct Pg {
-    server: PgServer,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.server.stop();
-    }
-}
+type Pg = ScratchPg;
 
 async fn private_pg() -> Pg {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1).unwrap()[0];
-    let root = dir.path().join("pg");
-    let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+    ScratchPg::start()
         .await
-        .unwrap()
-        .expect("start a private PostgreSQL");
-    baton::work::fence::migrate(&server.admin_url(), Some(true))
-        .await
-        .expect("migrate");
-    Pg { server, _dir: dir }
+        .expect("a private PostgreSQL, migrated")
 }
 
 async fn connect(url: &str) -> Client {
@@ -42,7 +25,13 @@ async fn connect(url: &str) -> Client {
 }
 
 /// `(accepted, max_token, reason)` of one seq_commit call as the application role.
-async fn seq_commit(app: &Client, token: i64, holder: &str, lo: i64, hi: i64) -> (bool, i64, Option<String>) {
+async fn seq_commit(
+    app: &Client,
+    token: i64,
+    holder: &str,
+    lo: i64,
+    hi: i64,
+) -> (bool, i64, Option<String>) {
     let r = app
         .query_one(
             "SELECT accepted, max_token, reason FROM baton.seq_commit('seq', $1, $2, $3, $4)",
@@ -65,7 +54,10 @@ async fn application_role_abuse_is_refused_or_bounded() {
 
     // Using the sequence up in one call (the leader's own token and holder): refused, named.
     let (ok, _, reason) = seq_commit(&app, 7, "n1", 101, 9_223_372_036_854_775_000).await;
-    assert!(!ok, "a call moving the sequence to near i64::MAX was accepted");
+    assert!(
+        !ok,
+        "a call moving the sequence to near i64::MAX was accepted"
+    );
     assert_eq!(reason.as_deref(), Some("seq-advance-too-large"));
     // Backwards: refused as such, not as a stale token.
     let (ok, _, reason) = seq_commit(&app, 7, "n1", 50, 60).await;
@@ -76,7 +68,10 @@ async fn application_role_abuse_is_refused_or_bounded() {
     assert!(!ok);
     assert_eq!(reason.as_deref(), Some("stale-token"));
     let last: i64 = admin
-        .query_one("SELECT last_seq FROM baton.sequence WHERE name = 'seq'", &[])
+        .query_one(
+            "SELECT last_seq FROM baton.sequence WHERE name = 'seq'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -96,7 +91,10 @@ async fn application_role_abuse_is_refused_or_bounded() {
     }
     let long_holder = "x".repeat(500);
     let err = app
-        .query("SELECT * FROM baton.seq_claim('seq', 8, $1)", &[&long_holder])
+        .query(
+            "SELECT * FROM baton.seq_claim('seq', 8, $1)",
+            &[&long_holder],
+        )
         .await
         .expect_err("a 500-character holder");
     assert_eq!(err.code().map(|c| c.code()), Some("22023"));
@@ -107,7 +105,11 @@ async fn application_role_abuse_is_refused_or_bounded() {
             .unwrap();
         (r.get(0), r.get(1))
     };
-    assert_eq!((max_token, holder.as_str()), (7, "n1"), "bad calls changed the fence");
+    assert_eq!(
+        (max_token, holder.as_str()),
+        (7, "n1"),
+        "bad calls changed the fence"
+    );
 }
 
 /// A client that takes the fence row's lock and then stalls (paused mid-transaction, or a
@@ -144,9 +146,15 @@ async fn nobody_holds_the_fence_row() {
     }
     let waited = started.elapsed();
     assert!(accepted, "the fence row was held for {waited:?}");
-    assert!(waited < Duration::from_secs(15), "the fence row was held for {waited:?}");
+    assert!(
+        waited < Duration::from_secs(15),
+        "the fence row was held for {waited:?}"
+    );
     let slept = sleeping.await.unwrap();
-    assert!(slept.is_err(), "pg_sleep(60) under the fence lock was allowed to finish");
+    assert!(
+        slept.is_err(),
+        "pg_sleep(60) under the fence lock was allowed to finish"
+    );
     eprintln!("next writer through after {waited:?}");
 }
 
@@ -158,19 +166,31 @@ async fn poisoned_max_token_is_visible_and_recoverable() {
     let app = connect(&pg.server.app_url()).await;
     let admin = connect(&pg.server.admin_url()).await;
     let poison = i64::MAX;
-    app.query_one("SELECT * FROM baton.seq_claim('seq', $1, 'mallory')", &[&poison])
-        .await
-        .unwrap();
+    app.query_one(
+        "SELECT * FROM baton.seq_claim('seq', $1, 'mallory')",
+        &[&poison],
+    )
+    .await
+    .unwrap();
     let refused: bool = app
         .query_one("SELECT accepted FROM baton.seq_claim('seq', 42, 'n1')", &[])
         .await
         .unwrap()
         .get(0);
-    assert!(!refused, "a real term was accepted above a poisoned max_token");
+    assert!(
+        !refused,
+        "a real term was accepted above a poisoned max_token"
+    );
 
     let report = fence_admin::status(&admin, 5).await.unwrap();
-    assert!(report.contains(&format!("max_token {poison} holder \"mallory\"")), "{report}");
-    assert!(report.contains("claim on seq (stale-token): token 42"), "{report}");
+    assert!(
+        report.contains(&format!("max_token {poison} holder \"mallory\"")),
+        "{report}"
+    );
+    assert!(
+        report.contains("claim on seq (stale-token): token 42"),
+        "{report}"
+    );
 
     let (before, holder) = fence_admin::reset(&admin, 41).await.unwrap();
     assert_eq!((before, holder.as_str()), (poison, "mallory"));
@@ -181,7 +201,10 @@ async fn poisoned_max_token_is_visible_and_recoverable() {
         .get(0);
     assert!(accepted, "the real term is accepted after the reset");
     let logged: i64 = admin
-        .query_one("SELECT count(*) FROM baton.fence_log WHERE op = 'operator-reset' AND token = 41", &[])
+        .query_one(
+            "SELECT count(*) FROM baton.fence_log WHERE op = 'operator-reset' AND token = 41",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
@@ -208,13 +231,23 @@ async fn the_private_postgres_asks_every_client_for_a_password() {
         eprintln!("{role}: {err} / {err2}");
     }
     // Another OS user on the socket, claiming to be the superuser: peer auth says no.
-    let sock = pg._dir.path().join("pg").join("sock");
+    let sock = pg.dir.path().join("pg").join("sock");
     let out = std::process::Command::new("runuser")
         .args(["-u", "nobody", "--"])
         .arg(pg.server.bin_dir.join("psql"))
         .arg("-h")
         .arg(&sock)
-        .args(["-p", &pg.server.port.to_string(), "-U", "postgres", "-d", "baton", "-c", "SELECT 1", "-w"])
+        .args([
+            "-p",
+            &pg.server.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "baton",
+            "-c",
+            "SELECT 1",
+            "-w",
+        ])
         .output()
         .expect("run psql as nobody");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -238,7 +271,10 @@ async fn the_holder_is_the_authenticated_node_role() {
         .expect_err("n1's role claiming as n2");
     assert_eq!(as_n2.code().map(|c| c.code()), Some("42501"), "{as_n2}");
     let as_n2 = n1
-        .query("SELECT * FROM baton.fence_record_rejection('seq', 1, 'n2')", &[])
+        .query(
+            "SELECT * FROM baton.fence_record_rejection('seq', 1, 'n2')",
+            &[],
+        )
         .await
         .expect_err("n1's role recording a rejection as n2");
     assert_eq!(as_n2.code().map(|c| c.code()), Some("42501"), "{as_n2}");
@@ -258,7 +294,10 @@ async fn the_holder_is_the_authenticated_node_role() {
 
     let shared = connect(&pg.server.app_url()).await;
     shared
-        .query_one("SELECT accepted FROM baton.seq_claim('seq', 6, 'anyone')", &[])
+        .query_one(
+            "SELECT accepted FROM baton.seq_claim('seq', 6, 'anyone')",
+            &[],
+        )
         .await
         .expect("the shared role may name a holder while per-node roles are not required");
     baton::work::fence::set_require_node_roles(&pg.server.admin_url(), true)
@@ -269,6 +308,7 @@ async fn the_holder_is_the_authenticated_node_role() {
         .await
         .expect_err("the shared role once per-node roles are required");
     assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{err}");
-    let bad = baton::work::fence::provision_node_role(&pg.server.admin_url(), "n1\"; DROP", "x").await;
+    let bad =
+        baton::work::fence::provision_node_role(&pg.server.admin_url(), "n1\"; DROP", "x").await;
     assert!(bad.is_err(), "a node id that cannot name a role is refused");
 }

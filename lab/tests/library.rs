@@ -5,48 +5,27 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton::actors::leadership::Role;
 use baton::backends::BackendKind;
 use baton::config::NodeConfig;
 use baton::elector::FenceToken;
+use baton::leadership::Role;
 use baton::node::{NodeBuilder, NodeHandle};
 use baton::work::SupervisionPolicy;
-use baton_lab::fleet::servers::{free_ports, PgServer};
+use baton_lab::fleet::servers::ScratchPg;
 
-/// A private PostgreSQL, stopped however the test ends.
-struct Pg {
-    server: PgServer,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pg {
-    fn drop(&mut self) {
-        self.server.stop();
-    }
-}
+type Pg = ScratchPg;
 
 async fn private_pg() -> Pg {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1).unwrap()[0];
-    let root = dir.path().join("pg");
-    let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+    ScratchPg::start()
         .await
-        .unwrap()
-        .expect("start a private PostgreSQL");
-    baton::work::fence::migrate(&server.admin_url(), Some(true))
-        .await
-        .expect("migrate the fenced resource");
-    baton::backends::pg_lease::provision(&server.admin_url())
-        .await
-        .expect("provision the pg-lease role");
-    Pg { server, _dir: dir }
+        .expect("a private PostgreSQL, migrated")
 }
 
 fn node_config(pg: &Pg, node_id: &str) -> NodeConfig {
     let mut cfg = NodeConfig {
         node_id: node_id.into(),
         backend: BackendKind::PgLease,
-        state_dir: pg._dir.path().join(node_id),
+        state_dir: pg.dir.path().join(node_id),
         ..NodeConfig::default()
     };
     cfg.sequencer.enabled = false;
@@ -268,7 +247,9 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
                 let insert = "INSERT INTO orders (token, note) VALUES ($1, 'term start')";
                 tx.client().execute(insert, &[&term.token().0]).await?;
                 tx.commit().await?;
-                kept.lock().unwrap().push((term.fence().clone(), term.token()));
+                kept.lock()
+                    .unwrap()
+                    .push((term.fence().clone(), term.token()));
                 term.stopping().await;
                 Ok(())
             }
@@ -320,7 +301,10 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     // A fenced transaction dropped without commit rolls back.
     let tx = fence.begin("orders", new).await.expect("current token");
     tx.client()
-        .execute("INSERT INTO orders (token, note) VALUES ($1, 'dropped')", &[&new.0])
+        .execute(
+            "INSERT INTO orders (token, note) VALUES ($1, 'dropped')",
+            &[&new.0],
+        )
         .await
         .unwrap();
     drop(tx);
@@ -331,7 +315,9 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
         "BEGIN; INSERT INTO orders (token, note) VALUES ({old}, 'stale sql');
          SELECT baton.fence_assert('orders', {old}, 'u1'); COMMIT;"
     );
-    let err = sql(&app, &stale_sql).await.expect_err("stale SQL assertion");
+    let err = sql(&app, &stale_sql)
+        .await
+        .expect_err("stale SQL assertion");
     assert_eq!(err.code().map(|c| c.code()), Some("BF409"), "{err}");
     let recorded = sql(
         &app,
@@ -339,7 +325,10 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     )
     .await
     .unwrap();
-    assert!(recorded[0].get::<_, bool>(0), "the stale SQL write is recorded after rollback");
+    assert!(
+        recorded[0].get::<_, bool>(0),
+        "the stale SQL write is recorded after rollback"
+    );
     // A current token cannot be planted as a rejection.
     let planted = sql(
         &app,
@@ -347,7 +336,10 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     )
     .await
     .unwrap();
-    assert!(!planted[0].get::<_, bool>(0), "a write the fence accepts is not recorded as refused");
+    assert!(
+        !planted[0].get::<_, bool>(0),
+        "a write the fence accepts is not recorded as refused"
+    );
 
     let notes: Vec<String> = sql(&admin, "SELECT note FROM orders ORDER BY id")
         .await
@@ -355,7 +347,11 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(notes, vec!["term start", "term start"], "only the two terms' own writes landed");
+    assert_eq!(
+        notes,
+        vec!["term start", "term start"],
+        "only the two terms' own writes landed"
+    );
 
     // The application role still cannot touch the fence itself.
     for forbidden in [
@@ -364,7 +360,11 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
         "UPDATE baton.settings SET fencing = false",
     ] {
         let err = sql(&app, forbidden).await.expect_err(forbidden);
-        assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{forbidden}: {err}");
+        assert_eq!(
+            err.code().map(|c| c.code()),
+            Some("42501"),
+            "{forbidden}: {err}"
+        );
     }
     node.shutdown().await.unwrap();
 }

@@ -137,6 +137,8 @@ async fn one_leader_among_three_with_raft_as_the_default_backend() {
     );
     assert_eq!(cfg.raft.peers.len(), 3);
     assert_exactly_one_leader(&fleet, 3).await;
+    let (_, leader_addr, _) = fleet.leader(SETTLE).await;
+    fleet.assert_lease_left_within_ttl(&leader_addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,6 @@
 //! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
 
 pub(crate) mod elector;
-pub mod leadership;
 pub(crate) mod supervisor;
 pub(crate) mod watchdog;
 

@@ -23,12 +23,12 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use serde::Serialize;
 
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
-use crate::actors::leadership::Leadership;
 use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
 use crate::actors::DemotionReason;
 use crate::backends::{Elector, FenceToken, LeaderInfo};
 use crate::clock::monotonic_ns;
 use crate::config::NodeConfig;
+use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
 use crate::work::{Fence, Registered, RunningWork, SupervisionPolicy, WorkContext};
@@ -346,6 +346,7 @@ impl SupervisorState {
             fence: self.args.fence.clone(),
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
+            leadership: self.args.shared.clone(),
         };
         self.restarts.clear();
         let (works, me) = (self.args.works.clone(), myself.clone());
@@ -614,6 +615,7 @@ impl SupervisorState {
             fence: self.args.fence.clone(),
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
+            leadership: self.args.shared.clone(),
         };
         let (work, me) = (self.args.works[index].work.clone(), myself.clone());
         tokio::spawn(async move {

@@ -10,10 +10,10 @@ use std::time::Instant;
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::actors::DemotionReason;
 use crate::backends::FenceToken;
+use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
 
 pub enum WatchdogMsg {

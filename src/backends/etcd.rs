@@ -80,6 +80,25 @@ pub(super) async fn revoke_lease(
     }
 }
 
+/// `opts` over TLS, the servers verified against exactly the CAs in `ca_file` (the endpoints are
+/// `https://`, checked by the config).
+#[cfg(feature = "tls")]
+fn with_tls(opts: ConnectOptions, ca_file: &std::path::Path) -> ElectorResult<ConnectOptions> {
+    let ca = crate::tls::CaBundle::read(ca_file)
+        .map_err(|e| ElectorError::Config(format!("etcd: {e}")))?;
+    let tls =
+        etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca.pem()));
+    Ok(opts.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_tls(_: ConnectOptions, ca_file: &std::path::Path) -> ElectorResult<ConnectOptions> {
+    Err(ElectorError::Config(format!(
+        "etcd: tls_ca_file {} is set, but this build of baton has no TLS (cargo feature `tls`)",
+        ca_file.display()
+    )))
+}
+
 impl EtcdElector {
     /// Connects to `cfg.etcd.endpoints`; no lease is granted until the first campaign.
     /// `ElectorError::Config` if `lease_ttl_ms` is not a whole number of seconds (etcd leases
@@ -93,9 +112,12 @@ impl EtcdElector {
             )));
         }
         let timeout = Duration::from_millis(cfg.etcd.request_timeout_ms);
-        let opts = ConnectOptions::new()
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_keep_alive(Duration::from_secs(2), timeout);
+        if let Some(ca) = &cfg.etcd.tls_ca_file {
+            opts = with_tls(opts, ca)?;
+        }
         let client = Client::connect(&cfg.etcd.endpoints, Some(opts))
             .await
             .map_err(unavailable)?;

@@ -27,7 +27,7 @@ use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Runtime, Timeouts};
+use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
 use rand::Rng;
 use tokio::sync::OnceCell;
 use tokio_postgres::NoTls;
@@ -137,17 +137,7 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(format!("pg-lease: {e}"))
 }
 
-/// An error with its sources (tokio-postgres says only "db error" at the top).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+use crate::pg::error_chain as chain;
 
 impl PgLeaseElector {
     /// Builds the pool; connects lazily (a database that is down at start shows up as failed,
@@ -170,9 +160,8 @@ impl PgLeaseElector {
             },
             ..PoolSize::default()
         });
-        let pool = pc
-            .create_pool(Some(Runtime::Tokio1), NoTls)
-            .map_err(|e| ElectorError::Config(format!("pg_lease.database_url: {e}")))?;
+        let pool = crate::pg::create_pool(pc, cfg.pg_lease.tls_ca_file.as_deref())
+            .map_err(|e| ElectorError::Config(format!("pg_lease: {e}")))?;
         let me = LeaderInfo {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),

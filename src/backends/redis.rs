@@ -125,13 +125,39 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(format!("redis: {e}"))
 }
 
+/// The client for `cfg.url`: over TLS verified against exactly `cfg.tls_ca_file` when set (the
+/// URL is then `rediss://`, checked by the config), as the URL says otherwise.
+fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Client> {
+    let bad_url =
+        |e: ::redis::RedisError| ElectorError::Config(format!("redis url {:?}: {e}", cfg.url));
+    let Some(ca) = &cfg.tls_ca_file else {
+        return ::redis::Client::open(cfg.url.as_str()).map_err(bad_url);
+    };
+    #[cfg(feature = "tls")]
+    {
+        // The redis client builds its rustls config with the process-default provider.
+        crate::tls::install_default_provider();
+        let ca = crate::tls::CaBundle::read(ca)
+            .map_err(|e| ElectorError::Config(format!("redis: {e}")))?;
+        let certs = ::redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.pem().to_vec()),
+        };
+        ::redis::Client::build_with_tls(cfg.url.as_str(), certs).map_err(bad_url)
+    }
+    #[cfg(not(feature = "tls"))]
+    Err(ElectorError::Config(format!(
+        "redis: tls_ca_file {} is set, but this build of baton has no TLS (cargo feature `tls`)",
+        ca.display()
+    )))
+}
+
 impl RedisElector {
     /// Builds the client; connects lazily (a Redis that is down at start shows up as failed
     /// campaigns, retried, not as a crash). `fenced` selects `redis` over `redis-naive`.
     pub async fn connect(cfg: &NodeConfig, fenced: bool) -> ElectorResult<RedisElector> {
         let timeout = Duration::from_millis(cfg.redis.request_timeout_ms.max(1));
-        let client = ::redis::Client::open(cfg.redis.url.as_str())
-            .map_err(|e| ElectorError::Config(format!("redis url {:?}: {e}", cfg.redis.url)))?;
+        let client = open_client(&cfg.redis)?;
         let mcfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))

@@ -1,21 +1,39 @@
 //! HTTP (SPEC §5), hyper 1. [`serve`] takes a bound listener and a shutdown future, so tests bind
 //! port 0 and stop the server when they are done.
+//!
+//! Every client holds bounded resources (SPEC §10): a connection slot out of `max_connections`
+//! (past it, the slot of the connection longest without progress, or a fixed 503 and close when
+//! every slot is serving a request: a flood cannot take the descriptors the node needs for its
+//! own work, nor lock new clients out; see [`slots`]), a header-read clock that also bounds idle keep-alive, a body-read clock and size
+//! limit, and a bound on the whole request. A leader whose accept loop keeps failing cannot serve
+//! its clients, and its followers cannot tell: it steps down ([`AcceptHealth`]).
+//!
+//! With `[http] tls_cert_file`/`tls_key_file` (feature `tls`) the server speaks HTTPS only. The
+//! handshake happens inside the connection's slot and is bounded by the header-read timeout, so a
+//! client that opens TCP and never handshakes holds a slot (evictable, it makes no progress) no
+//! longer than one that never sends a request head.
 
 mod routes;
+mod slots;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use ractor::ActorRef;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
-use crate::actors::leadership::Leadership;
 use crate::actors::supervisor::SupervisorMsg;
+use crate::config::{HttpConfig, Secret};
+use crate::leadership::Leadership;
+use crate::metrics as m;
+use crate::trace::ActorTrace;
 use crate::work::sequencer::SequencerHandle;
+use slots::{Admission, Slots};
 
 pub use routes::LEADER_HEADER;
 
@@ -28,8 +46,89 @@ pub(crate) struct HttpApp {
     /// recorder installed before it); `/metrics` answers 404 otherwise.
     #[cfg(feature = "prometheus")]
     pub prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     pub max_block: u32,
+    pub limits: HttpConfig,
+    /// Connections served at once: `limits.max_connections`, lowered below the descriptor limit
+    /// by [`connection_cap`].
+    pub max_connections: usize,
+    pub trace: ActorTrace,
+    /// Set when the server speaks HTTPS only (`[http] tls_cert_file`).
+    #[cfg(feature = "tls")]
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl HttpApp {
+    fn speaks_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+}
+
+/// The HTTPS acceptor for `limits`, when it names a certificate (None: plain HTTP).
+#[cfg(feature = "tls")]
+pub(crate) fn tls_acceptor(
+    limits: &HttpConfig,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, crate::tls::TlsError> {
+    let (Some(cert), Some(key)) = (&limits.tls_cert_file, &limits.tls_key_file) else {
+        return Ok(None);
+    };
+    // http/1.1 only: the server is hyper's http1, and ALPN lets a client learn it up front.
+    let cfg = crate::tls::server_config(cert, key, &[b"http/1.1"])?;
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg))))
+}
+
+/// hyper's read buffer per connection (its default is ~400 KiB), so 1,000 connections cannot
+/// pin 400 MB between them.
+const MAX_READ_BUF_BYTES: usize = 64 * 1024;
+/// Largest request head (431 past it); baton's own requests need a few hundred bytes.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// Pause after a failed accept (EMFILE and friends) instead of spinning on it.
+const ACCEPT_RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// At most one "accept failed" log line per this interval; the rest are counted.
+const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(5);
+/// What a connection past the cap gets: written without waiting (it fits any socket buffer).
+const REFUSAL_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 59\r\nconnection: close\r\nretry-after: 1\r\n\r\n{\"error\":\"too_many_connections\",\"detail\":\"retry shortly\"}\r\n";
+
+/// The connection cap actually enforced: the configured one, but never more than half the
+/// descriptor soft limit, so the node's own database, peer and file descriptors always fit.
+pub fn connection_cap(configured: usize, nofile_soft_limit: u64) -> usize {
+    let half = usize::try_from(nofile_soft_limit / 2).unwrap_or(usize::MAX);
+    configured.min(half).max(1)
+}
+
+/// Runs [`serve`] on its own thread and single-threaded runtime, so client traffic (however many
+/// connections, however busy) queues behind other client work only, never in front of the
+/// node's timer-critical tasks (raft heartbeats, lease renewals, the watchdog) on the node's
+/// runtime. The receiver resolves when the server has stopped.
+pub(crate) fn spawn_server(
+    listener: TcpListener,
+    app: Arc<HttpApp>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    // Moved between runtimes as a std listener: a tokio one is bound to its runtime's reactor.
+    let listener = listener.into_std()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("baton-http")
+        .build()?;
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("baton-http".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => serve(listener, app, shutdown).await,
+                    Err(e) => tracing::error!(error = %e, "HTTP listener lost between runtimes"),
+                }
+            });
+            // The runtime drops here, on its own thread (never inside an async context).
+            drop(rt);
+            let _ = done_tx.send(());
+        })?;
+    Ok(done_rx)
 }
 
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.
@@ -39,33 +138,279 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Slots::new(app.max_connections));
+    let mut health = AcceptHealth::new(app.limits.accept_failure_stepdown());
     tokio::pin!(shutdown);
     loop {
+        // Accepting while evicted connections are still closing would spend descriptors faster
+        // than they come back; the kernel's backlog holds newcomers meanwhile (no descriptor).
+        while slots.too_many_closing() {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(10), slots.released.notified()).await;
+        }
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let svc = service_fn(move |req| {
-                    let app = app.clone();
-                    async move { Ok::<_, Infallible>(routes::route(&app, req).await) }
-                });
-                let conn = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    health.succeeded();
+                    admit(stream, &slots, &app, &graceful);
+                }
+                Err(e) => {
+                    on_accept_error(&app, &mut health, &e);
+                    tokio::time::sleep(ACCEPT_RETRY_PAUSE).await;
+                }
+            },
             _ = &mut shutdown => break,
         }
     }
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), graceful.shutdown()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+}
+
+/// Serves `stream` in a slot (a free one, or one taken from the connection longest without
+/// progress); when every slot is serving a request, answers 503 and closes it at once.
+fn admit(
+    stream: TcpStream,
+    slots: &Arc<Slots>,
+    app: &Arc<HttpApp>,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+) {
+    let state = match slots.admit() {
+        Admission::Free(state) => state,
+        Admission::Evicted(state) => {
+            metrics::counter!(m::HTTP_CONNECTIONS_EVICTED).increment(1);
+            state
+        }
+        Admission::Full => {
+            metrics::counter!(m::HTTP_CONNECTIONS_REFUSED).increment(1);
+            // Best effort and never waiting: a client that does not read this still loses its
+            // descriptor here, when `stream` drops. An HTTPS client could not read plain text:
+            // it just sees the connection close.
+            if !app.speaks_tls() {
+                let _ = stream.try_write(REFUSAL_503);
+            }
+            return;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (app, slots, watcher) = (app.clone(), slots.clone(), graceful.watcher());
+    tokio::spawn(async move {
+        // Evicted: dropping the connection (or the handshake) closes its socket and frees its
+        // descriptor.
+        tokio::select! {
+            _ = serve_connection(stream, &app, &state, watcher) => {}
+            _ = state.evicted.notified() => {}
+        }
+        slots.release(&state);
+    });
+}
+
+/// Serves one admitted connection: over TLS once the handshake is done (within the header-read
+/// bound), or as plain HTTP.
+async fn serve_connection(
+    stream: TcpStream,
+    app: &Arc<HttpApp>,
+    state: &Arc<slots::ConnState>,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    #[cfg(feature = "tls")]
+    if let Some(acceptor) = &app.tls {
+        let bound = app.limits.header_read_timeout();
+        match tokio::time::timeout(bound, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => {
+                state.progressed();
+                serve_http1(TokioIo::new(tls), app, state, watcher).await;
+            }
+            Ok(Err(e)) => {
+                metrics::counter!(m::HTTP_TLS_HANDSHAKE_FAILURES).increment(1);
+                tracing::debug!(error = %e, "TLS handshake failed");
+            }
+            Err(_) => {
+                metrics::counter!(m::HTTP_TLS_HANDSHAKE_FAILURES).increment(1);
+                tracing::debug!(
+                    bound_ms = bound.as_millis() as u64,
+                    "TLS handshake timed out"
+                );
+            }
+        }
+        return;
+    }
+    serve_http1(TokioIo::new(stream), app, state, watcher).await;
+}
+
+/// hyper's HTTP/1 on `io`, with every per-connection bound, until the connection ends.
+async fn serve_http1<I>(
+    io: I,
+    app: &Arc<HttpApp>,
+    state: &Arc<slots::ConnState>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (svc_app, svc_state) = (app.clone(), state.clone());
+    let svc = service_fn(move |req| {
+        let (app, conn) = (svc_app.clone(), svc_state.clone());
+        async move {
+            conn.progressed();
+            let resp = routes::bounded_route(&app, &conn, req).await;
+            conn.progressed();
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(app.limits.header_read_timeout())
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_buf_size(MAX_READ_BUF_BYTES)
+        .keep_alive(true)
+        .serve_connection(io, svc);
+    let _ = watcher.watch(conn).await;
+}
+
+/// Logs (rate-limited), counts, and steps down when accepting has failed for too long.
+fn on_accept_error(app: &Arc<HttpApp>, health: &mut AcceptHealth, e: &std::io::Error) {
+    metrics::counter!(m::HTTP_ACCEPT_FAILURES).increment(1);
+    let verdict = health.failed(Instant::now());
+    if let Some(suppressed) = verdict.log_suppressed {
+        tracing::warn!(error = %e, suppressed, "accept failed");
+    }
+    if verdict.step_down && app.shared.is_leading() {
+        let failing_ms = verdict.failing_for.as_millis();
+        tracing::error!(error = %e, failing_ms, "cannot accept client connections: stepping down");
+        metrics::counter!(m::HTTP_UNSERVICEABLE_STEPDOWNS).increment(1);
+        app.trace.step(
+            "http",
+            "unserviceable-stepdown",
+            app.shared.token(),
+            &format!("accept failing for {failing_ms} ms: {e}"),
+        );
+        let supervisor = app.supervisor.clone();
+        // Not awaited here: the accept loop keeps running (and recovering) meanwhile.
+        tokio::spawn(async move {
+            let _ = supervisor
+                .call(
+                    |reply| SupervisorMsg::StepDown {
+                        successor: None,
+                        reply,
+                    },
+                    Some(Duration::from_secs(30)),
+                )
+                .await;
+        });
+    }
+}
+
+/// How the accept loop is doing: since when it fails, and when it last logged.
+#[derive(Debug)]
+struct AcceptHealth {
+    stepdown_after: Duration,
+    failing_since: Option<Instant>,
+    last_log: Option<Instant>,
+    suppressed: u64,
+}
+
+/// What to do about one failed accept.
+#[derive(Debug, PartialEq, Eq)]
+struct AcceptVerdict {
+    /// Log now, mentioning this many failures not logged since the last line.
+    log_suppressed: Option<u64>,
+    step_down: bool,
+    failing_for: Duration,
+}
+
+impl AcceptHealth {
+    fn new(stepdown_after: Duration) -> AcceptHealth {
+        AcceptHealth {
+            stepdown_after,
+            failing_since: None,
+            last_log: None,
+            suppressed: 0,
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.failing_since = None;
+    }
+
+    fn failed(&mut self, now: Instant) -> AcceptVerdict {
+        let since = *self.failing_since.get_or_insert(now);
+        let failing_for = now.saturating_duration_since(since);
+        let log_due = self
+            .last_log
+            .is_none_or(|t| now.saturating_duration_since(t) >= ACCEPT_LOG_INTERVAL);
+        let log_suppressed = if log_due {
+            self.last_log = Some(now);
+            Some(std::mem::take(&mut self.suppressed))
+        } else {
+            self.suppressed += 1;
+            None
+        };
+        let step_down = failing_for >= self.stepdown_after;
+        if step_down {
+            // Start the clock again: a node re-elected while still failing waits a whole bound
+            // before it steps down again, instead of on every failed accept.
+            self.failing_since = Some(now);
+        }
+        AcceptVerdict {
+            log_suppressed,
+            step_down,
+            failing_for,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_stays_below_half_the_descriptor_limit() {
+        assert_eq!(connection_cap(1024, 1024), 512);
+        assert_eq!(connection_cap(100, 1024), 100);
+        assert_eq!(connection_cap(1024, 1_048_576), 1024);
+        assert_eq!(connection_cap(1024, 1), 1);
+    }
+
+    #[test]
+    fn refusal_is_a_complete_http_response() {
+        let text = std::str::from_utf8(REFUSAL_503).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(body.len(), len);
+    }
+
+    #[test]
+    fn accept_failures_log_sparingly_and_step_down_after_the_bound() {
+        let t0 = Instant::now();
+        let mut h = AcceptHealth::new(Duration::from_secs(5));
+        let v = h.failed(t0);
+        assert_eq!(v.log_suppressed, Some(0));
+        assert!(!v.step_down);
+        // 50 ms apart, as the loop retries: one log line per interval, not one per failure.
+        let mut logged = 0;
+        for i in 1..100u32 {
+            let v = h.failed(t0 + Duration::from_millis(50) * i);
+            logged += u32::from(v.log_suppressed.is_some());
+            assert_eq!(v.step_down, 50 * i >= 5000, "at {} ms", 50 * i);
+        }
+        assert_eq!(logged, 0, "no second line within the log interval");
+        let v = h.failed(t0 + Duration::from_secs(5));
+        assert_eq!(v.log_suppressed, Some(99));
+        assert!(v.step_down);
+        // The clock restarted after the step-down decision.
+        assert!(!h.failed(t0 + Duration::from_millis(5050)).step_down);
+    }
+
+    #[test]
+    fn one_good_accept_resets_the_clock() {
+        let t0 = Instant::now();
+        let mut h = AcceptHealth::new(Duration::from_secs(5));
+        h.failed(t0);
+        h.succeeded();
+        assert!(!h.failed(t0 + Duration::from_secs(6)).step_down);
+        assert!(h.failed(t0 + Duration::from_secs(11)).step_down);
+    }
 }

@@ -1,16 +1,18 @@
 //! Request routing and the handlers. Every refusal is a precise status with a JSON body
 //! `{"error": "...", ...}`, and a refused request changes nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::slots::ConnState;
 use super::HttpApp;
 use crate::actors::supervisor::{StepDownError, SupervisorMsg};
 use crate::metrics as m;
@@ -18,8 +20,6 @@ use crate::work::sequencer::{NextCallError, NextError};
 
 /// Header naming the leader's HTTP address on a 409.
 pub const LEADER_HEADER: &str = "x-baton-leader";
-/// Largest request body any route accepts.
-const MAX_BODY_BYTES: usize = 1024;
 const NEXT_TIMEOUT: Duration = Duration::from_secs(5);
 
 type Resp = Response<Full<Bytes>>;
@@ -47,7 +47,35 @@ fn method_not_allowed(allow: &'static str) -> Resp {
     r
 }
 
-pub(super) async fn route(app: &HttpApp, req: Request<Incoming>) -> Resp {
+/// [`route`] within the per-request bound: a handler that overruns it answers 503 and the
+/// connection closes, so no request holds its slot longer than `request_timeout_ms`.
+pub(super) async fn bounded_route(
+    app: &HttpApp,
+    conn: &Arc<ConnState>,
+    req: Request<Incoming>,
+) -> Resp {
+    match tokio::time::timeout(app.limits.request_timeout(), route(app, conn, req)).await {
+        Ok(r) => r,
+        Err(_) => closing(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "request_timeout",
+            format!(
+                "no answer within {} ms",
+                app.limits.request_timeout().as_millis()
+            ),
+        )),
+    }
+}
+
+/// Asks hyper to close the connection after this response (its request was not fully read, or
+/// the client was too slow to keep).
+fn closing(mut r: Resp) -> Resp {
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+async fn route(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_owned();
     match (path.as_str(), req.method()) {
         ("/status", &Method::GET) => status(app),
@@ -56,9 +84,9 @@ pub(super) async fn route(app: &HttpApp, req: Request<Incoming>) -> Resp {
         ("/healthz", _) => method_not_allowed("GET"),
         ("/metrics", &Method::GET) => metrics(app),
         ("/metrics", _) => method_not_allowed("GET"),
-        ("/next", &Method::POST) => next(app, req).await,
+        ("/next", &Method::POST) => next(app, conn, req).await,
         ("/next", _) => method_not_allowed("POST"),
-        ("/stepdown", &Method::POST) => stepdown(app, req).await,
+        ("/stepdown", &Method::POST) => stepdown(app, conn, req).await,
         ("/stepdown", _) => method_not_allowed("POST"),
         // Raft peer RPC is never served here: it has its own authenticated listener
         // (src/backends/raft/server.rs), so `/peer/*` is a plain 404 on the client port.
@@ -120,30 +148,48 @@ async fn collect_limited(body: Incoming, limit: usize) -> Result<Bytes, Resp> {
     }
 }
 
-/// Reads a small body: 413 past the limit, 415 unless JSON, 400 unless it parses. An empty body
-/// is `T::default()`.
+/// [`collect_limited`] within the body-read bound: a client that trickles its body, or sends
+/// fewer bytes than its Content-Length, gets 408 and the connection closes.
+async fn collect_client_body(app: &HttpApp, body: Incoming) -> Result<Bytes, Resp> {
+    let limit = app.limits.max_body_bytes;
+    let bound = app.limits.body_read_timeout();
+    match tokio::time::timeout(bound, collect_limited(body, limit)).await {
+        // A refused body was not read to its end: the connection cannot carry another request.
+        Ok(r) => r.map_err(closing),
+        Err(_) => Err(closing(error(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!("request body not received within {} ms", bound.as_millis()),
+        ))),
+    }
+}
+
+/// Reads a small body: 413 past the limit, 408 if it is slower than the body bound, 415 unless
+/// JSON, 400 unless it parses. An empty body is `T::default()`.
 async fn read_json<T: for<'de> Deserialize<'de> + Default>(
+    app: &HttpApp,
     req: Request<Incoming>,
 ) -> Result<T, Resp> {
+    let limit = app.limits.max_body_bytes;
     if let Some(len) = req
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
     {
-        if len > MAX_BODY_BYTES as u64 {
-            return Err(error(
+        if len > limit as u64 {
+            return Err(closing(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
-                format!("body over {MAX_BODY_BYTES} bytes"),
-            ));
+                format!("body over {limit} bytes"),
+            )));
         }
     }
     let content_type = req
         .headers()
         .get(CONTENT_TYPE)
         .map(|v| v.to_str().unwrap_or("?").to_owned());
-    let body = collect_limited(req.into_body(), MAX_BODY_BYTES).await?;
+    let body = collect_client_body(app, req.into_body()).await?;
     if body.is_empty() {
         return Ok(T::default());
     }
@@ -222,7 +268,7 @@ fn not_leader(app: &HttpApp) -> Resp {
     }
 }
 
-async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
+async fn next(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     let mut n: Option<u32> = None;
     match query_pairs(&req, &["n"]) {
         Ok(pairs) => {
@@ -241,10 +287,12 @@ async fn next(app: &HttpApp, req: Request<Incoming>) -> Resp {
         }
         Err(r) => return r,
     }
-    let body: NextBody = match read_json(req).await {
+    let body: NextBody = match read_json(app, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
+    // The whole request is in: from here this connection is not a candidate for eviction.
+    let _serving = conn.serving();
     if let (Some(q), Some(b)) = (n, body.n) {
         if q != b {
             return error(
@@ -306,25 +354,45 @@ struct StepDownBody {
     to: Option<String>,
 }
 
-async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
-    if let Some(want) = &app.admin_token {
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(want.as_str()) {
-            let mut r = error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "POST /stepdown needs the admin bearer token",
-            );
-            r.headers_mut().insert(
-                hyper::header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
-            return r;
-        }
+/// Equal-length comparison whose time does not depend on where the inputs differ, so the token
+/// cannot be guessed byte by byte from response times (only its length can leak).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// 401 without credentials, 403 with wrong ones; `None` when the request may proceed.
+fn check_admin(app: &HttpApp, req: &Request<Incoming>) -> Option<Resp> {
+    let want = app.admin_token.as_ref()?;
+    let Some(given) = req.headers().get(AUTHORIZATION) else {
+        let mut r = error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "POST /stepdown needs the admin bearer token",
+        );
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        );
+        return Some(r);
+    };
+    let token = given.as_bytes().strip_prefix(b"Bearer ").unwrap_or(b"");
+    if constant_time_eq(token, want.expose().as_bytes()) {
+        None
+    } else {
+        Some(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "the admin bearer token is wrong",
+        ))
+    }
+}
+
+async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
+    if let Some(refusal) = check_admin(app, &req) {
+        return refusal;
     }
     let mut to: Option<String> = None;
     match query_pairs(&req, &["to"]) {
@@ -338,10 +406,11 @@ async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
         }
         Err(r) => return r,
     }
-    let body: StepDownBody = match read_json(req).await {
+    let body: StepDownBody = match read_json(app, req).await {
         Ok(b) => b,
         Err(r) => return r,
     };
+    let _serving = conn.serving();
     let successor = to.or(body.to);
     if let Some(s) = &successor {
         if s == app.shared.node_id() {
@@ -377,5 +446,19 @@ async fn stepdown(app: &HttpApp, req: Request<Incoming>) -> Resp {
             "node_stopping",
             "the supervisor is not running",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn constant_time_eq_compares_whole_values() {
+        assert!(constant_time_eq(b"abcdef", b"abcdef"));
+        assert!(!constant_time_eq(b"abcdef", b"abcdeg"));
+        assert!(!constant_time_eq(b"abcdef", b"abcde"));
+        assert!(!constant_time_eq(b"", b"a"));
+        assert!(constant_time_eq(b"", b""));
     }
 }

@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Runtime, Timeouts};
+use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
 use tokio_postgres::NoTls;
 
 use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
+use crate::pg::{create_pool, error_chain};
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
@@ -72,13 +73,18 @@ impl From<tokio_postgres::Error> for FenceError {
             }
             return FenceError::Unavailable(format!("{}: {}", db.code().code(), db.message()));
         }
-        FenceError::Unavailable(e.to_string())
+        FenceError::Unavailable(error_chain(&e))
     }
 }
 
 impl From<deadpool_postgres::PoolError> for FenceError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        FenceError::Unavailable(e.to_string())
+        match e {
+            // The server's own reason (e.g. a refused plain-text or unverified connection), not
+            // the pool's "db error".
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            e => FenceError::Unavailable(e.to_string()),
+        }
     }
 }
 
@@ -113,7 +119,12 @@ impl Verdict {
     /// The resource's reason, or the token rule's when the function does not name one.
     fn reason(&self, token: FenceToken) -> String {
         self.reason.clone().unwrap_or_else(|| {
-            if token.0 < self.max_token { "stale-token" } else { "holder-mismatch" }.to_owned()
+            if token.0 < self.max_token {
+                "stale-token"
+            } else {
+                "holder-mismatch"
+            }
+            .to_owned()
         })
     }
 }
@@ -135,9 +146,7 @@ impl Fence {
             },
             ..PoolSize::default()
         });
-        let pool = pc
-            .create_pool(Some(Runtime::Tokio1), NoTls)
-            .map_err(|e| FenceError::Unavailable(e.to_string()))?;
+        let pool = create_pool(pc, cfg.tls_ca_file.as_deref()).map_err(FenceError::Unavailable)?;
         Ok(Fence {
             pool,
             holder: holder.to_owned(),

@@ -5,6 +5,7 @@
 //! A user's own singleton job plugs in the same way: implement [`LeaderWork`], spawn your actor
 //! linked to `ctx.supervisor`, and send every protected write through `ctx.fence` with `ctx.token`.
 
+pub mod child;
 pub mod fence;
 pub mod job;
 pub(crate) mod scheduler;
@@ -16,6 +17,7 @@ use async_trait::async_trait;
 use ractor::ActorCell;
 
 use crate::backends::FenceToken;
+use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
 pub use fence::{Fence, FenceError, FencedTransaction};
 pub use job::Term;
@@ -33,6 +35,8 @@ pub struct WorkContext {
     pub trace: ActorTrace,
     /// Link the work's actor to this cell so the supervisor hears when it dies.
     pub supervisor: ActorCell,
+    /// The node's view of its term (e.g. [`Leadership::last_deadline`], the watchdog's deadline).
+    pub leadership: std::sync::Arc<Leadership>,
 }
 
 /// Why a piece of leader work could not start or checkpoint.
@@ -67,6 +71,12 @@ pub trait LeaderWork: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Starts the work for one term. Called only with a token in hand.
     async fn start(&self, ctx: WorkContext) -> Result<Box<dyn RunningWork>, WorkError>;
+    /// The longest this work may need to checkpoint and stop, if it knows (an external program:
+    /// its stop timeout plus the kill). A node refuses to start when its `work_stop_timeout_ms`
+    /// is shorter, because the supervisor would otherwise give up on the work before it stopped.
+    fn stop_bound(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// One running term of a [`LeaderWork`].

@@ -310,7 +310,7 @@ async fn run_trials(
     )));
     let db = connect_admin(state).await?;
     // The step-down call returns once the old leader has released (bounded by the node at 30 s).
-    let admin = NodeClient::new(Duration::from_secs(40));
+    let admin = state.admin_client(Duration::from_secs(40));
 
     let first = wait_served(&mut rx, timeout, |_| true)
         .await

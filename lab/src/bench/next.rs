@@ -65,6 +65,11 @@ pub struct NextArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// A reproducible neighbour for the measured window: `stress-ng --cpu 2 --cpu-load P` (P % of
+    /// each of 2 CPU workers, so about P % of this 2-core machine), started after the warm-up
+    /// and stopped with the load. 0 = none.
+    #[arg(long, default_value_t = 0)]
+    pub neighbour_cpu_percent: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -73,10 +78,15 @@ pub struct SideReport {
     pub seconds: f64,
     pub ids_per_s: f64,
     pub errors: u64,
+    /// Latency from each request's *scheduled* time (open loop: queueing anywhere shows here).
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub max_ms: f64,
+    /// From the request's actual send to its answer (the server's share, without the load
+    /// generator's own queueing); absent for the closed-loop baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_p99_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -91,6 +101,12 @@ pub struct NextReport {
     pub mean_batch_ids: f64,
     pub max_batch_ids: i64,
     pub ledger_violations: Option<i64>,
+    /// New terms that claimed the resource during the measured window (0 = no leadership
+    /// change), and every token that wrote in it.
+    pub leadership_changes: i64,
+    pub tokens: Vec<i64>,
+    /// `stress-ng --cpu 2 --cpu-load N` beside the measured window (0 = none).
+    pub neighbour_cpu_percent: u32,
     pub config: serde_json::Value,
     pub machine: serde_json::Value,
 }
@@ -140,7 +156,10 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         "baton: POST /next at {} IDs/s offered, {} connections, {} ms",
         args.rate, args.connections, args.duration
     );
-    let report = load::run(spec(args.duration)).await?;
+    let neighbour = Neighbour::start(args.neighbour_cpu_percent)?;
+    let report = load::run(spec(args.duration)).await;
+    drop(neighbour);
+    let report = report?;
     let s = report.summary();
     println!("{}", report.render());
     let baton = SideReport {
@@ -152,7 +171,16 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         p99_ms: s.latency_ms.p99,
         p999_ms: s.latency_ms.p999,
         max_ms: s.latency_ms.max,
+        service_p99_ms: Some(s.service_ms.p99),
     };
+    let terms = db
+        .query_one(
+            "SELECT count(*) FILTER (WHERE op = 'claim'), coalesce(array_agg(DISTINCT token), '{}')
+               FROM baton.fence_log WHERE pos > $1",
+            &[&pos_before],
+        )
+        .await?;
+    let (leadership_changes, tokens): (i64, Vec<i64>) = (terms.get(0), terms.get(1));
     let batches = db
         .query_one(
             "SELECT count(*), coalesce(avg(seq_hi - seq_lo + 1), 0)::float8, coalesce(max(seq_hi - seq_lo + 1), 0)
@@ -183,6 +211,10 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         baseline.ids_per_s, baseline.p50_ms, baseline.p99_ms, baseline.p999_ms, baseline.errors, args.baseline_connections
     );
     println!(
+        "service p99 {:.2} ms; leadership changes during the run {leadership_changes} (tokens {tokens:?}); neighbour {}% CPU",
+        s.service_ms.p99, args.neighbour_cpu_percent
+    );
+    println!(
         "ratio {:.1}x; group commits {} (mean {:.1} IDs, max {}); ledger violations {:?}",
         ratio,
         batches.get::<_, i64>(0),
@@ -201,6 +233,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         mean_batch_ids: batches.get(1),
         max_batch_ids: batches.get(2),
         ledger_violations: violations,
+        leadership_changes,
+        tokens,
+        neighbour_cpu_percent: args.neighbour_cpu_percent,
         config: redacted_config(state),
         machine: machine_info(),
     })
@@ -249,6 +284,7 @@ async fn baseline(
             .url_as(&baton::work::fence::node_role(&holder), "127.0.0.1"),
         pool_size: args.baseline_connections,
         statement_timeout_ms: 5000,
+        tls_ca_file: None,
     };
     let fence = Fence::new(&cfg, &holder).context("baseline pool")?;
     let until = Instant::now() + Duration::from_millis(args.baseline_duration);
@@ -293,5 +329,45 @@ async fn baseline(
         p99_ms: pct(0.99),
         p999_ms: pct(0.999),
         max_ms: hist.max() as f64 / 1000.0,
+        service_p99_ms: None,
     })
+}
+
+/// A `stress-ng` CPU neighbour, stopped (SIGKILL to its process group) when dropped.
+struct Neighbour(Option<std::process::Child>);
+
+impl Neighbour {
+    fn start(cpu_percent: u32) -> anyhow::Result<Neighbour> {
+        if cpu_percent == 0 {
+            return Ok(Neighbour(None));
+        }
+        anyhow::ensure!(
+            cpu_percent <= 100,
+            "--neighbour-cpu-percent {cpu_percent} > 100"
+        );
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new("stress-ng")
+            .args([
+                "--cpu",
+                "2",
+                "--cpu-load",
+                &cpu_percent.to_string(),
+                "--quiet",
+            ])
+            .process_group(0)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting stress-ng (Debian package stress-ng: scripts/ensure-deps.sh)")?;
+        Ok(Neighbour(Some(child)))
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            // SAFETY: kill(2) on our own child's process group; no memory is touched.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+        }
+    }
 }

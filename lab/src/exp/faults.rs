@@ -13,7 +13,6 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::spec::{FaultKind, FaultSpec};
-use crate::fleet::client::NodeClient;
 use crate::fleet::servers::pid_alive;
 use crate::fleet::{self, FleetState};
 use baton::clock::monotonic_ns;
@@ -270,7 +269,7 @@ pub async fn stepdown_leader_to(
     pick: Option<u64>,
 ) -> anyhow::Result<FaultRecord> {
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let client = NodeClient::new(Duration::from_secs(40));
+    let client = snapshot.admin_client(Duration::from_secs(40));
     for _ in 0..5 {
         let (node, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
         let leader = snapshot.node(&node)?.clone();

@@ -34,8 +34,9 @@ pub struct FleetNode {
     pub log: PathBuf,
 }
 
-/// Writes a file only its owner can read: node configs carry the cluster secret.
-pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+/// Writes a file only its owner can read: node configs and fleet.json carry secrets (the
+/// cluster secret, the admin token, database passwords).
+pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = fs::OpenOptions::new()
@@ -44,14 +45,13 @@ pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
         .truncate(true)
         .mode(0o600)
         .open(path)?;
-    f.write_all(text.as_bytes())
+    f.write_all(contents.as_ref())
 }
 
 /// A fresh cluster secret for one raft fleet: 32 random bytes, hex. Every node's TOML carries it
 /// (written 0600), so `baton node --config ...` and every other command keep working.
 fn generate_cluster_secret() -> baton::config::Secret {
-    let bytes: [u8; 32] = rand::random();
-    baton::config::Secret::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    baton::config::Secret::new(random_hex(32))
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -71,6 +71,10 @@ pub struct FleetState {
     /// `fleet up --netns`: the bridge and per-node namespaces (`crate::chaos::netns`).
     #[serde(default)]
     pub netns: Option<crate::chaos::netns::NetnsFleet>,
+    /// The admin token `fleet up` generated for every node of this fleet (`POST /stepdown`).
+    /// The file holding it is private to its owner (0600), like the node configs.
+    #[serde(default)]
+    pub admin_token: Option<String>,
 }
 
 /// What `baton fleet up` was asked for.
@@ -101,7 +105,7 @@ impl FleetState {
     pub fn save(&self) -> anyhow::Result<()> {
         let path = self.dir.join(STATE_FILE);
         let tmp = path.with_extension("json.tmp");
-        fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        write_private(&tmp, &serde_json::to_vec_pretty(self)?)?;
         fs::rename(&tmp, &path)?;
         // Prometheus file-based discovery (config/prometheus.yml reads it).
         let targets = serde_json::json!([{
@@ -113,6 +117,11 @@ impl FleetState {
             serde_json::to_vec_pretty(&targets)?,
         )?;
         Ok(())
+    }
+
+    /// A node client that authenticates to this fleet's admin routes.
+    pub fn admin_client(&self, timeout: Duration) -> client::NodeClient {
+        client::NodeClient::new(timeout).with_admin_token(self.admin_token.as_deref())
     }
 
     pub fn node(&self, id: &str) -> anyhow::Result<&FleetNode> {
@@ -218,6 +227,19 @@ impl FleetState {
             }
         }
     }
+}
+
+/// A fresh admin token for a fleet: 32 random bytes, hex.
+pub fn generate_admin_token() -> String {
+    random_hex(32)
+}
+
+/// `n` random bytes from the OS, hex: every secret the lab generates.
+pub fn random_hex(n: usize) -> String {
+    use rand::RngCore;
+    let mut bytes = vec![0u8; n];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Starts the servers the backend needs, migrates the resource, and starts the nodes.
@@ -349,6 +371,8 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         Vec::new()
     };
     let cluster_secret = generate_cluster_secret();
+    // One per fleet, kept in fleet.json for the fleet's own tools (stepdown, chaos, bench, exp).
+    let admin_token = generate_admin_token();
     let mut nodes = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let id = format!("n{}", i + 1);
@@ -361,6 +385,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         cfg.state_dir = node_dir.clone();
         // Each node writes as its own database role, so the fence's holder is who logged in.
         cfg.resource.database_url = postgres.node_role_url(&id).await?;
+        cfg.admin_token = Some(admin_token.clone().into());
         if let Some(e) = &etcd {
             cfg.etcd.endpoints = e.endpoints();
         }
@@ -423,6 +448,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         zk,
         nodes,
         netns: net.get().cloned(),
+        admin_token: Some(admin_token),
     };
     state.save()?;
     let ids: Vec<String> = state.nodes.iter().map(|n| n.id.clone()).collect();

@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::servers::{pid_alive, spawn_detached, stop_pid, ServerError};
+use super::servers::{pid_alive, spawn_detached, stop_pid, ServerError, ServerTls};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RedisServer {
     pub port: u16,
     pub root: PathBuf,
     pub pid: u32,
+    /// Set when `port` speaks TLS only (see [`RedisServer::start_tls`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTls>,
 }
 
 fn redis_binary() -> Result<PathBuf, ServerError> {
@@ -39,8 +42,14 @@ fn redis_binary() -> Result<PathBuf, ServerError> {
 }
 
 impl RedisServer {
+    /// `redis://`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     pub fn log(&self) -> PathBuf {
@@ -50,10 +59,26 @@ impl RedisServer {
     /// Starts `redis-server` on `127.0.0.1:port` with no persistence; waits until it answers PING.
     pub fn start(root: &Path, port: u16) -> Result<RedisServer, ServerError> {
         fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
+        RedisServer::start_with(root, port, None)
+    }
+
+    /// [`RedisServer::start`] speaking TLS only on `port`, with `tls`'s certificate; clients
+    /// are not asked for certificates (`--tls-auth-clients no`).
+    pub fn start_tls(root: &Path, port: u16, tls: &ServerTls) -> Result<RedisServer, ServerError> {
+        RedisServer::start_with(root, port, Some(tls.clone()))
+    }
+
+    fn start_with(
+        root: &Path,
+        port: u16,
+        tls: Option<ServerTls>,
+    ) -> Result<RedisServer, ServerError> {
+        fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
         let mut server = RedisServer {
             port,
             root: root.to_owned(),
             pid: 0,
+            tls,
         };
         server.spawn()?;
         Ok(server)
@@ -61,9 +86,23 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), ServerError> {
         let mut cmd = Command::new(redis_binary()?);
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"])
+        match &self.tls {
+            None => {
+                cmd.arg("--port").arg(self.port.to_string());
+            }
+            Some(tls) => {
+                cmd.args(["--port", "0", "--tls-port"])
+                    .arg(self.port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert_file)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key_file)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca_file)
+                    .args(["--tls-auth-clients", "no"]);
+            }
+        }
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .args(["--daemonize", "no"])
@@ -80,10 +119,19 @@ impl RedisServer {
         self.command(b"PING\r\n", b"+PONG")
     }
 
+    /// Plain servers: answers PING. TLS servers: accepts TCP (our PING would need a TLS client).
+    fn ready(&self) -> bool {
+        if self.tls.is_none() {
+            return self.ping();
+        }
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+    }
+
     fn wait_ready(&self, within: Duration) -> Result<(), ServerError> {
         let until = Instant::now() + within;
         loop {
-            if self.ping() {
+            if self.ready() {
                 return Ok(());
             }
             if !pid_alive(self.pid) || Instant::now() > until {

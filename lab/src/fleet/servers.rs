@@ -197,6 +197,24 @@ const SUPERUSER: &str = "postgres";
 /// What nodes connect as (created by the migrations too; here it gets its password).
 const APP_ROLE: &str = "baton_app";
 
+/// A server certificate and key (PEM files) for a private server to serve TLS with, and the CA
+/// that issued it (what our own readiness probes trust).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+/// The pg_hba.conf head of a TLS server: the superuser may still connect in plain text from
+/// loopback (our admin tooling: psql, migrations, role provisioning), every other role only
+/// over TLS. First match wins, so these go before initdb's lines.
+const HBA_TLS_HEAD: &str = "# baton: TLS required for every role but the superuser
+host    all postgres 127.0.0.1/32 scram-sha-256
+hostssl all all      127.0.0.1/32 scram-sha-256
+host    all all      127.0.0.1/32 reject
+";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PgServer {
     pub port: u16,
@@ -246,14 +264,12 @@ impl PgServer {
     /// `role`'s password: generated (24 random bytes, hex, 0600 under `secrets/`) the first
     /// time, then the same one. The role itself is created elsewhere.
     pub fn make_password(&self, role: &str) -> Result<String, ServerError> {
-        use rand::Rng;
         let dir = self.root.join("secrets");
         fs::create_dir_all(&dir).map_err(|e| ServerError::Io("secrets dir".into(), e))?;
         let path = dir.join(role);
         if !path.exists() {
-            let bytes: [u8; 24] = rand::thread_rng().gen();
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            fs::write(&path, hex).map_err(|e| ServerError::Io(path.display().to_string(), e))?;
+            fs::write(&path, super::random_hex(24))
+                .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o600))
                 .map_err(|e| ServerError::Io(path.display().to_string(), e))?;
         }
@@ -309,6 +325,21 @@ impl PgServer {
         root: &Path,
         port: u16,
         extra_listen: &[std::net::IpAddr],
+    ) -> Result<PgServer, ServerError> {
+        PgServer::start_inner(root, port, extra_listen, None)
+    }
+
+    /// [`PgServer::start`] with `ssl = on`, serving `tls`'s certificate; every role but the
+    /// superuser must then connect over TLS (`hostssl`, see [`HBA_TLS_HEAD`]).
+    pub fn start_tls(root: &Path, port: u16, tls: &ServerTls) -> Result<PgServer, ServerError> {
+        PgServer::start_inner(root, port, &[], Some(tls))
+    }
+
+    fn start_inner(
+        root: &Path,
+        port: u16,
+        extra_listen: &[std::net::IpAddr],
+        tls: Option<&ServerTls>,
     ) -> Result<PgServer, ServerError> {
         let pg = PgServer {
             port,
@@ -367,11 +398,14 @@ impl PgServer {
                 fs::write(&hba, format!("{cur}\n{line}\n")).map_err(io("pg_hba.conf"))?;
             }
         }
-        let conf = format!(
+        let mut conf = format!(
             "listen_addresses = '{}'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 200\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
             listen.join(","),
             root.join("sock").display()
         );
+        if let Some(tls) = tls {
+            conf.push_str(&pg.install_tls(tls)?);
+        }
         fs::write(pg.data_dir().join("postgresql.auto.conf"), conf)
             .map_err(io("postgresql.auto.conf"))?;
         chown_to_postgres(root)?;
@@ -410,6 +444,31 @@ impl PgServer {
         })?;
         pg.make_login_roles()?;
         Ok(pg)
+    }
+
+    /// Copies `tls`'s files into the server's root (the server reads them as the postgres OS
+    /// user, and refuses a key readable by others: 0600), puts [`HBA_TLS_HEAD`] at the head of
+    /// pg_hba.conf once, and returns the postgresql.conf lines that turn TLS on.
+    fn install_tls(&self, tls: &ServerTls) -> Result<String, ServerError> {
+        let dir = self.root.join("tls");
+        let io = |what: String| move |e| ServerError::Io(what, e);
+        fs::create_dir_all(&dir).map_err(io(dir.display().to_string()))?;
+        let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+        fs::copy(&tls.cert_file, &cert).map_err(io(tls.cert_file.display().to_string()))?;
+        fs::copy(&tls.key_file, &key).map_err(io(tls.key_file.display().to_string()))?;
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600))
+            .map_err(io(key.display().to_string()))?;
+        // Owned by postgres with the rest of the root (chown -R before the server starts).
+        let hba = self.data_dir().join("pg_hba.conf");
+        let cur = fs::read_to_string(&hba).map_err(io("pg_hba.conf".into()))?;
+        if !cur.starts_with(HBA_TLS_HEAD) {
+            fs::write(&hba, format!("{HBA_TLS_HEAD}{cur}")).map_err(io("pg_hba.conf".into()))?;
+        }
+        Ok(format!(
+            "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            cert.display(),
+            key.display()
+        ))
     }
 
     /// Runs SQL with psql as the superuser; returns its unaligned output. The SQL goes in on
@@ -532,14 +591,37 @@ pub struct EtcdCluster {
     /// A `--netns` fleet's election address the client ports also listen on.
     #[serde(default)]
     pub extra_listen: Option<std::net::IpAddr>,
+    /// Set when the client ports speak TLS only (peers stay plain, on loopback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTls>,
 }
 
 impl EtcdCluster {
+    /// The members' client URLs (`https://` for a TLS cluster).
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{}://127.0.0.1:{}", self.client_scheme(), m.client_port))
             .collect()
+    }
+
+    fn client_scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// [`EtcdCluster::start`] with the client ports serving TLS only, with `tls`'s certificate.
+    pub fn start_tls(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+        tls: &ServerTls,
+    ) -> Result<EtcdCluster, ServerError> {
+        EtcdCluster::start_inner(root, n, heartbeat_ms, election_ms, None, Some(tls))
     }
 
     /// Starts an `n`-member cluster. etcd's minimum lease TTL is 1.5 × its election timeout, so
@@ -561,6 +643,17 @@ impl EtcdCluster {
         heartbeat_ms: u64,
         election_ms: u64,
         extra_listen: Option<std::net::IpAddr>,
+    ) -> Result<EtcdCluster, ServerError> {
+        EtcdCluster::start_inner(root, n, heartbeat_ms, election_ms, extra_listen, None)
+    }
+
+    fn start_inner(
+        root: &Path,
+        n: usize,
+        heartbeat_ms: u64,
+        election_ms: u64,
+        extra_listen: Option<std::net::IpAddr>,
+        tls: Option<&ServerTls>,
     ) -> Result<EtcdCluster, ServerError> {
         let etcd = which("etcd").ok_or(ServerError::Missing {
             what: "etcd (Debian package etcd-server)".into(),
@@ -590,6 +683,7 @@ impl EtcdCluster {
             election_ms,
             cluster_token: token,
             extra_listen,
+            tls: tls.cloned(),
         };
         for i in 0..n {
             cluster.spawn_member(&etcd, i)?;
@@ -605,7 +699,11 @@ impl EtcdCluster {
         })?;
         let until = Instant::now() + within;
         loop {
-            let ok = Command::new(&etcdctl)
+            let mut probe = Command::new(&etcdctl);
+            if let Some(tls) = &self.tls {
+                probe.arg("--cacert").arg(&tls.ca_file);
+            }
+            let ok = probe
                 .env("ETCDCTL_API", "3")
                 .arg("--endpoints")
                 .arg(self.endpoints().join(","))
@@ -638,6 +736,7 @@ impl EtcdCluster {
             .collect();
         let m = &self.members[i];
         let (cp, pp) = (m.client_port, m.peer_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         let mut cmd = Command::new(etcd);
         cmd.arg("--name")
             .arg(&m.name)
@@ -645,11 +744,11 @@ impl EtcdCluster {
             .arg(self.root.join(&m.name))
             .arg("--listen-client-urls")
             .arg(match self.extra_listen {
-                Some(ip) => format!("http://127.0.0.1:{cp},http://{ip}:{cp}"),
-                None => format!("http://127.0.0.1:{cp}"),
+                Some(ip) => format!("{scheme}://127.0.0.1:{cp},{scheme}://{ip}:{cp}"),
+                None => format!("{scheme}://127.0.0.1:{cp}"),
             })
             .arg("--advertise-client-urls")
-            .arg(format!("http://127.0.0.1:{cp}"))
+            .arg(format!("{scheme}://127.0.0.1:{cp}"))
             .arg("--listen-peer-urls")
             .arg(format!("http://127.0.0.1:{pp}"))
             .arg("--initial-advertise-peer-urls")
@@ -668,6 +767,12 @@ impl EtcdCluster {
             .arg("warn")
             .arg("--logger")
             .arg("zap");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert_file)
+                .arg("--key-file")
+                .arg(&tls.key_file);
+        }
         let log = self.root.join(format!("{}.log", m.name));
         self.members[i].pid = spawn_detached(&mut cmd, &log)?;
         Ok(())
@@ -719,5 +824,35 @@ impl EtcdCluster {
         for m in &self.members {
             stop_pid(m.pid, libc::SIGTERM, Duration::from_secs(5));
         }
+    }
+}
+
+/// A private PostgreSQL in its own temp dir, with the fence migrated (fencing on) and the
+/// pg-lease role provisioned: what a test of the library starts. Stopped, and its dir removed,
+/// on drop.
+pub struct ScratchPg {
+    /// The running server.
+    pub server: PgServer,
+    /// Its temp dir (the server lives in `pg/`; tests put node state beside it).
+    pub dir: tempfile::TempDir,
+}
+
+impl ScratchPg {
+    /// Starts, migrates and provisions it.
+    pub async fn start() -> anyhow::Result<ScratchPg> {
+        let dir = tempfile::tempdir()?;
+        let port = free_ports(1)?[0];
+        let root = dir.path().join("pg");
+        let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port)).await??;
+        let pg = ScratchPg { server, dir };
+        baton::work::fence::migrate(&pg.server.admin_url(), Some(true)).await?;
+        baton::backends::pg_lease::provision(&pg.server.admin_url()).await?;
+        Ok(pg)
+    }
+}
+
+impl Drop for ScratchPg {
+    fn drop(&mut self) {
+        self.server.stop();
     }
 }

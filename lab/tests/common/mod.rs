@@ -56,7 +56,7 @@ impl Fleet {
             dir_arg.as_str(),
         ];
         args.extend_from_slice(extra);
-        let fleet = Fleet {
+        let mut fleet = Fleet {
             dir,
             client: NodeClient::new(Duration::from_secs(3)),
         };
@@ -75,6 +75,7 @@ impl Fleet {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        fleet.client = fleet.state().admin_client(Duration::from_secs(3));
         fleet
     }
 
@@ -192,6 +193,35 @@ impl Drop for Fleet {
         let _ = Command::new(BATON)
             .args(["fleet", "down", "--dir", self.path().to_str().unwrap()])
             .output();
+    }
+}
+
+impl Fleet {
+    /// The lease time left that a healthy leader reports is the deadline its watchdog enforces:
+    /// within (0, TTL] on every read, also after renewals moved it (reads ~130 ms apart, across
+    /// several renew intervals). It once read 0 on every read of a healthy raft leader, because
+    /// the status copy of the deadline was set at election and never moved by renewals.
+    pub async fn assert_lease_left_within_ttl(&self, leader_addr: &str) {
+        let ttl_ms = baton::config::NodeConfig::from_file(&self.state().nodes[0].config)
+            .expect("node config")
+            .lease_ttl_ms;
+        for _ in 0..8 {
+            let reply = self
+                .client
+                .get(leader_addr, "/status")
+                .await
+                .expect("/status");
+            let status: serde_json::Value = serde_json::from_slice(&reply.body).expect("json");
+            assert_eq!(status["role"], "leader", "{status}");
+            let left = status["lease_ttl_remaining_ms"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("a leader reports its lease time left: {status}"));
+            assert!(
+                left > 0 && left <= ttl_ms,
+                "lease_ttl_remaining_ms {left} outside (0, {ttl_ms}]: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(130)).await;
+        }
     }
 }
 

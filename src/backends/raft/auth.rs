@@ -36,17 +36,22 @@ type HmacSha256 = Hmac<Sha256>;
 /// Why a peer request was refused. `reason()` is the metric label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
+    /// A header is absent (HTTP 401).
     #[error("missing peer authentication headers")]
     Missing,
+    /// The MAC does not match the request under the cluster secret (HTTP 403).
     #[error("peer request MAC does not verify")]
     BadMac,
+    /// The timestamp is further from this node's clock than the window (HTTP 403).
     #[error("peer request timestamp outside the accepted window")]
     Stale,
+    /// The sender is not in this node's peer list (HTTP 403).
     #[error("peer request from a node that is not a member")]
     UnknownSender,
 }
 
 impl AuthError {
+    /// The `reason` label of `baton_peer_auth_failures_total`.
     pub fn reason(self) -> &'static str {
         match self {
             AuthError::Missing => "missing",
@@ -60,8 +65,11 @@ impl AuthError {
 /// The three authentication headers of one request, as received.
 #[derive(Debug, Clone, Copy)]
 pub struct Credentials<'a> {
+    /// The sender's node id (`x-baton-peer-from`).
     pub from: &'a str,
+    /// Unix time of signing, ms (`x-baton-peer-ts`).
     pub ts_ms: &'a str,
+    /// HMAC-SHA256, hex (`x-baton-peer-mac`).
     pub mac_hex: &'a str,
 }
 
@@ -90,6 +98,7 @@ pub fn now_unix_ms() -> u64 {
 }
 
 impl PeerAuth {
+    /// Signs and verifies with `secret`; accepts timestamps within ±`window_ms` of this clock.
     pub fn new(secret: &[u8], window_ms: u64) -> PeerAuth {
         PeerAuth {
             key: secret.to_vec(),

@@ -49,6 +49,7 @@ pub struct PeerFaults {
 }
 
 impl PeerFaults {
+    /// The fault files of `node_id`, under `state_dir`.
     pub fn new(node_id: &str, state_dir: &Path) -> PeerFaults {
         PeerFaults {
             node_id: node_id.to_owned(),

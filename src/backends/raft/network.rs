@@ -1,6 +1,6 @@
 //! Raft transport over each node's own *peer listener* ([`super::server`], never the client
 //! port): `POST http://<peer_addr>/peer/<method>` with a serde_json body, signed with the cluster
-//! secret ([`super::auth`]), answered by [`RaftPeerRpc`] once the server has authenticated it.
+//! secret ([`super::auth`]), answered by `RaftPeerRpc` once the server has authenticated it.
 //!
 //! | method            | request                          | answer                      |
 //! | ----------------- | -------------------------------- | --------------------------- |
@@ -50,12 +50,16 @@ pub const PEER_METHODS: [&str; 5] = ["append", "vote", "pre_vote", "snapshot", "
 /// The highest term a peer message may carry: one more election must still fit an `i64` token.
 pub const MAX_TERM: u64 = (i64::MAX - 1) as u64;
 
+/// Why a peer request was not answered; the peer listener maps each to an HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerRpcError {
+    /// No such method (404); carries the method name.
     #[error("unknown peer method {0}")]
     UnknownMethod(String),
+    /// The body could not be decoded, or its term cannot be a token (400).
     #[error("bad peer request: {0}")]
     BadRequest(String),
+    /// Valid, but openraft failed to handle it (503).
     #[error("peer request failed: {0}")]
     Failed(String),
 }
@@ -66,6 +70,7 @@ pub(crate) struct SnapshotMsg {
     pub meta: SnapshotMeta,
 }
 
+/// openraft's network factory: one signed, fault-aware [`PeerConn`] per target member.
 #[derive(Clone)]
 pub struct NetworkFactory {
     client: PeerClient,
@@ -78,6 +83,7 @@ pub struct NetworkFactory {
 }
 
 impl NetworkFactory {
+    /// Connections from member `from` to its configured peers, signed with `auth`.
     pub fn new(
         from: &str,
         peers: PeerMap,

@@ -8,7 +8,7 @@
 //!    member (else **403**) — before the body is read;
 //! 3. the body read within [`Limits::body_timeout`] and [`Limits::max_body_bytes`] (else 408 / 413);
 //! 4. the MAC over method, path, sender, timestamp and body verifies (else **403**);
-//! 5. only then [`RaftPeerRpc::handle`] decodes it (and refuses terms that cannot be tokens).
+//! 5. only then `RaftPeerRpc::handle` decodes it (and refuses terms that cannot be tokens).
 //!
 //! A refusal is counted in `baton_peer_auth_failures_total{reason}` and logged at most once per
 //! [`WARN_EVERY_MS`]. Bounded resources: at most [`Limits::max_connections`] connections (the

@@ -317,6 +317,7 @@ pub struct StateMachine {
 }
 
 impl StateMachine {
+    /// Opens (creating if needed) the state machine's files in `dir`.
     pub fn open(dir: &Path) -> io::Result<StateMachine> {
         fs::create_dir_all(dir)?;
         let snapshot: Option<SnapshotMeta> = read_json(&dir.join("snapshot.json"))?;

@@ -19,14 +19,20 @@ openraft::declare_raft_types!(
         LeaderId = openraft::impls::leader_id_std::LeaderId<u64, u64>,
 );
 
+/// A log position (term, node, index) under baton's type config.
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
+/// A log entry (baton's log carries only blanks and membership).
 pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
+/// A vote: the term and whom this node voted for; the term is the fencing token.
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
+/// Membership as stored with the log id that set it.
 pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
+/// A snapshot's metadata: last applied log id and membership.
 pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
 /// Snapshot payload: empty. The state machine's whole state is the snapshot *meta* (last applied
 /// log id and membership), which travels next to it.
 pub type SnapshotData = Vec<u8>;
+/// A snapshot: its meta and the (empty) payload.
 pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
 
 /// The fleet's members with their raft ids. Ids come from the trailing digits of the node ids
@@ -39,6 +45,8 @@ pub struct PeerMap {
 }
 
 impl PeerMap {
+    /// Numbers the members (raft ids) from the configured peers; an error for an empty or
+    /// ambiguous list.
     pub fn new(peers: &[PeerSpec]) -> Result<PeerMap, String> {
         if peers.is_empty() {
             return Err("raft.peers is empty: list every member, this node included".into());
@@ -69,6 +77,7 @@ impl PeerMap {
         Ok(PeerMap { by_raft })
     }
 
+    /// The raft id of member `node_id`.
     pub fn raft_id(&self, node_id: &str) -> Option<u64> {
         self.by_raft
             .iter()
@@ -76,6 +85,7 @@ impl PeerMap {
             .map(|(id, _)| *id)
     }
 
+    /// The member with raft id `raft_id`.
     pub fn peer(&self, raft_id: u64) -> Option<&PeerSpec> {
         self.by_raft.get(&raft_id)
     }
@@ -88,14 +98,17 @@ impl PeerMap {
             .collect()
     }
 
+    /// How many members.
     pub fn len(&self) -> usize {
         self.by_raft.len()
     }
 
+    /// Whether there are no members.
     pub fn is_empty(&self) -> bool {
         self.by_raft.is_empty()
     }
 
+    /// Every member's raft id, ascending.
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_raft.keys().copied()
     }

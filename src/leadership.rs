@@ -22,6 +22,9 @@ struct TermView {
     lease_deadline: Option<Instant>,
     /// Set while leader work runs (from work-started to work-stopped).
     acting: Option<FenceToken>,
+    /// The last deadline the watchdog enforced, and for which term. Unlike `lease_deadline` it
+    /// outlives the term, so work that is still draining can compare its exit with it.
+    last_deadline: Option<(FenceToken, Instant)>,
 }
 
 /// This node's role as `/status` and the node handle report it.
@@ -119,6 +122,9 @@ impl Leadership {
         if let Ok(mut t) = self.term.write() {
             if t.token == Some(token) {
                 t.lease_deadline = deadline;
+                if let Some(d) = deadline {
+                    t.last_deadline = Some((token, d));
+                }
             }
         }
     }
@@ -128,6 +134,13 @@ impl Leadership {
         if let Ok(mut t) = self.term.write() {
             t.acting = token;
         }
+    }
+
+    /// The last deadline the watchdog enforced for the term `token` (moved by every renewal), also
+    /// after that term's demotion began: for audits of when draining work stopped.
+    pub fn last_deadline(&self, token: FenceToken) -> Option<Instant> {
+        let t = self.term.read().ok()?;
+        t.last_deadline.filter(|(t, _)| *t == token).map(|(_, d)| d)
     }
 
     /// Whether this node currently holds a term (the cheap check on the `/next` hot path).

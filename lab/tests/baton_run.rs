@@ -1,0 +1,740 @@
+//! `baton run -- CMD` against real servers: a private PostgreSQL (the fenced resource and, for
+//! pg-lease, the lease store) and `baton run` processes on loopback (raft: the nodes themselves).
+//!
+//! What is shown: the program runs only on the leader; after a kill -9 of the leader's baton, the
+//! new leader's program starts only after every process of the old one is gone (CLOCK_MONOTONIC
+//! on this machine, and the resource's own clock); a program that ignores SIGTERM is SIGKILLed at
+//! the stop timeout and a forking one leaves nothing behind; a watchdog demotion stops the program
+//! before the lease deadline by the configured margin; a paused leader's late write is fenced.
+//! Measured gaps are printed (`--nocapture`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use baton::backends::BackendKind;
+use baton::clock::monotonic_ns;
+use baton::config::{NodeConfig, PeerSpec, Secret};
+use baton::work::child::live_member;
+use baton_lab::fleet::client::NodeClient;
+use baton_lab::fleet::servers::{free_ports, PgServer, ScratchPg};
+use serde_json::Value;
+
+const BATON: &str = env!("CARGO_BIN_EXE_baton");
+const FENCED_CHILD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fenced_child.py");
+
+/// A private PostgreSQL with the fence migrated, pg-lease provisioned and the program's table.
+struct Pg {
+    /// Held for its Drop: the server stops with the test.
+    _scratch: ScratchPg,
+    server: PgServer,
+}
+
+impl Pg {
+    async fn start() -> Pg {
+        let scratch = ScratchPg::start()
+            .await
+            .expect("a private PostgreSQL, migrated");
+        let pg = Pg {
+            server: scratch.server.clone(),
+            _scratch: scratch,
+        };
+        pg.sql(
+            "CREATE TABLE jobtable (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, token BIGINT,
+                                    holder TEXT, n BIGINT, kind TEXT, at TIMESTAMPTZ DEFAULT clock_timestamp());
+             GRANT INSERT, SELECT ON jobtable TO baton_app;",
+        )
+        .await;
+        pg
+    }
+
+    /// Runs a query (or, ending in `;`, a batch) as the superuser.
+    async fn sql(&self, sql: &str) -> Vec<tokio_postgres::Row> {
+        let (client, conn) =
+            tokio_postgres::connect(&self.server.admin_url(), tokio_postgres::NoTls)
+                .await
+                .expect("connect as admin");
+        tokio::spawn(conn);
+        if sql.trim_end().ends_with(';') {
+            client.batch_execute(sql).await.expect(sql);
+            return Vec::new();
+        }
+        client.query(sql, &[]).await.expect(sql)
+    }
+
+    /// Tokens of the program's table in commit order.
+    async fn table_tokens(&self) -> Vec<i64> {
+        let rows = self.sql("SELECT token FROM jobtable ORDER BY id").await;
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
+    /// (last accepted write of `old`, first of `new`) by the resource's clock: the gap in ms.
+    async fn resource_gap_ms(&self, old: i64, new: i64) -> f64 {
+        let q = format!(
+            "SELECT EXTRACT(EPOCH FROM (SELECT min(committed_at) FROM baton.fence_log WHERE token = {new})
+                                      - (SELECT max(committed_at) FROM baton.fence_log WHERE token = {old}))::float8 * 1000"
+        );
+        self.sql(&q).await[0]
+            .get::<_, Option<f64>>(0)
+            .unwrap_or(f64::NAN)
+    }
+}
+
+/// One `baton run` process, stopped (SIGCONT, SIGTERM, then SIGKILL) on drop.
+struct RunNode {
+    id: String,
+    http: String,
+    state_dir: PathBuf,
+    log: PathBuf,
+    proc: Option<Child>,
+    /// After a kill -9 of this baton: when the test saw its program's group gone (its trace
+    /// cannot say: the node died first).
+    killed_gone_ns: Option<u64>,
+}
+
+impl RunNode {
+    fn pid(&self) -> i32 {
+        self.proc.as_ref().map(|p| p.id() as i32).unwrap_or(0)
+    }
+
+    /// The child lines of this node's actor trace.
+    fn child_steps(&self) -> Vec<Value> {
+        let text =
+            std::fs::read_to_string(self.state_dir.join("actor-trace.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["actor"] == "child")
+            .collect()
+    }
+
+    fn steps(&self, event: &str) -> Vec<Value> {
+        self.child_steps()
+            .into_iter()
+            .filter(|v| v["event"] == event)
+            .collect()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        // SAFETY: kill(2) on the process this test started.
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        if let Some(mut p) = self.proc.take() {
+            let _ = p.wait();
+        }
+    }
+}
+
+impl Drop for RunNode {
+    fn drop(&mut self) {
+        let Some(mut p) = self.proc.take() else {
+            return;
+        };
+        // SAFETY: signals to the process this test started.
+        unsafe {
+            libc::kill(p.id() as i32, libc::SIGCONT);
+            libc::kill(p.id() as i32, libc::SIGTERM);
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = p.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+}
+
+/// Timing for a fleet of `baton run` nodes.
+#[derive(Clone, Copy)]
+struct Timing {
+    lease_ttl_ms: u64,
+    renew_interval_ms: u64,
+    retry_interval_ms: u64,
+    stop_timeout_ms: u64,
+    child_stop_margin_ms: u64,
+    /// Raft only. Raft grants min(lease_ttl, election timeout min) (no new leader can be elected
+    /// sooner), so the margin for the program's stop must fit inside the election timeout.
+    election_timeout: &'static str,
+}
+
+const PG_LEASE: Timing = Timing {
+    lease_ttl_ms: 3000,
+    renew_interval_ms: 500,
+    retry_interval_ms: 100,
+    stop_timeout_ms: 1000,
+    child_stop_margin_ms: 1300,
+    election_timeout: "150-300",
+};
+
+/// The pause test: a stop timeout long enough that, on a loaded machine, the resumed program's
+/// in-flight and final writes (three psql runs) reach the resource before any SIGKILL.
+const PG_LEASE_SLOW_STOP: Timing = Timing {
+    lease_ttl_ms: 6000,
+    renew_interval_ms: 1000,
+    retry_interval_ms: 100,
+    stop_timeout_ms: 3000,
+    child_stop_margin_ms: 3300,
+    election_timeout: "150-300",
+};
+
+const RAFT: Timing = Timing {
+    lease_ttl_ms: 1500,
+    renew_interval_ms: 100,
+    retry_interval_ms: 50,
+    stop_timeout_ms: 500,
+    child_stop_margin_ms: 700,
+    election_timeout: "1500-3000",
+};
+
+/// Node configs for `n` members of `backend`, written under `dir`.
+fn configs(
+    pg: &Pg,
+    dir: &Path,
+    backend: BackendKind,
+    n: usize,
+    t: Timing,
+) -> Vec<(NodeConfig, PathBuf)> {
+    let ports = free_ports(n).unwrap();
+    let peer_ports = free_ports(n).unwrap();
+    let secret = Secret::new("test-cluster-secret-0123456789abcdef");
+    (0..n)
+        .map(|i| {
+            let mut c = NodeConfig {
+                node_id: format!("n{}", i + 1),
+                backend,
+                http_listen: format!("127.0.0.1:{}", ports[i]).parse().unwrap(),
+                lease_ttl_ms: t.lease_ttl_ms,
+                renew_interval_ms: t.renew_interval_ms,
+                retry_interval_ms: t.retry_interval_ms,
+                deadline_margin_ms: 20,
+                state_dir: dir.join(format!("n{}", i + 1)),
+                ..NodeConfig::default()
+            };
+            c.resource.database_url = pg.server.app_url();
+            c.pg_lease.database_url = pg.server.lease_url();
+            if backend == BackendKind::Raft {
+                c.election_timeout_ms = t.election_timeout.into();
+                c.raft.heartbeat_interval_ms = 50;
+                c.raft.peers = (0..n)
+                    .map(|j| PeerSpec {
+                        id: format!("n{}", j + 1),
+                        addr: format!("127.0.0.1:{}", ports[j]),
+                        peer_addr: format!("127.0.0.1:{}", peer_ports[j]),
+                    })
+                    .collect();
+                c.raft.peer_listen = Some(format!("127.0.0.1:{}", peer_ports[i]).parse().unwrap());
+                c.raft.cluster_secret = Some(secret.clone());
+            }
+            std::fs::create_dir_all(&c.state_dir).unwrap();
+            let path = dir.join(format!("n{}.toml", i + 1));
+            baton_lab::fleet::write_private(&path, &toml::to_string(&c).unwrap()).unwrap();
+            (c, path)
+        })
+        .collect()
+}
+
+/// Starts `baton run --config CFG <flags> -- <command>`; its stdout and stderr go to a log file.
+fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str]) -> RunNode {
+    let (c, path) = cfg;
+    let log = c.state_dir.join("run.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let proc = Command::new(BATON)
+        .arg("run")
+        .arg("--config")
+        .arg(path)
+        .args(["--stop-timeout", &format!("{}ms", t.stop_timeout_ms)])
+        .args([
+            "--child-stop-margin",
+            &format!("{}ms", t.child_stop_margin_ms),
+        ])
+        .args(flags)
+        .arg("--")
+        .args(command)
+        .env("RUST_LOG", "warn")
+        .env("FENCED_CHILD_INTERVAL_S", "0.1")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("start baton run");
+    RunNode {
+        id: c.node_id.clone(),
+        http: c.http_listen.to_string(),
+        state_dir: c.state_dir.clone(),
+        log,
+        proc: Some(proc),
+        killed_gone_ns: None,
+    }
+}
+
+async fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < until,
+            "timed out after {secs} s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The last 30 lines of a log.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// `key=value` from a trace line's detail.
+fn detail(v: &Value, key: &str) -> Option<i64> {
+    let d = v["detail"].as_str()?;
+    d.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|x| x.parse::<f64>().ok())
+        .map(|x| x as i64)
+}
+
+fn mono(v: &Value) -> u64 {
+    v["mono_ns"].as_u64().unwrap()
+}
+
+/// The newest program that runs now (a `child-started` not followed by `child-gone`, on a node
+/// not killed): (index, token, pid, started mono ns).
+fn running_child(nodes: &[RunNode]) -> Option<(usize, i64, i32, u64)> {
+    let running = nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.killed_gone_ns.is_none());
+    running
+        .filter_map(|(i, n)| {
+            let steps = n.child_steps();
+            let last = steps
+                .iter()
+                .rev()
+                .find(|v| v["event"] == "child-started" || v["event"] == "child-gone")?;
+            (last["event"] == "child-started").then(|| {
+                (
+                    i,
+                    last["token"].as_i64().unwrap(),
+                    detail(last, "pid").unwrap() as i32,
+                    mono(last),
+                )
+            })
+        })
+        .max_by_key(|(_, token, _, _)| *token)
+}
+
+/// Waits for a running program on any node with a token above `above`, and for its first row.
+async fn wait_leader_child(pg: &Pg, nodes: &[RunNode], above: i64) -> (usize, i64, i32, u64) {
+    let until = Instant::now() + Duration::from_secs(60);
+    let found = loop {
+        if let Some(f) = running_child(nodes).filter(|(_, t, _, _)| *t > above) {
+            break f;
+        }
+        if Instant::now() > until {
+            let logs: Vec<String> = nodes
+                .iter()
+                .map(|n| format!("== {}\n{}", n.id, tail(&n.log_text())))
+                .collect();
+            panic!(
+                "no program with a token above {above} within 60 s:\n{}",
+                logs.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let token = found.1;
+    let until = Instant::now() + Duration::from_secs(30);
+    while !pg.table_tokens().await.contains(&token) {
+        assert!(Instant::now() < until, "no row under token {token}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    found
+}
+
+/// Every program ever started ran on a leader: no two nodes' programs overlapped in time
+/// (CLOCK_MONOTONIC is machine-wide), and tokens went up.
+fn assert_no_overlap(nodes: &[RunNode]) {
+    let mut spans: Vec<(u64, u64, i64, String)> = Vec::new();
+    for n in nodes {
+        let steps = n.child_steps();
+        let mut open: Option<(u64, i64)> = None;
+        for v in &steps {
+            match v["event"].as_str() {
+                Some("child-started") => open = Some((mono(v), v["token"].as_i64().unwrap())),
+                Some("child-gone") => {
+                    if let Some((s, t)) = open.take() {
+                        spans.push((s, mono(v), t, n.id.clone()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some((s, t)) = open {
+            spans.push((s, n.killed_gone_ns.unwrap_or(u64::MAX), t, n.id.clone()));
+        }
+    }
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(
+            w[0].1 <= w[1].0 || w[0].3 == w[1].3,
+            "programs overlapped: {:?} and {:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+/// The program's table never shows an older token after a newer one.
+async fn assert_table_monotonic(pg: &Pg) {
+    let tokens = pg.table_tokens().await;
+    assert!(tokens.len() >= 2, "too few rows: {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "an older token after a newer one: {tokens:?}"
+    );
+}
+
+async fn metric(client: &NodeClient, node: &RunNode, name: &str) -> Option<f64> {
+    let r = client.get(&node.http, "/metrics").await.ok()?;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Kills the leader's baton with SIGKILL; returns (old token, ms until its whole group was gone,
+/// ms from then to the new program's start, ms between the two terms' writes at the resource).
+async fn kill9_handover(pg: &Pg, nodes: &mut [RunNode]) -> (i64, f64, f64, f64) {
+    let (i, token, pgid, _) = wait_leader_child(pg, nodes, 0).await;
+    let t_kill = monotonic_ns();
+    nodes[i].kill9();
+    let t_gone = wait_for("the old program's group to be gone", 10, || {
+        (!live_member(pgid)).then(monotonic_ns)
+    })
+    .await;
+    nodes[i].killed_gone_ns = Some(t_gone);
+    let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
+    assert!(
+        t_start > t_gone,
+        "the new program started before the old group was gone"
+    );
+    let resource_ms = pg.resource_gap_ms(token, new_token).await;
+    assert!(
+        resource_ms > 0.0,
+        "resource clock: new term wrote before the old one's last write"
+    );
+    (
+        token,
+        (t_gone - t_kill) as f64 / 1e6,
+        (t_start - t_gone) as f64 / 1e6,
+        resource_ms,
+    )
+}
+
+/// Graceful step-down of the leader: returns the gap (ms, CLOCK_MONOTONIC) between the old
+/// program's `child-gone` and the new program's `child-started`, and at the resource.
+async fn stepdown_handover(pg: &Pg, nodes: &[RunNode], client: &NodeClient) -> (f64, f64) {
+    let (i, token, pgid, _) = wait_leader_child(pg, nodes, 0).await;
+    let r = client
+        .post(&nodes[i].http, "/stepdown")
+        .await
+        .expect("POST /stepdown");
+    assert_eq!(
+        r.status.as_u16(),
+        200,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    // Step-down answers after release, so the group must already be gone.
+    assert!(
+        !live_member(pgid),
+        "stepdown answered while the program's group lived"
+    );
+    let gone = nodes[i]
+        .steps("child-gone")
+        .last()
+        .cloned()
+        .expect("child-gone traced");
+    assert_eq!(gone["token"].as_i64(), Some(token));
+    let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
+    assert!(
+        t_start > mono(&gone),
+        "new program started before the old one was gone"
+    );
+    let resource_ms = pg.resource_gap_ms(token, new_token).await;
+    ((t_start - mono(&gone)) as f64 / 1e6, resource_ms)
+}
+
+fn python_child() -> Vec<&'static str> {
+    vec!["python3", FENCED_CHILD]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_program_runs_only_on_the_leader_and_hands_over_after_it_is_gone() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::PgLease, 2, PG_LEASE);
+    let mut nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, PG_LEASE, &[], &python_child()))
+        .collect();
+    let client = NodeClient::new(Duration::from_secs(3));
+
+    let (i, token, pid, _) = wait_leader_child(&pg, &nodes, 0).await;
+    // Only the leader has ever started it, and its /metrics names the pid.
+    let other = 1 - i;
+    assert!(
+        nodes[other].steps("child-started").is_empty(),
+        "a follower started the program"
+    );
+    assert_eq!(
+        metric(&client, &nodes[i], "baton_child_pid").await,
+        Some(f64::from(pid))
+    );
+    assert_eq!(
+        metric(&client, &nodes[other], "baton_child_pid")
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
+
+    let (step_gap_ms, step_res_ms) = stepdown_handover(&pg, &nodes, &client).await;
+    let (_, dead_ms, kill_gap_ms, kill_res_ms) = kill9_handover(&pg, &mut nodes).await;
+    eprintln!(
+        "pg-lease: token {token}; step-down gap {step_gap_ms:.1} ms (resource {step_res_ms:.1} ms); \
+         kill -9: old group gone {dead_ms:.1} ms after the kill, new program {kill_gap_ms:.1} ms later \
+         (resource {kill_res_ms:.1} ms)"
+    );
+    assert!(dead_ms < 1000.0, "PDEATHSIG + sentinel took {dead_ms} ms");
+    assert_no_overlap(&nodes);
+    assert_table_monotonic(&pg).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_program_hands_over_after_it_is_gone_on_stepdown_and_kill9() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::Raft, 3, RAFT);
+    let mut nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, RAFT, &[], &python_child()))
+        .collect();
+    let client = NodeClient::new(Duration::from_secs(3));
+    let (step_gap_ms, step_res_ms) = stepdown_handover(&pg, &nodes, &client).await;
+    let (_, dead_ms, kill_gap_ms, kill_res_ms) = kill9_handover(&pg, &mut nodes).await;
+    eprintln!(
+        "raft: step-down gap {step_gap_ms:.1} ms (resource {step_res_ms:.1} ms); kill -9: old group \
+         gone {dead_ms:.1} ms after the kill, new program {kill_gap_ms:.1} ms later (resource {kill_res_ms:.1} ms)"
+    );
+    assert_no_overlap(&nodes);
+    assert_table_monotonic(&pg).await;
+}
+
+/// A program that ignores SIGTERM and forks: on step-down it is SIGKILLed at the stop timeout,
+/// and no process of its group is left when the step-down answers (the lease is released only
+/// then). With `--on-exit demote`, a program that exits on its own gives up the term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stubborn_forking_program_is_killed_at_the_bound_and_leaves_nothing() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::PgLease, 1, PG_LEASE);
+    let script = "trap '' TERM; sleep 1000 & sleep 1000 & (sleep 1000 & wait) & wait";
+    let nodes = vec![start(&cfgs[0], PG_LEASE, &[], &["sh", "-c", script])];
+    let client = NodeClient::new(Duration::from_secs(5));
+    let (_, token, pgid, _) = wait_for("the program", 60, || running_child(&nodes)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(live_member(pgid));
+    let r = client
+        .post(&nodes[0].http, "/stepdown")
+        .await
+        .expect("POST /stepdown");
+    assert_eq!(
+        r.status.as_u16(),
+        200,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        !live_member(pgid),
+        "a process of group {pgid} outlived the step-down"
+    );
+    let term = nodes[0]
+        .steps("child-term-sent")
+        .last()
+        .cloned()
+        .expect("SIGTERM traced");
+    let kill = nodes[0]
+        .steps("child-kill-sent")
+        .last()
+        .cloned()
+        .expect("SIGKILL traced");
+    let gone = nodes[0]
+        .steps("child-gone")
+        .last()
+        .cloned()
+        .expect("gone traced");
+    assert_eq!(gone["token"].as_i64(), Some(token));
+    let term_to_kill_ms = (mono(&kill) - mono(&term)) as f64 / 1e6;
+    let kill_to_gone_ms = (mono(&gone) - mono(&kill)) as f64 / 1e6;
+    eprintln!("stubborn program: SIGKILL {term_to_kill_ms:.1} ms after SIGTERM, group gone {kill_to_gone_ms:.1} ms later");
+    assert!(term_to_kill_ms >= PG_LEASE.stop_timeout_ms as f64);
+    assert!(term_to_kill_ms < PG_LEASE.stop_timeout_ms as f64 + 200.0);
+}
+
+/// `--on-exit restart`: a program that exits is restarted in the same term (same token), with
+/// the restart counted; `--on-exit demote`: it gives up the term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exiting_program_is_restarted_or_demotes_by_policy() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::PgLease, 2, PG_LEASE);
+    let client = NodeClient::new(Duration::from_secs(3));
+    let restart = start(
+        &cfgs[0],
+        PG_LEASE,
+        &["--restart-backoff", "100ms", "--restart-max", "100"],
+        &["sh", "-c", "echo run $BATON_TOKEN; sleep 0.3; exit 3"],
+    );
+    let nodes = vec![restart];
+    wait_for("three starts", 60, || {
+        (nodes[0].steps("child-started").len() >= 3).then_some(())
+    })
+    .await;
+    let starts = nodes[0].steps("child-started");
+    assert!(
+        starts.iter().all(|v| v["token"] == starts[0]["token"]),
+        "restarts changed the token"
+    );
+    assert!(nodes[0]
+        .steps("child-exited")
+        .iter()
+        .any(|v| v["detail"].as_str().unwrap().contains("exit=3")));
+    assert!(
+        metric(&client, &nodes[0], "baton_child_restarts_total")
+            .await
+            .unwrap_or(0.0)
+            >= 2.0
+    );
+    assert!(
+        nodes[0]
+            .log_text()
+            .contains(&format!("run {}", starts[0]["token"])),
+        "stdout passes through"
+    );
+    drop(nodes);
+
+    let demote = start(
+        &cfgs[1],
+        PG_LEASE,
+        &["--on-exit", "demote"],
+        &["sh", "-c", "sleep 0.3; exit 4"],
+    );
+    let nodes = vec![demote];
+    wait_for("two terms", 60, || {
+        let s = nodes[0].steps("child-started");
+        (s.len() >= 2 && s[0]["token"] != s[1]["token"]).then_some(())
+    })
+    .await;
+}
+
+/// A leader cut from its raft peers keeps believing it leads until its watchdog's deadline,
+/// which `--child-stop-margin` moves earlier: the program (ignoring SIGTERM, so it is SIGKILLed
+/// at the stop timeout) is gone before the deadline the node would otherwise have used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_stops_the_program_before_the_lease_deadline_by_the_margin() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::Raft, 3, RAFT);
+    let script = "trap '' TERM; sleep 1000 & wait";
+    let nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, RAFT, &[], &["sh", "-c", script]))
+        .collect();
+    let (i, token, pgid, _) = wait_for("the program", 60, || running_child(&nodes)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let isolate = baton::backends::raft::faults::isolate_peers_path(&cfgs[i].0.state_dir);
+    std::fs::create_dir_all(isolate.parent().unwrap()).unwrap();
+    std::fs::write(&isolate, b"").unwrap();
+    let gone = wait_for("the program gone", 30, || {
+        nodes[i]
+            .steps("child-gone")
+            .into_iter()
+            .find(|v| v["token"].as_i64() == Some(token))
+    })
+    .await;
+    assert!(!live_member(pgid));
+    let _ = std::fs::remove_file(&isolate);
+    // `before_deadline_ms` is measured against the watchdog's deadline, which already has the
+    // margin taken off: the lease deadline without it is `margin` later.
+    let after_watchdog_ms = -(detail(&gone, "before_deadline_ms").expect("deadline traced") as f64);
+    let before_lease_ms = RAFT.child_stop_margin_ms as f64 - after_watchdog_ms;
+    eprintln!(
+        "watchdog: program gone {after_watchdog_ms:.0} ms after the watchdog deadline, \
+         {before_lease_ms:.0} ms before the unmargined deadline (margin {} ms, stop timeout {} ms)",
+        RAFT.child_stop_margin_ms, RAFT.stop_timeout_ms
+    );
+    assert!(before_lease_ms > 0.0, "the program outlived the deadline");
+}
+
+/// The canonical split brain: the leader's whole "machine" (baton and its program's group) is
+/// paused past its lease; the other node takes over and writes; on resume, the old program's
+/// writes (the one in flight and its final checkpoint row, sent before baton's SIGTERM could stop
+/// it) carry the old token and are refused and recorded by PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::PgLease, 2, PG_LEASE_SLOW_STOP);
+    let nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, PG_LEASE_SLOW_STOP, &[], &python_child()))
+        .collect();
+    let (i, token, pgid, _) = wait_leader_child(&pg, &nodes, 0).await;
+    // SAFETY: signals to processes this test started (baton) and their group (its program).
+    unsafe {
+        libc::kill(nodes[i].pid(), libc::SIGSTOP);
+        libc::kill(-pgid, libc::SIGSTOP);
+    }
+    let (_, newer, _, _) = wait_leader_child(&pg, &nodes, token).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // SAFETY: as above. The program first: it races its own node's SIGTERM, as it would.
+    unsafe {
+        libc::kill(-pgid, libc::SIGCONT);
+        libc::kill(nodes[i].pid(), libc::SIGCONT);
+    }
+    wait_for("the stale program gone", 30, || {
+        nodes[i]
+            .steps("child-gone")
+            .into_iter()
+            .find(|v| v["token"].as_i64() == Some(token))
+    })
+    .await;
+    let q = format!(
+        "SELECT max_token FROM baton.fence_rejections WHERE op = 'user' AND token = {token} AND holder = '{}'",
+        nodes[i].id
+    );
+    let rows = pg.sql(&q).await;
+    assert!(
+        !rows.is_empty(),
+        "the stale write was not recorded:\n{}",
+        nodes[i].log_text()
+    );
+    let max_token: i64 = rows[0].get(0);
+    assert!(max_token >= newer);
+    assert!(nodes[i]
+        .log_text()
+        .contains(&format!("token {token} refused by the fence")));
+    eprintln!(
+        "paused: stale token {token} refused at max_token {max_token} ({} rejection(s))",
+        rows.len()
+    );
+    assert_table_monotonic(&pg).await;
+}

@@ -1,0 +1,75 @@
+//! The descriptor limit (SPEC §10). A node's sockets (clients, peers, database pool) and files
+//! all draw on RLIMIT_NOFILE, whose soft limit is often 1,024 while the hard limit allows far
+//! more: the node raises the soft limit to the hard one at start-up, and sizes its client
+//! connection cap from the result.
+
+/// RLIMIT_NOFILE as the node runs with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NofileLimit {
+    /// The soft limit in force (what `open` and `accept` hit).
+    pub soft: u64,
+    /// The hard limit: the most the soft limit may be raised to without privileges.
+    pub hard: u64,
+    /// The soft limit before the node raised it.
+    pub soft_before: u64,
+}
+
+/// Reading the limit failed (raising it is best effort and never an error).
+#[derive(Debug, thiserror::Error)]
+pub enum RlimitError {
+    /// `getrlimit` failed.
+    #[error("getrlimit(RLIMIT_NOFILE): {0}")]
+    Get(std::io::Error),
+}
+
+/// Raises the soft descriptor limit to the hard limit where the kernel allows it; a refusal is
+/// not fatal (the node runs with the limit it has, and its connection cap follows it).
+pub fn raise_nofile_soft_limit() -> Result<NofileLimit, RlimitError> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(RlimitError::Get(std::io::Error::last_os_error()));
+    }
+    let soft_before = lim.rlim_cur as u64;
+    let hard = lim.rlim_max as u64;
+    let mut soft = soft_before;
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            soft = hard;
+        } else {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                soft_before,
+                hard,
+                "could not raise the descriptor soft limit"
+            );
+        }
+    }
+    Ok(NofileLimit {
+        soft,
+        hard,
+        soft_before,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soft_limit_ends_at_the_hard_limit_where_allowed() {
+        let l = raise_nofile_soft_limit().unwrap();
+        assert!(l.soft >= l.soft_before);
+        assert!(l.soft <= l.hard);
+        // Raising is always allowed up to the hard limit for an unprivileged process.
+        assert_eq!(l.soft, l.hard);
+    }
+}
