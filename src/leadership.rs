@@ -71,6 +71,9 @@ pub struct Status {
     pub backend: BackendKind,
     /// Whether this node's leader work is running (may outlast `role = leader` while it drains).
     pub acting: bool,
+    /// `CLOCK_MONOTONIC` as this process reads it, ns: lets an observer compare the node's clock
+    /// rate with its own (a node started under libfaketime reads a scaled clock).
+    pub monotonic_ns: u64,
 }
 
 /// See the module docs. Shared as `Arc<Leadership>`.
@@ -185,6 +188,7 @@ impl Leadership {
             },
             backend: self.backend,
             acting: t.acting.is_some(),
+            monotonic_ns: crate::clock::monotonic_ns(),
         }
     }
 }

@@ -444,3 +444,71 @@ async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
     assert_ledger_monotonic(&db, &got).await;
     assert!(darks.iter().all(|d| *d < 3000.0), "dark times {darks:?}");
 }
+
+/// Pinned from the nemesis (issue 11): a follower killed, its state dir wiped (raft log and vote
+/// gone) and restarted under its old id. Its leader then saw that follower's log go backwards,
+/// and openraft asserted on it: RaftCore panicked, the leader process stayed up without raft, and
+/// once two of three members had died that way the fleet had no quorum for good. Now the leader
+/// resets that follower's progress (`allow_log_reversion`): the fleet keeps one leader, the wiped
+/// member catches up, and leadership can be handed to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_with_a_wiped_disk_rejoins_under_its_old_id() {
+    let _g = SERIAL.lock().await;
+    let fleet = Fleet::up_with("raft", 3, &[]);
+    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    // A few hand-overs first, so the follower's matching log index is well past the start.
+    let (mut leader, mut addr, mut token) = (leader, addr, token);
+    for _ in 0..3 {
+        let r = fleet.client.post(&addr, "/stepdown").await.unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        (leader, addr, token) = fleet.new_leader(&leader, token, SETTLE).await;
+    }
+    let wiped = fleet
+        .state()
+        .nodes
+        .iter()
+        .find(|n| n.id != leader)
+        .expect("a follower")
+        .id
+        .clone();
+    fleet.kill9(&wiped);
+    let state = fleet.state();
+    let until = Instant::now() + Duration::from_secs(5);
+    while baton_lab::fleet::servers::pid_alive(state.node(&wiped).unwrap().pid) {
+        assert!(Instant::now() < until, "{wiped} survived kill -9");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let removed = state.wipe_node_state(&wiped).expect("wipe");
+    assert!(removed.iter().any(|r| r == "raft"), "{removed:?}");
+    fleet.start(&wiped);
+    // Replication to the reverted follower is what asserted; give it a few heartbeats.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for n in fleet.state().nodes {
+        let log = std::fs::read_to_string(&n.log).unwrap_or_default();
+        assert!(
+            !log.contains("panicked at"),
+            "{} panicked:\n{}",
+            n.id,
+            log.lines()
+                .filter(|l| l.contains("panicked") || l.contains("reversion"))
+                .take(5)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    // Still one leader, and it can hand over to the member that lost its disk.
+    let (l2, a2, t2) = fleet.leader(SETTLE).await;
+    assert!(t2 >= token);
+    let r = fleet
+        .client
+        .post(&a2, &format!("/stepdown?to={wiped}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let (l3, _, t3) = fleet.new_leader(&l2, t2, SETTLE).await;
+    assert!(t3 > t2);
+    assert_eq!(l3, wiped, "the hand-over went to {l3}, not the wiped member");
+    // Settled: one leader, every follower agreeing, exactly one acting.
+    let _ = fleet.leader(SETTLE).await;
+    assert_exactly_one_leader(&fleet, 3).await;
+}

@@ -103,8 +103,37 @@ pub async fn kill_leader_report(state: &FleetState) -> anyhow::Result<FaultRepor
 
 // ---------------------------------------------------------------- partition
 
+/// One DROP target: a host, or only one TCP port of it (PostgreSQL shares the gateway address
+/// with the clients' path into the namespace, so the resource is cut by port).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CutHost {
+    pub ip: Ipv4Addr,
+    pub tcp_port: Option<u16>,
+}
+
+impl std::fmt::Display for CutHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.tcp_port {
+            Some(p) => write!(f, "{}:{p}/tcp", self.ip),
+            None => write!(f, "{}", self.ip),
+        }
+    }
+}
+
+/// What a partition cuts the node from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CutTarget {
+    /// Its election backend (raft: its peers); the resource stays reachable.
+    Backend,
+    /// The fenced PostgreSQL only; the election backend stays reachable.
+    Resource,
+    /// Both.
+    Both,
+}
+
 /// Inserts the fault rules in `ns`: DROP every packet to or from `hosts`.
-fn apply_rules(ns: &str, hosts: &[Ipv4Addr]) -> anyhow::Result<()> {
+fn apply_rules(ns: &str, hosts: &[CutHost]) -> anyhow::Result<()> {
     let ipt = |args: &[&str]| {
         let mut full = vec!["ip", "netns", "exec", ns, "iptables", "-w"];
         full.extend_from_slice(args);
@@ -115,9 +144,22 @@ fn apply_rules(ns: &str, hosts: &[Ipv4Addr]) -> anyhow::Result<()> {
         ipt(&["-F", CHAIN])?;
     }
     for h in hosts {
-        let h = h.to_string();
-        ipt(&["-A", CHAIN, "-d", &h, "-j", "DROP"])?;
-        ipt(&["-A", CHAIN, "-s", &h, "-j", "DROP"])?;
+        let ip = h.ip.to_string();
+        match h.tcp_port {
+            Some(port) => {
+                let port = port.to_string();
+                ipt(&[
+                    "-A", CHAIN, "-p", "tcp", "-d", &ip, "--dport", &port, "-j", "DROP",
+                ])?;
+                ipt(&[
+                    "-A", CHAIN, "-p", "tcp", "-s", &ip, "--sport", &port, "-j", "DROP",
+                ])?;
+            }
+            None => {
+                ipt(&["-A", CHAIN, "-d", &ip, "-j", "DROP"])?;
+                ipt(&["-A", CHAIN, "-s", &ip, "-j", "DROP"])?;
+            }
+        }
     }
     for hook in ["INPUT", "OUTPUT"] {
         if ipt(&["-C", hook, "-j", CHAIN]).is_err() {
@@ -180,7 +222,7 @@ impl Drop for RulesGuard {
 /// unreachable from inside its namespace (and, for raft, from the peers' namespaces), and the
 /// fenced PostgreSQL that must stay reachable.
 struct CutPlan {
-    hosts: Vec<Ipv4Addr>,
+    hosts: Vec<CutHost>,
     /// `(from namespace, to)`: must time out while cut, connect when healed.
     cut: Vec<(Option<String>, SocketAddr)>,
     /// `(from namespace, to)`: must connect throughout (resource, clients).
@@ -195,7 +237,44 @@ fn peer_listener(node: &FleetNode) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("{}'s peer address {addr}", node.id))
 }
 
-fn cut_plan(state: &FleetState, net: &NetnsFleet, node: &FleetNode) -> anyhow::Result<CutPlan> {
+fn cut_plan(
+    state: &FleetState,
+    net: &NetnsFleet,
+    node: &FleetNode,
+    target: CutTarget,
+) -> anyhow::Result<CutPlan> {
+    let backend = backend_cut_plan(state, net, node)?;
+    let me = net.node(&node.id)?;
+    let pg = SocketAddr::from((net.gateway, state.postgres.port));
+    let resource = CutHost {
+        ip: net.gateway,
+        tcp_port: Some(state.postgres.port),
+    };
+    let ns = Some(me.ns.clone());
+    Ok(match target {
+        CutTarget::Backend => backend,
+        CutTarget::Resource => CutPlan {
+            hosts: vec![resource],
+            cut: vec![(ns, pg)],
+            // Clients still reach it; the backend is not probed (it stays reachable by design).
+            kept: backend.kept.into_iter().filter(|k| k.1 != pg).collect(),
+            what: format!("the fenced PostgreSQL ({pg})"),
+        },
+        CutTarget::Both => CutPlan {
+            hosts: backend.hosts.into_iter().chain([resource]).collect(),
+            cut: backend.cut.into_iter().chain([(ns, pg)]).collect(),
+            kept: backend.kept.into_iter().filter(|k| k.1 != pg).collect(),
+            what: format!("{} and the fenced PostgreSQL ({pg})", backend.what),
+        },
+    })
+}
+
+/// The backend partition: election backend (raft: peers) cut, resource and clients kept.
+fn backend_cut_plan(
+    state: &FleetState,
+    net: &NetnsFleet,
+    node: &FleetNode,
+) -> anyhow::Result<CutPlan> {
     let me = net.node(&node.id)?;
     let ns = Some(me.ns.clone());
     let el = net.election;
@@ -262,7 +341,10 @@ fn cut_plan(state: &FleetState, net: &NetnsFleet, node: &FleetNode) -> anyhow::R
     // Clients from the root namespace keep reaching the node (that is the point).
     kept.dedup();
     Ok(CutPlan {
-        hosts,
+        hosts: hosts
+            .into_iter()
+            .map(|ip| CutHost { ip, tcp_port: None })
+            .collect(),
         cut,
         kept,
         what,
@@ -332,9 +414,18 @@ fn require_netns<'a>(state: &'a FleetState, fault: &str) -> anyhow::Result<&'a N
 /// `hold` from when it took effect, heals, and verifies the heal. Healing also happens on error
 /// and when the future is dropped. Needs a `--netns` fleet.
 pub async fn partition_leader(state: &FleetState, hold: Duration) -> anyhow::Result<FaultReport> {
+    partition_leader_from(state, CutTarget::Backend, hold).await
+}
+
+/// [`partition_leader`] from its backend, from the fenced PostgreSQL, or from both.
+pub async fn partition_leader_from(
+    state: &FleetState,
+    target: CutTarget,
+    hold: Duration,
+) -> anyhow::Result<FaultReport> {
     let net = require_netns(state, "partition-leader")?;
     let (leader, token) = current_leader(state, FIND_LEADER_WITHIN).await?;
-    partition_node_inner(state, net, &leader, token, hold, "partition-leader").await
+    partition_node_inner(state, net, &leader, token, hold, "partition-leader", target).await
 }
 
 /// [`partition_leader`] for a named node (leader or not).
@@ -345,7 +436,7 @@ pub async fn partition_node(
 ) -> anyhow::Result<FaultReport> {
     let net = require_netns(state, "partition")?;
     let n = state.node(node)?.clone();
-    partition_node_inner(state, net, &n, 0, hold, "partition").await
+    partition_node_inner(state, net, &n, 0, hold, "partition", CutTarget::Backend).await
 }
 
 async fn partition_node_inner(
@@ -355,9 +446,10 @@ async fn partition_node_inner(
     token: i64,
     hold: Duration,
     fault: &str,
+    target: CutTarget,
 ) -> anyhow::Result<FaultReport> {
     let me = net.node(&node.id)?.clone();
-    let plan = cut_plan(state, net, node)?;
+    let plan = cut_plan(state, net, node, target)?;
     let mut guard = RulesGuard {
         ns: me.ns.clone(),
         active: true,

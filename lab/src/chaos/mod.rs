@@ -30,8 +30,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 pub use faults::{
-    current_leader, heal_all, kill_leader, kill_leader_report, partition_leader, partition_node,
-    pause_leader, pause_node, skew_node, skew_node_report, FaultReport,
+    current_leader, heal_all, kill_leader, kill_leader_report, partition_leader,
+    partition_leader_from, partition_node, pause_leader, pause_node, skew_node, skew_node_report,
+    CutTarget, FaultReport,
 };
 pub use netns::NetnsFleet;
 

@@ -7,6 +7,12 @@
 //!
 //! A refusal that fails this is a fence deciding on the wrong facts; one whose `max_token` the
 //! ledger never accepted means the ledger lost writes (or was edited).
+//!
+//! The fence is one row for all of a fleet's resources (`baton.fence_domain()`): the first write
+//! of a new term on *any* resource fences the old term out of every one. So a refusal on
+//! `workset` may cite a token the ledger shows accepted only on `sequence` (the new leader
+//! claimed the sequence, then died before touching the work-set). The lookup is by
+//! (token, holder), not by resource.
 
 use std::collections::HashSet;
 
@@ -32,10 +38,10 @@ fn justified(r: &Rejection) -> Result<(), String> {
 }
 
 pub fn check(input: &CheckInput) -> Option<Violation> {
-    let accepted: HashSet<(&str, i64, &str)> = input
+    let accepted: HashSet<(i64, &str)> = input
         .ledger
         .iter()
-        .map(|l| (l.resource.as_str(), l.token, l.holder.as_str()))
+        .map(|l| (l.token, l.holder.as_str()))
         .collect();
     for r in &input.rejections {
         let describe = format!(
@@ -54,13 +60,13 @@ pub fn check(input: &CheckInput) -> Option<Violation> {
             return Some(Violation::new(NAME, msg, vec![describe]));
         }
         if r.max_token > 0
-            && !accepted.contains(&(r.resource.as_str(), r.max_token, r.max_holder.as_str()))
+            && !accepted.contains(&(r.max_token, r.max_holder.as_str()))
         {
             return Some(Violation::new(
                 NAME,
                 format!(
-                    "refusal {} lost to token {} (holder {}) on {}, which the ledger never shows accepted",
-                    r.id, r.max_token, r.max_holder, r.resource
+                    "refusal {} on {} lost to token {} (holder {}), which the ledger never shows accepted on any resource",
+                    r.id, r.resource, r.max_token, r.max_holder
                 ),
                 vec![describe],
             ));
@@ -136,6 +142,25 @@ mod tests {
             "{}",
             v.message
         );
+    }
+
+    /// Found by the nemesis (raft, seed 6123822392426128214): n2 claimed the sequence under
+    /// token 18 and was killed before it touched the work-set; n1's tick on the work-set under
+    /// token 17 was refused at max_token 18. The fence is one row for every resource, so that
+    /// refusal is justified by the sequence's claim.
+    #[test]
+    fn a_refusal_on_one_resource_may_cite_a_token_accepted_on_another() {
+        let mut input = healthy();
+        let mut r = rej(1, 5, 7, "n1", "n2", "stale-token");
+        r.resource = "workset".into();
+        r.op = "tick".into();
+        input.rejections = vec![r.clone()];
+        assert_eq!(check(&input), None);
+        // ... but not a token no resource ever accepted.
+        r.max_token = 8;
+        input.rejections = vec![r];
+        let v = check(&input).expect("violation");
+        assert!(v.message.contains("on any resource"), "{}", v.message);
     }
 
     #[test]

@@ -351,7 +351,7 @@ pub fn stale_evidence(
 ) -> Vec<StaleEvidence> {
     let mut out = Vec::new();
     for (i, f) in faults.iter().enumerate() {
-        if !matches!(f.kind, FaultKind::PauseLeader | FaultKind::PartitionLeader) {
+        if !f.kind.isolates_leader() {
             continue;
         }
         let applied = clock.mono_s(f.applied_at_mono_ns);

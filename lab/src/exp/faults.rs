@@ -224,32 +224,90 @@ pub async fn stepdown_leader(
     state: &Arc<Mutex<FleetState>>,
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
+    stepdown_leader_to(state, scheduled_ms, None).await
+}
+
+/// The admin bearer token a node's config sets, if any: `/stepdown` requires it then.
+pub fn admin_token(node: &fleet::FleetNode) -> Option<String> {
+    baton::config::NodeConfig::from_file(&node.config)
+        .ok()?
+        .admin_token
+}
+
+/// `POST /stepdown` (with the node's admin token when it has one) to `addr`.
+pub async fn post_stepdown(
+    client: &NodeClient,
+    node: &fleet::FleetNode,
+    successor: Option<&str>,
+) -> anyhow::Result<crate::fleet::client::Reply> {
+    let path = match successor {
+        Some(s) => format!("/stepdown?to={s}"),
+        None => "/stepdown".to_owned(),
+    };
+    let bearer = admin_token(node).map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .as_deref()
+        .map(|b| vec![("authorization", b)])
+        .unwrap_or_default();
+    client
+        .send(
+            hyper::Method::POST,
+            &node.http_addr,
+            &path,
+            &headers,
+            Default::default(),
+        )
+        .await
+        .with_context(|| format!("POST {path} to {}", node.id))
+}
+
+/// `POST /stepdown` to the leader, handing over to the `pick`-th other live node when given
+/// (a leadership transfer); verified by a 200.
+pub async fn stepdown_leader_to(
+    state: &Arc<Mutex<FleetState>>,
+    scheduled_ms: f64,
+    pick: Option<u64>,
+) -> anyhow::Result<FaultRecord> {
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let client = snapshot.admin_client(Duration::from_secs(40));
     for _ in 0..5 {
         let (node, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
-        let addr = snapshot.node(&node)?.http_addr.clone();
+        let leader = snapshot.node(&node)?.clone();
+        let successor = pick.and_then(|k| {
+            let others: Vec<&fleet::FleetNode> = snapshot
+                .nodes
+                .iter()
+                .filter(|n| n.id != node && pid_alive(n.pid))
+                .collect();
+            (!others.is_empty()).then(|| others[k as usize % others.len()].id.clone())
+        });
         let applied = monotonic_ns();
-        let r = client
-            .post(&addr, "/stepdown")
-            .await
-            .with_context(|| format!("POST /stepdown to {node}"))?;
+        let r = post_stepdown(&client, &leader, successor.as_deref()).await?;
         let healed = monotonic_ns();
         match r.status.as_u16() {
             200 => {
                 return Ok(FaultRecord {
-                    kind: FaultKind::Stepdown,
+                    kind: if pick.is_some() {
+                        FaultKind::Transfer
+                    } else {
+                        FaultKind::Stepdown
+                    },
                     node,
                     token_before: Some(token),
                     scheduled_ms,
                     applied_at_mono_ns: applied,
                     healed_at_mono_ns: Some(healed),
                     verified: true,
-                    detail: r.json()["stepped_down"].to_string(),
+                    detail: format!(
+                        "{}{}",
+                        successor.map(|s| format!("to {s}: ")).unwrap_or_default(),
+                        r.json()["stepped_down"]
+                    ),
                 })
             }
-            // Leadership moved between the status read and the request: look again.
-            409 => tokio::time::sleep(Duration::from_millis(50)).await,
+            // Leadership moved between the status read and the request (409), or an election
+            // is under way (503 no_leader): look again.
+            409 | 503 => tokio::time::sleep(Duration::from_millis(100)).await,
             s => bail!(
                 "POST /stepdown to {node} answered {s}: {}",
                 String::from_utf8_lossy(&r.body)
@@ -265,11 +323,28 @@ pub async fn partition_leader(
     length: Duration,
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
+    partition_leader_from(state, FaultKind::PartitionLeader, length, scheduled_ms).await
+}
+
+/// The partition `kind` names (backend, resource or both) of the leader for `length`.
+pub async fn partition_leader_from(
+    state: &Arc<Mutex<FleetState>>,
+    kind: FaultKind,
+    length: Duration,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    use crate::chaos::CutTarget;
+    let target = match kind {
+        FaultKind::PartitionLeader => CutTarget::Backend,
+        FaultKind::PartitionLeaderResource => CutTarget::Resource,
+        FaultKind::PartitionLeaderBoth => CutTarget::Both,
+        other => bail!("{} is not a partition", other.as_str()),
+    };
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let (_, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
-    let r = crate::chaos::partition_leader(&snapshot, length).await?;
+    let r = crate::chaos::partition_leader_from(&snapshot, target, length).await?;
     Ok(FaultRecord {
-        kind: FaultKind::PartitionLeader,
+        kind,
         node: r.node.clone(),
         token_before: Some(token),
         scheduled_ms,

@@ -3,6 +3,7 @@
 //! ```text
 //! spec.rs      the TOML: backends, fleet size, TTL sweep, fencing, load, fault schedule (spans in s/ms/ttl)
 //! faults.rs    the schedule (seeded jitter) and the faults: kill -9, SIGSTOP pause, step-down, partition
+//! nemesis.rs   `[nemesis]`: a seeded random schedule of every fault kind, each verified in effect
 //! run.rs       one run: fresh fleet, load, faults, checker, everything measured; fleet always stopped
 //! analysis.rs  transitions + failover (ledger), elections (actor traces), stale-leader evidence
 //! plots.rs     SVG: leaders acting, seq vs time, failover vs TTL, CDFs
@@ -20,6 +21,7 @@
 
 pub mod analysis;
 pub mod faults;
+pub mod nemesis;
 pub mod plots;
 pub mod run;
 pub mod spec;
@@ -57,6 +59,14 @@ pub struct ExpArgs {
     /// Seed instead of the spec's.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Fencing values instead of the spec's (`on`, `off` or `off,on`): e.g. the nemesis's
+    /// schedule, unchanged, with the resource's fence switched off.
+    #[arg(long, value_delimiter = ',')]
+    pub fencing: Option<Vec<baton::config::Fencing>>,
+    /// Nemesis: draw this many faults instead of the spec's (a prefix of the same schedule:
+    /// the steps are drawn one after another from the same seed).
+    #[arg(long)]
+    pub faults: Option<usize>,
     /// Results directory (default `experiments/results/NAME`).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -103,6 +113,12 @@ pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
     if let Some(s) = a.seed {
         spec.seed = s;
     }
+    if let Some(f) = &a.fencing {
+        spec.fencing = f.clone();
+    }
+    if let (Some(k), Some(n)) = (a.faults, spec.nemesis.as_mut()) {
+        n.faults = k;
+    }
     let plans = spec.plan(a.backends.as_deref(), a.ttl.as_deref())?;
     let out = a
         .out
@@ -145,7 +161,10 @@ pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
             Ok(r) => {
                 write_run(&out, &r, &meta)?;
                 print!("{}", brief(&r));
-                if !r.expectation_met || r.error.is_some() {
+                // A nemesis run's fault errors (a fault that found the fleet in flux, e.g. a
+                // step-down answered 503 mid-election) are reported and count against its
+                // took-effect fraction, which `expectation_met` already judges.
+                if !r.expectation_met || (r.error.is_some() && r.nemesis.is_none()) {
                     code = 1;
                 }
             }
@@ -214,7 +233,7 @@ fn brief(r: &RunResult) -> String {
             f.n, f.median, f.p99, f.min
         );
     }
-    for st in &r.stale {
+    for st in r.stale.iter().take(12) {
         let kind = r
             .faults
             .get(st.fault)
@@ -392,6 +411,9 @@ fn draw_run(out: &Path, v: &Value) -> anyhow::Result<()> {
         &spans,
         x_max,
     )?;
+    if !v["nemesis"].is_null() {
+        draw_nemesis_timeline(out, v, label, initial, &steps, &seq, x_max)?;
+    }
     let seq: Vec<(f64, i64, i64)> = seq.into_iter().filter(|p| p.0 >= 0.0).collect();
     plots::seq(
         &out.join(format!("{label}-seq.svg")),
@@ -401,6 +423,67 @@ fn draw_run(out: &Path, v: &Value) -> anyhow::Result<()> {
         x_max,
     )?;
     Ok(())
+}
+
+/// `LABEL-nemesis.svg`: the faults in one lane per kind over the leaders acting and the
+/// accepted tokens.
+fn draw_nemesis_timeline(
+    out: &Path,
+    v: &Value,
+    label: &str,
+    initial: i32,
+    steps: &[(f64, i32)],
+    seq: &[(f64, i64, i64)],
+    x_max: f64,
+) -> anyhow::Result<()> {
+    let faults = v["faults"].as_array().cloned().unwrap_or_default();
+    let lanes: Vec<String> = spec::FaultKind::ALL
+        .iter()
+        .map(|k| k.as_str().to_owned())
+        .filter(|k| faults.iter().any(|fi| fi["kind"] == k.as_str()))
+        .collect();
+    let bands: Vec<plots::LaneFault> = faults
+        .iter()
+        .filter_map(|fi| {
+            let kind = fi["kind"].as_str()?;
+            let from = f(&fi["applied_s"])?;
+            Some(plots::LaneFault {
+                lane: lanes.iter().position(|l| l == kind)?,
+                span: plots::FaultSpan {
+                    from,
+                    to: f(&fi["healed_s"]).unwrap_or(from),
+                    label: kind.to_owned(),
+                },
+                took_effect: fi["verified"].as_bool().unwrap_or(false),
+            })
+        })
+        .collect();
+    let tokens: Vec<(f64, i64)> = seq
+        .iter()
+        .filter(|p| p.0 >= 0.0)
+        .map(|p| (p.0, p.2))
+        .collect();
+    let n = &v["nemesis"];
+    plots::nemesis_timeline(
+        &out.join(format!("{label}-nemesis.svg")),
+        &format!(
+            "nemesis / {label}: {} faults took effect of {} injected; {} — seed {}",
+            n["took_effect"],
+            n["injected"],
+            if v["verdict"]["pass"].as_bool().unwrap_or(false) {
+                "PASS"
+            } else {
+                "FAIL"
+            },
+            v["seed"]
+        ),
+        &lanes,
+        &bands,
+        initial,
+        steps,
+        &tokens,
+        x_max,
+    )
 }
 
 fn f(v: &Value) -> Option<f64> {
@@ -758,8 +841,14 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         .collect();
     if !stale.is_empty() {
         let _ = writeln!(md, "## The paused / partitioned leader\n");
-        for s in stale {
+        // A nemesis run has hundreds: the first ones show the pattern, the JSON has them all.
+        const SHOWN: usize = 60;
+        let more = stale.len().saturating_sub(SHOWN);
+        for s in stale.into_iter().take(SHOWN) {
             let _ = writeln!(md, "{s}");
+        }
+        if more > 0 {
+            let _ = writeln!(md, "- … {more} more in the runs' `LABEL.json` → `stale`");
         }
         let _ = writeln!(md);
     }
@@ -787,6 +876,12 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         }
         let _ = writeln!(md);
     }
+    let nemesis_md = nemesis_section(&runs);
+    if !nemesis_md.is_empty() {
+        let _ = writeln!(md, "{nemesis_md}");
+        plots_made
+            .push("LABEL-nemesis.svg (per run: faults by kind, leaders acting, accepted tokens)");
+    }
     let _ = writeln!(md, "## Files\n");
     for p in &plots_made {
         let _ = writeln!(md, "- `{p}`");
@@ -797,6 +892,65 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     );
     std::fs::write(out.join("summary.md"), md)?;
     Ok(verdicts)
+}
+
+/// The nemesis runs' faults by kind, availability and violations (empty without nemesis runs).
+fn nemesis_section(runs: &[Value]) -> String {
+    let mut md = String::new();
+    for v in runs.iter().filter(|v| !v["nemesis"].is_null()) {
+        let n = &v["nemesis"];
+        let violations: Vec<String> = v["verdict"]["violations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|x| format!("`{}`", x["invariant"].as_str().unwrap_or("?")))
+            .collect();
+        let _ = writeln!(
+            md,
+            "### {} (fencing {}, nemesis seed {})\n\n{} faults drawn, {} injected, **{} took effect** ({}); violations: {}; `/next` availability {:.1}% ({} acknowledged IDs, {} indeterminate); {} fault errors; verdict `{}`.\n",
+            v["label"].as_str().unwrap_or("?"),
+            v["fencing"].as_str().unwrap_or("?"),
+            n["seed"],
+            n["drawn"],
+            n["injected"],
+            n["took_effect"],
+            if n["enough_took_effect"].as_bool().unwrap_or(false) {
+                "enough"
+            } else {
+                "NOT ENOUGH: the run does not count"
+            },
+            if violations.is_empty() {
+                "none".to_owned()
+            } else {
+                violations.join(", ")
+            },
+            f(&n["availability"]).unwrap_or(0.0) * 100.0,
+            n["acked"],
+            n["indeterminate"],
+            n["errors"],
+            v["verdict"]["line"].as_str().unwrap_or("?").replace('|', "/"),
+        );
+        let _ = writeln!(
+            md,
+            "| fault kind | injected | took effect | leadership changes after it | dark ms (median / p99 / max) |\n|---|---|---|---|---|"
+        );
+        for (kind, k) in n["by_kind"].as_object().cloned().unwrap_or_default() {
+            let _ = writeln!(
+                md,
+                "| {kind} | {} | {} | {} | {} |",
+                k["injected"],
+                k["took_effect"],
+                k["transitions"],
+                ms_cell(&k["dark_ms"])
+            );
+        }
+        let _ = writeln!(md);
+    }
+    if md.is_empty() {
+        return md;
+    }
+    format!("## Nemesis\n\nFaults count only when observed in effect (process gone / stopped, path cut, the node's own clock at the other rate, killed while its step-down was in flight). Dark time: last write of the old leadership → first of the new (fence_log.committed_at), per change, attributed to the latest fault before it.\n\n{md}")
 }
 
 /// The plans of an experiment, for listing (`--backends` filter applied).

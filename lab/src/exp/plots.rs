@@ -81,13 +81,17 @@ pub fn acting(
                 c.mix(0.25).filled(),
             )))
             .map_err(err)?;
-        chart
-            .draw_series(std::iter::once(Text::new(
-                f.label.clone(),
-                (f.from, y_max - 0.15),
-                ("sans-serif", 11).into_font().color(&c),
-            )))
-            .map_err(err)?;
+        // Past a few dozen faults the labels only overprint each other (the nemesis timeline
+        // has one lane per kind instead).
+        if faults.len() <= 40 {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    f.label.clone(),
+                    (f.from, y_max - 0.15),
+                    ("sans-serif", 11).into_font().color(&c),
+                )))
+                .map_err(err)?;
+        }
     }
     // A step function: hold each count until the next change.
     let mut cur = initial as f64;
@@ -331,6 +335,127 @@ pub fn cdf(
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One fault in the nemesis timeline: its lane (kind), span, and whether it took effect.
+pub struct LaneFault {
+    pub lane: usize,
+    pub span: FaultSpan,
+    pub took_effect: bool,
+}
+
+/// The nemesis timeline, three panels over one run-time axis: the faults as bands, one lane per
+/// kind (solid: took effect; hollow: did not), the leaders acting by effect (the ledger), and
+/// the token of every accepted write.
+pub fn nemesis_timeline(
+    path: &Path,
+    title: &str,
+    lanes: &[String],
+    faults: &[LaneFault],
+    acting_initial: i32,
+    acting_steps: &[(f64, i32)],
+    tokens: &[(f64, i64)],
+    x_max: f64,
+) -> anyhow::Result<()> {
+    let x_max = x_max.max(1.0);
+    let lane_px = 22 * lanes.len().max(1) as u32;
+    let root = SVGBackend::new(path, (1400, 120 + lane_px + 180 + 260)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let root = root.titled(title, ("sans-serif", 16)).map_err(err)?;
+    let (top, rest) = root.split_vertically(lane_px + 60);
+    let (mid, bottom) = rest.split_vertically(180);
+
+    let n = lanes.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(&top)
+        .margin(8)
+        .x_label_area_size(20)
+        .y_label_area_size(170)
+        .build_cartesian_2d(0f64..x_max, 0f64..n)
+        .map_err(err)?;
+    let lane_names = lanes.to_vec();
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .y_labels(lanes.len().max(1))
+        .y_label_formatter(&|y| {
+            let i = y.floor() as usize;
+            lane_names.get(i).cloned().unwrap_or_default()
+        })
+        .draw()
+        .map_err(err)?;
+    for f in faults {
+        let c = fault_style(&f.span.label);
+        let y0 = f.lane as f64 + 0.15;
+        let rect = [
+            (f.span.from, y0),
+            (f.span.to.max(f.span.from + x_max / 1000.0), y0 + 0.7),
+        ];
+        let style = if f.took_effect {
+            c.mix(0.7).filled()
+        } else {
+            c.stroke_width(1)
+        };
+        chart
+            .draw_series(std::iter::once(Rectangle::new(rect, style)))
+            .map_err(err)?;
+    }
+
+    let y_max = acting_steps.iter().map(|s| s.1).max().unwrap_or(1).max(2) as f64 + 0.5;
+    let mut chart = ChartBuilder::on(&mid)
+        .margin(8)
+        .x_label_area_size(20)
+        .y_label_area_size(170)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .y_desc("leaders acting")
+        .y_labels(4)
+        .draw()
+        .map_err(err)?;
+    let mut cur = acting_initial as f64;
+    let mut pts = vec![(0.0, cur)];
+    for &(t, k) in acting_steps {
+        pts.push((t, cur));
+        cur = k as f64;
+        pts.push((t, cur));
+    }
+    pts.push((x_max, cur));
+    chart
+        .draw_series(LineSeries::new(pts, BLACK.stroke_width(1)))
+        .map_err(err)?;
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            vec![(0.0, 1.0), (x_max, 1.0)],
+            GREEN.mix(0.6),
+        )))
+        .map_err(err)?;
+
+    let t_min = tokens.iter().map(|t| t.1).min().unwrap_or(0) as f64;
+    let t_max = tokens.iter().map(|t| t.1).max().unwrap_or(1) as f64;
+    let mut chart = ChartBuilder::on(&bottom)
+        .margin(8)
+        .x_label_area_size(35)
+        .y_label_area_size(170)
+        .build_cartesian_2d(0f64..x_max, t_min..(t_max + 1.0).max(t_min + 1.0))
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .x_desc("run time (s); writes on the resource clock (fence_log.committed_at)")
+        .y_desc("accepted token")
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(
+            tokens
+                .iter()
+                .map(|(t, k)| Circle::new((*t, *k as f64), 1, BLUE.filled())),
+        )
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())

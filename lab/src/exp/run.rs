@@ -18,6 +18,7 @@ use super::analysis::{
     self, Clock0, Election, RejectionBrief, SeqSteps, StaleEvidence, Transition,
 };
 use super::faults::{self, FaultRecord, Occurrence};
+use super::nemesis::{self, NemesisReport};
 use super::spec::{ExpSpec, Expect, FaultKind, RunPlan};
 use crate::bench::Summary;
 use crate::check::{self, CheckInput, Violation};
@@ -133,6 +134,8 @@ pub struct RunResult {
     pub seq_steps: SeqSteps,
     pub backend_requests: RequestCounts,
     pub workset_seed_ms: Option<f64>,
+    /// The nemesis's faults by kind, availability, acknowledged IDs (nemesis runs only).
+    pub nemesis: Option<NemesisReport>,
     pub error: Option<String>,
     /// Series for the plots and CSVs (not serialized into the JSON).
     #[serde(skip)]
@@ -344,6 +347,14 @@ async fn drive(
     let duration = spec.duration.eval(ttl);
     let mut rng = StdRng::seed_from_u64(plan.seed);
     let schedule: Vec<Occurrence> = faults::schedule(&spec.faults, ttl, duration, &mut rng);
+    let nemesis_steps = match &spec.nemesis {
+        Some(n) => {
+            let seed = nemesis::seed_for(spec.seed, plan.backend);
+            let mut nrng = StdRng::seed_from_u64(seed);
+            Some(nemesis::draw(n, plan.backend, spec.netns, ttl, &mut nrng)?)
+        }
+        None => None,
+    };
     let mut lspec = LoadSpec::new(
         addrs.iter().map(|a| a.1.clone()).collect(),
         spec.load.rate,
@@ -366,6 +377,11 @@ async fn drive(
     let mut records: Vec<FaultRecord> = Vec::new();
     let mut restarts = Vec::new();
     let mut errors = Vec::new();
+    if let Some(steps) = &nemesis_steps {
+        let (r, e) = nemesis::run_steps(&state, steps, start, start + duration).await;
+        records = r;
+        errors = e;
+    }
     for occ in &schedule {
         tokio::time::sleep_until(start + occ.at).await;
         let scheduled_ms = occ.at.as_secs_f64() * 1000.0;
@@ -382,6 +398,8 @@ async fn drive(
                 faults::partition_leader(&state, occ.length.unwrap_or_default(), scheduled_ms).await
             }
             FaultKind::Stepdown => faults::stepdown_leader(&state, scheduled_ms).await,
+            // The nemesis's kinds, scheduled: one step with the occurrence's length.
+            _ => nemesis::apply(&state, &nemesis::Step::of(occ), scheduled_ms).await,
         };
         match r {
             Ok(rec) => {
@@ -421,6 +439,7 @@ async fn drive(
     let verdict = check::run(&input);
     let events = analysis::read_traces(&dir.join("nodes"));
 
+    let records_copy = records.clone();
     let result = assemble(
         spec,
         plan,
@@ -438,6 +457,22 @@ async fn drive(
         started_unix_ms,
     );
     let mut result = result;
+    if let (Some(n), Some(steps)) = (&spec.nemesis, &nemesis_steps) {
+        let rep = nemesis::report(
+            n,
+            nemesis::seed_for(spec.seed, plan.backend),
+            steps.len(),
+            &records_copy,
+            &result.transitions,
+            &result.load,
+            errors.len(),
+        );
+        // A run whose faults did not bite proves nothing, whatever the checker says.
+        if !rep.enough_took_effect {
+            result.expectation_met = false;
+        }
+        result.nemesis = Some(rep);
+    }
     result.wall_s = t_start.elapsed().as_secs_f64();
     result.workset_seed_ms = workset_seed_ms;
     if !errors.is_empty() {
@@ -619,6 +654,7 @@ fn assemble(
         seq_steps: analysis::seq_steps(&input.ledger),
         backend_requests,
         workset_seed_ms: None,
+        nemesis: None,
         error: None,
         series,
     }

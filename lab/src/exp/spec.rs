@@ -16,12 +16,14 @@
 //! rate = 300.0
 //! connections = 8
 //! [[faults]]
-//! kind = "pause-leader"        # kill-leader | pause-leader | partition-leader | stepdown
+//! kind = "pause-leader"        # kill-leader | pause-leader | partition-leader | stepdown, or a
+//!                              # nemesis kind (kill-follower, clock-rate, resource-kill, ...)
 //! at = "4s"                    # from the start of the load
 //! every = "ttl+8s"             # repeat...
 //! count = 2                    # ...this many times (occurrences past `duration` are dropped)
 //! length = "ttl+500ms"         # pause / partition length
 //! jitter_ms = 300              # uniform ± jitter on each occurrence, drawn from the seed
+//! [nemesis]                    # optional: a seeded random schedule (see `NemesisCfg`)
 //! [quick]                      # `--quick` overrides, for tests
 //! duration = "8s"
 //! ```
@@ -92,7 +94,7 @@ impl<'de> Deserialize<'de> for Span {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultKind {
     /// `kill -9` of the node that leads (optionally restarted after `restart_after`).
@@ -103,22 +105,124 @@ pub enum FaultKind {
     PartitionLeader,
     /// `POST /stepdown` to the leader: checkpoint, stop, release.
     Stepdown,
+    /// `kill -9` of a node that does not lead, restarted (state kept or wiped).
+    KillFollower,
+    /// `kill -9` of the leader while its `POST /stepdown` is in flight.
+    KillSteppingDown,
+    /// Cut the leader from the fenced PostgreSQL only (netns).
+    PartitionLeaderResource,
+    /// Cut the leader from its election backend and from PostgreSQL (netns).
+    PartitionLeaderBoth,
+    /// Restart one node under libfaketime so its `CLOCK_MONOTONIC` runs at another rate.
+    ClockRate,
+    /// Kill and restart one election-backend server: an etcd member (sometimes etcd's leader),
+    /// a ZooKeeper server, Redis (with or without its data), pg-lease's PostgreSQL.
+    BackendRestart,
+    /// `kill -9` of the fenced PostgreSQL (postmaster and its children), restarted.
+    ResourceKill,
+    /// `POST /stepdown?to=<a follower>`: a leadership transfer (raft).
+    Transfer,
 }
 
 impl FaultKind {
+    pub const ALL: [FaultKind; 12] = [
+        FaultKind::KillLeader,
+        FaultKind::KillFollower,
+        FaultKind::KillSteppingDown,
+        FaultKind::PauseLeader,
+        FaultKind::PartitionLeader,
+        FaultKind::PartitionLeaderResource,
+        FaultKind::PartitionLeaderBoth,
+        FaultKind::ClockRate,
+        FaultKind::BackendRestart,
+        FaultKind::ResourceKill,
+        FaultKind::Stepdown,
+        FaultKind::Transfer,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FaultKind::KillLeader => "kill-leader",
             FaultKind::PauseLeader => "pause-leader",
             FaultKind::PartitionLeader => "partition-leader",
             FaultKind::Stepdown => "stepdown",
+            FaultKind::KillFollower => "kill-follower",
+            FaultKind::KillSteppingDown => "kill-stepping-down",
+            FaultKind::PartitionLeaderResource => "partition-leader-resource",
+            FaultKind::PartitionLeaderBoth => "partition-leader-both",
+            FaultKind::ClockRate => "clock-rate",
+            FaultKind::BackendRestart => "backend-restart",
+            FaultKind::ResourceKill => "resource-kill",
+            FaultKind::Transfer => "transfer",
         }
     }
 
     /// Faults after which a leadership change is the point (not a false failover).
     pub fn forces_change(self) -> bool {
-        matches!(self, FaultKind::KillLeader | FaultKind::Stepdown)
+        matches!(
+            self,
+            FaultKind::KillLeader
+                | FaultKind::Stepdown
+                | FaultKind::KillSteppingDown
+                | FaultKind::Transfer
+        )
     }
+
+    /// Faults that cut the leader off for `length` while it keeps running (a stale leader).
+    pub fn isolates_leader(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PauseLeader
+                | FaultKind::PartitionLeader
+                | FaultKind::PartitionLeaderResource
+                | FaultKind::PartitionLeaderBoth
+        )
+    }
+
+    pub fn needs_netns(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionLeader
+                | FaultKind::PartitionLeaderResource
+                | FaultKind::PartitionLeaderBoth
+        )
+    }
+}
+
+/// `[nemesis]`: a seeded random schedule instead of `[[faults]]`. Faults run one after
+/// another: a gap, one fault (its kind, timing and length drawn from the run's seed), the next.
+/// Ranges are `[low, high]` spans, drawn uniformly.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NemesisCfg {
+    /// How many faults to draw (the load's `duration` bounds the run: faults still due when
+    /// the load ends are not injected).
+    pub faults: usize,
+    /// The run counts only if at least this fraction of the injected faults took effect.
+    #[serde(default = "default_min_effective")]
+    pub min_effective_fraction: f64,
+    /// Quiet time between two faults.
+    pub gap: [Span; 2],
+    /// How long a killed node / server stays down before its restart.
+    pub down: [Span; 2],
+    /// SIGSTOP lengths below the lease TTL...
+    pub pause_short: [Span; 2],
+    /// ...and above it.
+    pub pause_long: [Span; 2],
+    pub partition: [Span; 2],
+    /// How long a node runs under a skewed clock rate.
+    pub clock_hold: [Span; 2],
+    /// Clock rates to draw from (e.g. 0.8 = 20% slow, 1.25 = 25% fast).
+    pub clock_rates: Vec<f64>,
+    /// Fraction of node kills restarted with the state dir wiped (a new member, an old id).
+    #[serde(default)]
+    pub wipe_fraction: f64,
+    /// Relative weights of the kinds; kinds a backend cannot take are left out for it.
+    pub mix: std::collections::BTreeMap<FaultKind, f64>,
+}
+
+fn default_min_effective() -> f64 {
+    0.9
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -244,6 +348,13 @@ pub struct ExpSpec {
     /// their watchdog, e.g. raft's lease is shorter than any election).
     #[serde(default)]
     pub unjudged_off: Vec<BackendKind>,
+    /// A seeded random fault schedule (the nemesis) instead of, or besides, `faults`.
+    #[serde(default)]
+    pub nemesis: Option<NemesisCfg>,
+    /// Backends expected to FAIL whatever the fencing (e.g. redis-naive, which has no real
+    /// token: the nemesis must show its violations).
+    #[serde(default)]
+    pub expect_fail: Vec<BackendKind>,
     #[serde(default)]
     pub quick: QuickCfg,
 }
@@ -312,13 +423,42 @@ impl ExpSpec {
             baton::config::parse_duration_ms(t)
                 .with_context(|| format!("{}: lease_ttl {t:?}", self.name))?;
         }
+        if let Some(n) = &self.nemesis {
+            if n.mix.values().any(|w| !(w.is_finite() && *w >= 0.0))
+                || n.mix.values().sum::<f64>() <= 0.0
+            {
+                bail!(
+                    "{}: nemesis.mix needs non-negative weights, some positive",
+                    self.name
+                );
+            }
+            if n.mix.keys().any(|k| k.needs_netns()) && !self.netns {
+                bail!("{}: nemesis partitions need netns = true", self.name);
+            }
+            if n.clock_rates
+                .iter()
+                .any(|r| !(r.is_finite() && *r > 0.1 && *r < 10.0))
+            {
+                bail!("{}: nemesis.clock_rates must be in (0.1, 10)", self.name);
+            }
+            if n.mix.get(&FaultKind::ClockRate).is_some_and(|w| *w > 0.0)
+                && n.clock_rates.is_empty()
+            {
+                bail!("{}: clock-rate faults need nemesis.clock_rates", self.name);
+            }
+            if !(0.0..=1.0).contains(&n.wipe_fraction)
+                || !(0.0..=1.0).contains(&n.min_effective_fraction)
+            {
+                bail!("{}: nemesis fractions must be in [0, 1]", self.name);
+            }
+        }
         for f in &self.faults {
             match f.kind {
                 FaultKind::PauseLeader | FaultKind::PartitionLeader if f.length.is_none() => {
                     bail!("{}: a {} fault needs a length", self.name, f.kind.as_str())
                 }
-                FaultKind::PartitionLeader if !self.netns => {
-                    bail!("{}: partition-leader needs netns = true", self.name)
+                k if k.needs_netns() && !self.netns => {
+                    bail!("{}: {} needs netns = true", self.name, k.as_str())
                 }
                 _ => {}
             }
@@ -347,6 +487,9 @@ impl ExpSpec {
         if let Some(c) = q.fault_count {
             for f in &mut self.faults {
                 f.count = f.count.min(c);
+            }
+            if let Some(n) = &mut self.nemesis {
+                n.faults = n.faults.min(c);
             }
         }
         self
@@ -426,6 +569,9 @@ impl ExpSpec {
 
     /// The expected verdict of a run (`Any` for unjudged backends).
     pub fn expectation(&self, plan: &RunPlan) -> Expect {
+        if self.expect_fail.contains(&plan.backend) {
+            return Expect::Fail;
+        }
         if self.unjudged.contains(&plan.backend)
             || (plan.fencing == Fencing::Off && self.unjudged_off.contains(&plan.backend))
         {

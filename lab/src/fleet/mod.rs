@@ -133,6 +133,12 @@ impl FleetState {
 
     /// Starts (or restarts) one node process from its config; keeps its state dir.
     pub fn start_node(&mut self, id: &str) -> anyhow::Result<u32> {
+        self.start_node_env(id, &[])
+    }
+
+    /// [`FleetState::start_node`] with extra environment variables (e.g. libfaketime's
+    /// `LD_PRELOAD` and `FAKETIME` for a clock-rate fault).
+    pub fn start_node_env(&mut self, id: &str, env: &[(String, String)]) -> anyhow::Result<u32> {
         let exe = std::env::current_exe().context("locating the baton binary")?;
         let node = self
             .nodes
@@ -147,10 +153,44 @@ impl FleetState {
             None => Command::new(exe),
         };
         cmd.arg("node").arg("--config").arg(&node.config);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         node.pid = spawn_detached(&mut cmd, &node.log)?;
         let pid = node.pid;
         self.save()?;
         Ok(pid)
+    }
+
+    /// Removes a stopped node's durable state (raft log and vote, anything else it keeps),
+    /// keeping its config, its log and its actor trace: restarted, it is a brand-new member
+    /// under an old id.
+    pub fn wipe_node_state(&self, id: &str) -> anyhow::Result<Vec<String>> {
+        let node = self.node(id)?;
+        if pid_alive(node.pid) {
+            bail!(
+                "node {id} is running (pid {}): wipe only a stopped node",
+                node.pid
+            );
+        }
+        let dir = node
+            .config
+            .parent()
+            .with_context(|| format!("{id}'s config has no directory"))?;
+        const KEEP: &[&str] = &["config.toml", "node.log", "actor-trace.jsonl"];
+        let mut removed = Vec::new();
+        for e in fs::read_dir(dir)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if KEEP.contains(&name.as_str()) {
+                continue;
+            }
+            let p = e.path();
+            if p.is_dir() {
+                fs::remove_dir_all(&p)?;
+            } else {
+                fs::remove_file(&p)?;
+            }
+            removed.push(name);
+        }
+        Ok(removed)
     }
 
     /// `kill -9` of one node.

@@ -116,16 +116,7 @@ impl RedisServer {
 
     /// True when the server answers `PING` with `+PONG`.
     pub fn ping(&self) -> bool {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        if s.write_all(b"PING\r\n").is_err() {
-            return false;
-        }
-        let mut buf = [0u8; 16];
-        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+        self.command(b"PING\r\n", b"+PONG")
     }
 
     /// Plain servers: answers PING. TLS servers: accepts TCP (our PING would need a TLS client).
@@ -160,6 +151,43 @@ impl RedisServer {
     /// SIGTERM (no persistence, so it exits at once), SIGKILL after a grace period.
     pub fn stop(&self) {
         stop_pid(self.pid, libc::SIGTERM, Duration::from_secs(5));
+    }
+
+    /// `kill -9`, `down` later start again on the same port. With `persist`, a `SAVE` first writes the
+    /// keys to `dump.rdb` in its directory, which redis-server loads at start (the restart
+    /// keeps the data as of that snapshot); without, the snapshot is removed and every key is
+    /// lost. Returns whether the process was observed dead before the restart.
+    pub fn kill_restart(&mut self, persist: bool, down: Duration) -> Result<bool, ServerError> {
+        let dump = self.root.join("dump.rdb");
+        if persist {
+            self.command(b"SAVE\r\n", b"+OK")
+                .then_some(())
+                .ok_or_else(|| ServerError::Failed {
+                    what: "redis SAVE".into(),
+                    detail: format!("no +OK from port {}", self.port),
+                })?;
+        } else {
+            let _ = fs::remove_file(&dump);
+        }
+        stop_pid(self.pid, libc::SIGKILL, Duration::from_secs(5));
+        let dead = !pid_alive(self.pid);
+        std::thread::sleep(down);
+        self.spawn()?;
+        Ok(dead)
+    }
+
+    /// Sends one inline command; true when the answer starts with `want`.
+    fn command(&self, cmd: &[u8], want: &[u8]) -> bool {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        if s.write_all(cmd).is_err() {
+            return false;
+        }
+        let mut buf = [0u8; 64];
+        matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(want))
     }
 
     /// Stop and start again on the same port. Without persistence every key is gone afterwards:

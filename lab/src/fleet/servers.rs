@@ -100,6 +100,26 @@ pub fn stop_pid(pid: u32, sig: i32, grace: Duration) {
     }
 }
 
+/// The direct children of `pid` (from `/proc/*/stat`).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = st.rsplit_once(')')?.1.to_owned();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
 fn which(bin: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
@@ -505,6 +525,44 @@ impl PgServer {
             .ok()
     }
 
+    /// `kill -9` of the postmaster and every process it forked (a crash: no shutdown
+    /// checkpoint; the restart runs crash recovery). Returns the pids killed, once all are gone.
+    pub fn kill9(&self) -> Result<Vec<u32>, ServerError> {
+        let Some(pm) = self.postmaster_pid().filter(|p| pid_alive(*p)) else {
+            return Err(ServerError::Failed {
+                what: "kill -9 PostgreSQL".into(),
+                detail: "no running postmaster".into(),
+            });
+        };
+        let mut pids = children_of(pm);
+        pids.insert(0, pm);
+        for &p in &pids {
+            // SAFETY: kill(2) on the server we started and its own children.
+            unsafe { libc::kill(p as i32, libc::SIGKILL) };
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        while pids.iter().any(|p| pid_alive(*p)) {
+            if Instant::now() > until {
+                return Err(ServerError::Failed {
+                    what: "kill -9 PostgreSQL".into(),
+                    detail: format!("processes {pids:?} survived SIGKILL"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The postmaster was double-forked away from us: its zombie waits for whoever reaps
+        // orphans here, and while it exists PostgreSQL's lock checks (kill(pid, 0)) take it for
+        // a running server and refuse to start. Every process of the server is dead, so its
+        // lock files (data dir and socket) are stale: remove them.
+        if self.postmaster_pid() == Some(pm) {
+            let _ = fs::remove_file(self.data_dir().join("postmaster.pid"));
+        }
+        let sock = self.root.join("sock");
+        let _ = fs::remove_file(sock.join(format!(".s.PGSQL.{}.lock", self.port)));
+        let _ = fs::remove_file(sock.join(format!(".s.PGSQL.{}", self.port)));
+        Ok(pids)
+    }
+
     /// Fast shutdown (SIGINT to the postmaster), SIGKILL after a grace period.
     pub fn stop(&self) {
         if let Some(pid) = self.postmaster_pid() {
@@ -527,6 +585,12 @@ pub struct EtcdCluster {
     pub members: Vec<EtcdMember>,
     pub heartbeat_ms: u64,
     pub election_ms: u64,
+    /// `--initial-cluster-token` (a restarted member needs the same flags).
+    #[serde(default)]
+    pub cluster_token: String,
+    /// A `--netns` fleet's election address the client ports also listen on.
+    #[serde(default)]
+    pub extra_listen: Option<std::net::IpAddr>,
     /// Set when the client ports speak TLS only (peers stay plain, on loopback).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ServerTls>,
@@ -598,71 +662,32 @@ impl EtcdCluster {
         let ports = free_ports(2 * n).map_err(|e| ServerError::Io("free ports".into(), e))?;
         fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
         let names: Vec<String> = (0..n).map(|i| format!("e{i}")).collect();
-        let initial: Vec<String> = names
-            .iter()
-            .enumerate()
-            .map(|(i, nm)| format!("{nm}=http://127.0.0.1:{}", ports[2 * i + 1]))
-            .collect();
         let token = format!(
             "baton-{}-{}",
             std::process::id(),
             baton::clock::monotonic_ns()
         );
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let mut members = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            let (cp, pp) = (ports[2 * i], ports[2 * i + 1]);
-            let mut cmd = Command::new(&etcd);
-            cmd.arg("--name")
-                .arg(name)
-                .arg("--data-dir")
-                .arg(root.join(name))
-                .arg("--listen-client-urls")
-                .arg(match extra_listen {
-                    Some(ip) => format!("{scheme}://127.0.0.1:{cp},{scheme}://{ip}:{cp}"),
-                    None => format!("{scheme}://127.0.0.1:{cp}"),
-                })
-                .arg("--advertise-client-urls")
-                .arg(format!("{scheme}://127.0.0.1:{cp}"))
-                .arg("--listen-peer-urls")
-                .arg(format!("http://127.0.0.1:{pp}"))
-                .arg("--initial-advertise-peer-urls")
-                .arg(format!("http://127.0.0.1:{pp}"))
-                .arg("--initial-cluster")
-                .arg(initial.join(","))
-                .arg("--initial-cluster-state")
-                .arg("new")
-                .arg("--initial-cluster-token")
-                .arg(&token)
-                .arg("--heartbeat-interval")
-                .arg(heartbeat_ms.to_string())
-                .arg("--election-timeout")
-                .arg(election_ms.to_string())
-                .arg("--log-level")
-                .arg("warn")
-                .arg("--logger")
-                .arg("zap");
-            if let Some(tls) = tls {
-                cmd.arg("--cert-file")
-                    .arg(&tls.cert_file)
-                    .arg("--key-file")
-                    .arg(&tls.key_file);
-            }
-            let pid = spawn_detached(&mut cmd, &root.join(format!("{name}.log")))?;
-            members.push(EtcdMember {
-                name: name.clone(),
-                client_port: cp,
-                peer_port: pp,
-                pid,
-            });
-        }
-        let cluster = EtcdCluster {
+        let mut cluster = EtcdCluster {
             root: root.to_owned(),
-            members,
+            members: names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| EtcdMember {
+                    name: name.clone(),
+                    client_port: ports[2 * i],
+                    peer_port: ports[2 * i + 1],
+                    pid: 0,
+                })
+                .collect(),
             heartbeat_ms,
             election_ms,
+            cluster_token: token,
+            extra_listen,
             tls: tls.cloned(),
         };
+        for i in 0..n {
+            cluster.spawn_member(&etcd, i)?;
+        }
         cluster.wait_healthy(Duration::from_secs(30))?;
         Ok(cluster)
     }
@@ -699,6 +724,100 @@ impl EtcdCluster {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Starts member `i` with its data dir (a restart reuses it: the initial-cluster flags are
+    /// then ignored by etcd, but must still be well-formed).
+    fn spawn_member(&mut self, etcd: &Path, i: usize) -> Result<(), ServerError> {
+        let initial: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect();
+        let m = &self.members[i];
+        let (cp, pp) = (m.client_port, m.peer_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut cmd = Command::new(etcd);
+        cmd.arg("--name")
+            .arg(&m.name)
+            .arg("--data-dir")
+            .arg(self.root.join(&m.name))
+            .arg("--listen-client-urls")
+            .arg(match self.extra_listen {
+                Some(ip) => format!("{scheme}://127.0.0.1:{cp},{scheme}://{ip}:{cp}"),
+                None => format!("{scheme}://127.0.0.1:{cp}"),
+            })
+            .arg("--advertise-client-urls")
+            .arg(format!("{scheme}://127.0.0.1:{cp}"))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{pp}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://127.0.0.1:{pp}"))
+            .arg("--initial-cluster")
+            .arg(initial.join(","))
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--initial-cluster-token")
+            .arg(&self.cluster_token)
+            .arg("--heartbeat-interval")
+            .arg(self.heartbeat_ms.to_string())
+            .arg("--election-timeout")
+            .arg(self.election_ms.to_string())
+            .arg("--log-level")
+            .arg("warn")
+            .arg("--logger")
+            .arg("zap");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert_file)
+                .arg("--key-file")
+                .arg(&tls.key_file);
+        }
+        let log = self.root.join(format!("{}.log", m.name));
+        self.members[i].pid = spawn_detached(&mut cmd, &log)?;
+        Ok(())
+    }
+
+    /// `kill -9` of member `i`; true once its process is gone.
+    pub fn kill_member(&self, i: usize) -> bool {
+        let pid = self.members[i].pid;
+        stop_pid(pid, libc::SIGKILL, Duration::from_secs(5));
+        !pid_alive(pid)
+    }
+
+    /// Starts a killed member again with its data; waits until the cluster is healthy.
+    pub fn restart_member(&mut self, i: usize) -> Result<(), ServerError> {
+        if pid_alive(self.members[i].pid) {
+            self.kill_member(i);
+        }
+        let etcd = which("etcd").ok_or(ServerError::Missing {
+            what: "etcd (Debian package etcd-server)".into(),
+            hint: INSTALL_HINT,
+        })?;
+        self.spawn_member(&etcd, i)?;
+        self.wait_healthy(Duration::from_secs(30))
+    }
+
+    /// The member that is etcd's raft leader now (asked with `etcdctl endpoint status`).
+    pub fn leader_index(&self) -> Option<usize> {
+        let etcdctl = which("etcdctl")?;
+        let out = Command::new(etcdctl)
+            .env("ETCDCTL_API", "3")
+            .arg("--endpoints")
+            .arg(self.endpoints().join(","))
+            .args(["--command-timeout=1s", "endpoint", "status", "-w", "json"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let rows = v.as_array()?;
+        let leader = rows.iter().find_map(|r| r["Status"]["leader"].as_u64())?;
+        let ep = rows
+            .iter()
+            .find(|r| r["Status"]["header"]["member_id"].as_u64() == Some(leader))?["Endpoint"]
+            .as_str()?
+            .to_owned();
+        self.endpoints().iter().position(|e| *e == ep)
     }
 
     pub fn stop(&self) {

@@ -260,6 +260,13 @@ impl ZkEnsemble {
         stop_pid(self.members[i].pid, libc::SIGTERM, Duration::from_secs(5));
     }
 
+    /// `kill -9` of member `i`; true once its process is gone.
+    pub fn kill_member(&self, i: usize) -> bool {
+        let pid = self.members[i].pid;
+        stop_pid(pid, libc::SIGKILL, Duration::from_secs(5));
+        !pid_alive(pid)
+    }
+
     /// Starts a stopped member again with its data; waits until it serves.
     pub fn restart_member(&mut self, i: usize) -> Result<(), ServerError> {
         self.stop_member(i);

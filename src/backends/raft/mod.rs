@@ -305,6 +305,14 @@ impl RaftElector {
             max_in_snapshot_log_to_keep: 16,
             enable_pre_vote: Some(true),
             enable_leader_restore: Some(false),
+            // A member that lost its disk and rejoins under its old id answers appends with a
+            // log that went backwards. Without this the leader's replication asserts on it
+            // (openraft panics in debug builds; RaftCore dies and the node stays up, leaderless
+            // for good: found by the nemesis). With it the leader resets that follower's progress
+            // and re-replicates. Raft's own safety assumes durable votes and logs, so such a
+            // member may vote twice in one term: two leaders of one term share one token, and
+            // the fence refuses the second holder.
+            allow_log_reversion: Some(true),
             ..Default::default()
         }
         .validate()

@@ -1,0 +1,823 @@
+//! The nemesis (`[nemesis]` in an experiment spec): a seeded random schedule of faults, applied
+//! one after another under the run's load. Each step draws its kind from the spec's weighted
+//! mix, and its gap, length, target and variant (state kept or wiped, Redis data kept or lost,
+//! the etcd leader or another member, slow or fast clock) from the run's seed, so a schedule is
+//! reproducible from `(spec, backend, seed)`.
+//!
+//! Every fault reports whether it **took effect**, observed, never assumed: the process is gone
+//! (`kill -9`), stopped (`T` in `/proc`), the path times out (partitions, probed from inside the
+//! namespace), the node's own `CLOCK_MONOTONIC` (its `/status`) advances at the other rate, the
+//! step-down was still in flight when its node died. The kill, pause, partition and step-down
+//! code is [`super::faults`] and [`crate::chaos`]; this module draws, dispatches and adds what
+//! they lack (followers, restarts with a wiped state dir, clock rate, server restarts).
+//!
+//! **A wiped raft member under its old id is not safe for raft itself.** Raft's safety assumes
+//! `currentTerm`, `votedFor` and the log survive a restart. A member that lost them can vote a
+//! second time in a term it already voted in (two leaders of one term), and can help elect a
+//! leader that misses an entry it had acknowledged (a committed entry lost). The raft-correct
+//! procedure is to remove the member and add it back as a new one (learner, catch up, promote).
+//! baton's tokens are raft terms, so the first hazard gives two leaders *the same token*; the
+//! fence refuses the second holder (`token = max_token` with another holder), and a leader that
+//! somehow ran on an older term is refused as stale. The nemesis wipes raft members anyway, to
+//! show that the resource stays correct when the election layer does not.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use rand::rngs::StdRng;
+use rand::Rng;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::faults::{self, FaultRecord};
+use super::spec::{FaultKind, NemesisCfg, Span};
+use crate::fleet::client::NodeClient;
+use crate::fleet::servers::{pid_alive, stop_pid, PgServer};
+use crate::fleet::FleetState;
+use baton::backends::BackendKind;
+use baton::clock::monotonic_ns;
+
+/// libfaketime's multi-threaded build (the node runs a multi-threaded tokio runtime).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// One drawn fault.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    pub kind: FaultKind,
+    /// Quiet time before it.
+    pub gap: Duration,
+    /// Pause / partition / clock-rate hold, or how long a killed process stays down.
+    pub length: Duration,
+    /// Restart a killed node with its state dir wiped.
+    pub wipe: bool,
+    /// Which follower / member / successor, modulo how many there are.
+    pub pick: u64,
+    /// Clock-rate factor.
+    pub rate: f64,
+    /// Redis: keep the data over the restart.
+    pub persist: bool,
+    /// Backend restart: the backend's own leader (etcd, ZooKeeper) rather than `pick`.
+    pub backend_leader: bool,
+    /// Kill mid step-down: ms between sending `POST /stepdown` and `kill -9`.
+    pub delay_ms: u64,
+}
+
+impl Step {
+    /// A scheduled `[[faults]]` occurrence as a step: its length (or restart delay), no
+    /// variant (state kept, first follower, data kept, rate 1.25).
+    pub fn of(occ: &super::faults::Occurrence) -> Step {
+        Step {
+            kind: occ.kind,
+            gap: Duration::ZERO,
+            length: occ
+                .length
+                .or(occ.restart_after)
+                .unwrap_or(Duration::from_secs(1)),
+            wipe: false,
+            pick: 0,
+            rate: 1.25,
+            persist: true,
+            backend_leader: false,
+            delay_ms: 5,
+        }
+    }
+}
+
+/// Whether `backend` can take `kind`: raft has no server to restart; only raft transfers
+/// leadership to a named successor; a partition needs the fleet's namespaces.
+pub fn applies(kind: FaultKind, backend: BackendKind, netns: bool) -> bool {
+    match kind {
+        FaultKind::BackendRestart => !matches!(backend, BackendKind::Raft | BackendKind::Custom),
+        FaultKind::Transfer => backend == BackendKind::Raft,
+        k if k.needs_netns() => netns,
+        _ => true,
+    }
+}
+
+fn draw_span(range: &[Span; 2], ttl_ms: u64, rng: &mut StdRng) -> Duration {
+    let (a, b) = (range[0].eval(ttl_ms), range[1].eval(ttl_ms));
+    let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+    if lo == hi {
+        return lo;
+    }
+    Duration::from_secs_f64(rng.gen_range(lo.as_secs_f64()..=hi.as_secs_f64()))
+}
+
+/// The seeded schedule: `cfg.faults` steps, kinds weighted by `cfg.mix` (those the backend can
+/// take), pause lengths half below and half above the lease TTL.
+pub fn draw(
+    cfg: &NemesisCfg,
+    backend: BackendKind,
+    netns: bool,
+    ttl_ms: u64,
+    rng: &mut StdRng,
+) -> anyhow::Result<Vec<Step>> {
+    let mix: Vec<(FaultKind, f64)> = cfg
+        .mix
+        .iter()
+        .filter(|(k, w)| **w > 0.0 && applies(**k, backend, netns))
+        .map(|(k, w)| (*k, *w))
+        .collect();
+    let total: f64 = mix.iter().map(|m| m.1).sum();
+    if total <= 0.0 {
+        bail!(
+            "no fault of the nemesis mix applies to {}",
+            backend.as_str()
+        );
+    }
+    let mut steps = Vec::with_capacity(cfg.faults);
+    for _ in 0..cfg.faults {
+        let mut x = rng.gen_range(0.0..total);
+        let kind = mix
+            .iter()
+            .find(|(_, w)| {
+                x -= w;
+                x < 0.0
+            })
+            .map(|m| m.0)
+            .unwrap_or(mix[mix.len() - 1].0);
+        let gap = draw_span(&cfg.gap, ttl_ms, rng);
+        let length = match kind {
+            FaultKind::PauseLeader if rng.gen_bool(0.5) => draw_span(&cfg.pause_short, ttl_ms, rng),
+            FaultKind::PauseLeader => draw_span(&cfg.pause_long, ttl_ms, rng),
+            k if k.needs_netns() => draw_span(&cfg.partition, ttl_ms, rng),
+            FaultKind::ClockRate => draw_span(&cfg.clock_hold, ttl_ms, rng),
+            _ => draw_span(&cfg.down, ttl_ms, rng),
+        };
+        let rate = if cfg.clock_rates.is_empty() {
+            1.0
+        } else {
+            cfg.clock_rates[rng.gen_range(0..cfg.clock_rates.len())]
+        };
+        steps.push(Step {
+            kind,
+            gap,
+            length,
+            wipe: rng.gen_bool(cfg.wipe_fraction),
+            pick: rng.gen(),
+            rate,
+            persist: rng.gen_bool(0.5),
+            backend_leader: rng.gen_bool(0.5),
+            delay_ms: rng.gen_range(1..=20),
+        });
+    }
+    Ok(steps)
+}
+
+fn snapshot(state: &Arc<Mutex<FleetState>>) -> FleetState {
+    state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn record(kind: FaultKind, node: &str, scheduled_ms: f64, applied: u64) -> FaultRecord {
+    FaultRecord {
+        kind,
+        node: node.to_owned(),
+        token_before: None,
+        scheduled_ms,
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: None,
+        verified: false,
+        detail: String::new(),
+    }
+}
+
+/// Waits until `pid` is gone (at most `within`); true if it went.
+async fn wait_dead(pid: u32, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while pid_alive(pid) {
+        if Instant::now() > until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+/// After a node was killed: stays down `down`, optionally loses its state dir, restarts.
+/// Returns the restart time and what was wiped.
+async fn restart_node(
+    state: &Arc<Mutex<FleetState>>,
+    node: &str,
+    down: Duration,
+    wipe: bool,
+) -> anyhow::Result<(u64, String)> {
+    tokio::time::sleep(down).await;
+    let wiped = if wipe {
+        let removed = snapshot(state).wipe_node_state(node)?;
+        format!("; state wiped ({})", removed.join(", "))
+    } else {
+        String::new()
+    };
+    let at = faults::restart(state, node).await?;
+    Ok((at, wiped))
+}
+
+/// `kill -9` of the leader or of a follower, then the restart.
+async fn kill_node(
+    state: &Arc<Mutex<FleetState>>,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let snap = snapshot(state);
+    let (leader, token) = faults::current_leader(&snap, Duration::from_secs(15)).await?;
+    let target = if step.kind == FaultKind::KillFollower {
+        let followers: Vec<&crate::fleet::FleetNode> = snap
+            .nodes
+            .iter()
+            .filter(|n| n.id != leader && pid_alive(n.pid))
+            .collect();
+        if followers.is_empty() {
+            bail!("no live follower to kill");
+        }
+        followers[(step.pick % followers.len() as u64) as usize]
+            .id
+            .clone()
+    } else {
+        leader.clone()
+    };
+    let pid = snap.node(&target)?.pid;
+    let mut r = record(step.kind, &target, scheduled_ms, monotonic_ns());
+    r.token_before = (target == leader).then_some(token);
+    snap.kill_node(&target)?;
+    r.verified = wait_dead(pid, Duration::from_secs(5)).await;
+    let (healed, wiped) = restart_node(state, &target, step.length, step.wipe).await?;
+    r.healed_at_mono_ns = Some(healed);
+    r.detail = format!(
+        "SIGKILL pid {pid}{}; down {} ms{wiped}",
+        if r.verified {
+            " (gone)"
+        } else {
+            " (STILL ALIVE)"
+        },
+        step.length.as_millis()
+    );
+    Ok(r)
+}
+
+/// `kill -9` of the leader `delay_ms` after its `POST /stepdown` went out; took effect only if
+/// the step-down had not answered yet (the node died in the middle of it).
+async fn kill_stepping_down(
+    state: &Arc<Mutex<FleetState>>,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let snap = snapshot(state);
+    let (leader, token) = faults::current_leader(&snap, Duration::from_secs(15)).await?;
+    let node = snap.node(&leader)?.clone();
+    let client = NodeClient::new(Duration::from_secs(10));
+    let req = {
+        let (client, node) = (client.clone(), node.clone());
+        tokio::spawn(async move { faults::post_stepdown(&client, &node, None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(step.delay_ms)).await;
+    let in_flight = !req.is_finished();
+    let mut r = record(step.kind, &leader, scheduled_ms, monotonic_ns());
+    r.token_before = Some(token);
+    snap.kill_node(&leader)?;
+    let dead = wait_dead(node.pid, Duration::from_secs(5)).await;
+    let answer = match req.await {
+        Ok(Ok(reply)) => format!("step-down answered {}", reply.status.as_u16()),
+        Ok(Err(e)) => format!("step-down cut off ({e:#})"),
+        Err(e) => format!("step-down task: {e}"),
+    };
+    r.verified = dead && in_flight;
+    let (healed, wiped) = restart_node(state, &leader, step.length, step.wipe).await?;
+    r.healed_at_mono_ns = Some(healed);
+    r.detail = format!(
+        "SIGKILL pid {} {} ms after POST /stepdown ({}; {answer}); down {} ms{wiped}",
+        node.pid,
+        step.delay_ms,
+        if in_flight {
+            "still in flight"
+        } else {
+            "already answered: not mid step-down"
+        },
+        step.length.as_millis()
+    );
+    Ok(r)
+}
+
+/// A node's `CLOCK_MONOTONIC`, read through its `/status`, paired with ours at the midpoint of
+/// the request.
+async fn node_clock(client: &NodeClient, addr: &str) -> Option<(u64, u64)> {
+    let t0 = monotonic_ns();
+    let r = client.get(addr, "/status").await.ok()?;
+    let t1 = monotonic_ns();
+    let theirs = r.json()["monotonic_ns"].as_u64().filter(|v| *v > 0)?;
+    Some((t0 + (t1 - t0) / 2, theirs))
+}
+
+/// The rate of the node's monotonic clock against ours, over `over` of real time.
+async fn observed_rate(client: &NodeClient, addr: &str, over: Duration) -> Option<f64> {
+    let (real0, node0) = node_clock(client, addr).await?;
+    tokio::time::sleep(over).await;
+    let (real1, node1) = node_clock(client, addr).await?;
+    Some((node1.checked_sub(node0)? as f64) / ((real1 - real0) as f64))
+}
+
+/// Waits until the node answers `/status` as itself.
+async fn wait_answers(client: &NodeClient, addr: &str, id: &str, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        if let Ok(r) = client.get(addr, "/status").await {
+            if r.status == 200 && r.json()["node_id"].as_str() == Some(id) {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Stops a node gracefully (SIGTERM: it demotes and resigns) and starts it with `env`.
+async fn restart_with_env(
+    state: &Arc<Mutex<FleetState>>,
+    id: &str,
+    env: &[(String, String)],
+) -> anyhow::Result<u64> {
+    let pid = snapshot(state).node(id)?.pid;
+    tokio::task::spawn_blocking(move || stop_pid(pid, libc::SIGTERM, Duration::from_secs(8)))
+        .await?;
+    let at = monotonic_ns();
+    state
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .start_node_env(id, env)
+        .with_context(|| format!("restarting {id}"))?;
+    Ok(at)
+}
+
+/// A node restarted under libfaketime with its clock at `rate`, held `length`, then restarted
+/// on the real clock. Took effect when the node's own `/status` clock ran at that rate.
+async fn clock_rate(
+    state: &Arc<Mutex<FleetState>>,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let snap = snapshot(state);
+    let live: Vec<&crate::fleet::FleetNode> =
+        snap.nodes.iter().filter(|n| pid_alive(n.pid)).collect();
+    if live.is_empty() {
+        bail!("no live node");
+    }
+    let node = live[(step.pick % live.len() as u64) as usize].clone();
+    let token = faults::current_leader(&snap, Duration::from_secs(15))
+        .await
+        .ok()
+        .filter(|(l, _)| *l == node.id)
+        .map(|(_, t)| t);
+    let env = vec![
+        ("LD_PRELOAD".to_owned(), LIBFAKETIME.to_owned()),
+        ("FAKETIME".to_owned(), format!("+0 x{}", step.rate)),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "0".to_owned()),
+    ];
+    let applied = restart_with_env(state, &node.id, &env).await?;
+    let mut r = record(step.kind, &node.id, scheduled_ms, applied);
+    r.token_before = token;
+    let client = NodeClient::new(Duration::from_secs(2));
+    let answers = wait_answers(&client, &node.http_addr, &node.id, Duration::from_secs(20)).await;
+    let probe = Duration::from_millis(800).min(step.length);
+    let seen = if answers {
+        observed_rate(&client, &node.http_addr, probe).await
+    } else {
+        None
+    };
+    // Took effect: the node's clock runs at the requested rate (±3%) and visibly not at 1.
+    r.verified = seen.is_some_and(|s| (s - step.rate).abs() < 0.03 && (s - 1.0).abs() > 0.03);
+    let end = applied + step.length.as_nanos() as u64;
+    let now = monotonic_ns();
+    if end > now {
+        tokio::time::sleep(Duration::from_nanos(end - now)).await;
+    }
+    let healed = restart_with_env(state, &node.id, &[]).await?;
+    r.healed_at_mono_ns = Some(healed);
+    r.detail = format!(
+        "FAKETIME=\"+0 x{}\" for {} ms; node clock rate observed {}",
+        step.rate,
+        step.length.as_millis(),
+        seen.map(|s| format!("{s:.3}"))
+            .unwrap_or_else(|| "n/a (no /status answer)".into())
+    );
+    Ok(r)
+}
+
+/// Where PostgreSQL must listen again after a restart (the namespaces' bridge addresses).
+fn pg_listen(state: &FleetState) -> Vec<std::net::IpAddr> {
+    state
+        .netns
+        .as_ref()
+        .map(|n| n.pg_listen())
+        .unwrap_or_default()
+}
+
+/// Restarts PostgreSQL on its port and data dir (crash recovery after a kill); a start that
+/// fails (e.g. the old server's sockets not yet released) is retried a few times.
+fn start_pg(pg: &PgServer, listen: &[std::net::IpAddr]) -> anyhow::Result<()> {
+    let mut last = None;
+    for _ in 0..3 {
+        match PgServer::start_on(&pg.root, pg.port, listen) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    Err(anyhow::Error::from(last.expect("three attempts")).context("restarting PostgreSQL"))
+}
+
+/// `kill -9` of PostgreSQL (the fenced resource, and pg-lease's store), down, restart.
+async fn resource_kill(
+    state: &Arc<Mutex<FleetState>>,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let snap = snapshot(state);
+    let pg = snap.postgres.clone();
+    let listen = pg_listen(&snap);
+    let applied = monotonic_ns();
+    let killed = {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || pg.kill9()).await?
+    };
+    let mut r = record(step.kind, "postgres", scheduled_ms, applied);
+    r.verified = killed.is_ok();
+    tokio::time::sleep(step.length).await;
+    let healed = monotonic_ns();
+    tokio::task::spawn_blocking(move || start_pg(&pg, &listen)).await??;
+    r.healed_at_mono_ns = Some(healed);
+    r.detail = match killed {
+        Ok(pids) => format!(
+            "SIGKILL postmaster + {} children (all gone); down {} ms; restarted (crash recovery)",
+            pids.len().saturating_sub(1),
+            step.length.as_millis()
+        ),
+        Err(e) => format!("kill -9 failed: {e}"),
+    };
+    Ok(r)
+}
+
+/// Kill and restart one election-backend server. Runs blocking on a copy of the fleet state;
+/// the new pids are written back.
+async fn backend_restart(
+    state: &Arc<Mutex<FleetState>>,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let mut snap = snapshot(state);
+    let step2 = step.clone();
+    let (snap, r) = tokio::task::spawn_blocking(move || {
+        let r = backend_restart_blocking(&mut snap, &step2, scheduled_ms);
+        (snap, r)
+    })
+    .await?;
+    {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.etcd = snap.etcd;
+        st.zk = snap.zk;
+        st.redis = snap.redis;
+        st.save()?;
+    }
+    r
+}
+
+fn backend_restart_blocking(
+    st: &mut FleetState,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let listen = pg_listen(st);
+    let mut r = record(step.kind, "", scheduled_ms, 0);
+    match st.backend {
+        BackendKind::Etcd => {
+            let e = st.etcd.as_mut().context("etcd fleet without etcd")?;
+            let leader = e.leader_index();
+            let i = match leader {
+                Some(l) if step.backend_leader => l,
+                _ => (step.pick % e.members.len() as u64) as usize,
+            };
+            r.node = format!("etcd {}", e.members[i].name);
+            r.applied_at_mono_ns = monotonic_ns();
+            r.verified = e.kill_member(i);
+            std::thread::sleep(step.length);
+            r.healed_at_mono_ns = Some(monotonic_ns());
+            e.restart_member(i)?;
+            r.detail =
+                format!(
+                "SIGKILL etcd member {} ({}); down {} ms; restarted with its data, cluster healthy",
+                e.members[i].name,
+                if leader == Some(i) { "etcd's leader" } else { "a follower" },
+                step.length.as_millis()
+            );
+        }
+        BackendKind::Zk => {
+            let z = st.zk.as_mut().context("zk fleet without ZooKeeper")?;
+            let leader = z.leader_index();
+            let i = match leader {
+                Some(l) if step.backend_leader => l,
+                _ => (step.pick % z.members.len() as u64) as usize,
+            };
+            r.node = format!("zk {}", z.members[i].id);
+            r.applied_at_mono_ns = monotonic_ns();
+            r.verified = z.kill_member(i);
+            std::thread::sleep(step.length);
+            r.healed_at_mono_ns = Some(monotonic_ns());
+            z.restart_member(i)?;
+            r.detail = format!(
+                "SIGKILL ZooKeeper server {} ({}); down {} ms; restarted, serving",
+                z.members[i].id,
+                if leader == Some(i) {
+                    "the quorum leader"
+                } else {
+                    "a follower"
+                },
+                step.length.as_millis()
+            );
+        }
+        BackendKind::Redis | BackendKind::RedisNaive => {
+            let s = st.redis.as_mut().context("redis fleet without Redis")?;
+            r.node = "redis".into();
+            r.applied_at_mono_ns = monotonic_ns();
+            r.verified = s.kill_restart(step.persist, step.length)?;
+            r.healed_at_mono_ns = Some(monotonic_ns());
+            r.detail = format!(
+                "SIGKILL redis-server; down {} ms; restarted {}",
+                step.length.as_millis(),
+                if step.persist {
+                    "from a SAVE snapshot (data kept)"
+                } else {
+                    "empty (every key lost: the token counter regresses)"
+                }
+            );
+        }
+        BackendKind::PgLease => {
+            let pg = st.postgres.clone();
+            r.node = "postgres (lease store)".into();
+            let pid = pg.postmaster_pid();
+            r.applied_at_mono_ns = monotonic_ns();
+            pg.stop();
+            r.verified = pid.is_some_and(|p| !pid_alive(p));
+            std::thread::sleep(step.length);
+            r.healed_at_mono_ns = Some(monotonic_ns());
+            start_pg(&pg, &listen)?;
+            r.detail = format!(
+                "PostgreSQL fast shutdown (the lease store, and the resource with it); down {} ms; restarted",
+                step.length.as_millis()
+            );
+        }
+        BackendKind::Raft | BackendKind::Custom => {
+            bail!("{} has no backend server to restart", st.backend.as_str())
+        }
+    }
+    Ok(r)
+}
+
+/// Applies one step.
+pub async fn apply(
+    state: &Arc<Mutex<FleetState>>,
+    step: &Step,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    match step.kind {
+        FaultKind::KillLeader | FaultKind::KillFollower => {
+            kill_node(state, step, scheduled_ms).await
+        }
+        FaultKind::KillSteppingDown => kill_stepping_down(state, step, scheduled_ms).await,
+        FaultKind::PauseLeader => faults::pause_leader(state, step.length, scheduled_ms).await,
+        k if k.needs_netns() => {
+            faults::partition_leader_from(state, k, step.length, scheduled_ms).await
+        }
+        FaultKind::ClockRate => clock_rate(state, step, scheduled_ms).await,
+        FaultKind::BackendRestart => backend_restart(state, step, scheduled_ms).await,
+        FaultKind::ResourceKill => resource_kill(state, step, scheduled_ms).await,
+        FaultKind::Stepdown => faults::stepdown_leader(state, scheduled_ms).await,
+        FaultKind::Transfer => {
+            faults::stepdown_leader_to(state, scheduled_ms, Some(step.pick)).await
+        }
+        k => bail!("{} is not a nemesis fault", k.as_str()),
+    }
+}
+
+/// The nemesis schedule's seed for a backend: its own stream from the spec's seed and the
+/// backend only, so the fencing-off run of a backend replays the fencing-on run's schedule.
+pub fn seed_for(spec_seed: u64, backend: BackendKind) -> u64 {
+    super::spec::mix_seed(spec_seed, &format!("nemesis-{}", backend.as_str()))
+}
+
+/// Runs the steps in order until they are done or the load is about to end (`stop_at`); a
+/// step that errs is recorded as an error, not a fault. Returns the records and the errors.
+pub async fn run_steps(
+    state: &Arc<Mutex<FleetState>>,
+    steps: &[Step],
+    start: Instant,
+    stop_at: Instant,
+) -> (Vec<FaultRecord>, Vec<String>) {
+    let mut records = Vec::new();
+    let mut errors = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        tokio::time::sleep(step.gap).await;
+        // A fault must be over (restart included) before the load stops.
+        if Instant::now() + step.length + Duration::from_secs(1) >= stop_at {
+            break;
+        }
+        let scheduled_ms = (Instant::now() - start).as_secs_f64() * 1000.0;
+        match apply(state, step, scheduled_ms).await {
+            Ok(r) => records.push(r),
+            Err(e) => errors.push(format!(
+                "#{i} {} at {scheduled_ms:.0} ms: {e:#}",
+                step.kind.as_str()
+            )),
+        }
+        if (i + 1) % 25 == 0 {
+            let bit = records.iter().filter(|r| r.verified).count();
+            eprintln!(
+                "nemesis: {} / {} steps, {bit} took effect, {} errors",
+                i + 1,
+                steps.len(),
+                errors.len()
+            );
+        }
+    }
+    (records, errors)
+}
+
+/// Per kind: injected and took effect.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct KindCount {
+    pub injected: usize,
+    pub took_effect: usize,
+    /// Leadership changes attributed to faults of this kind, and their dark time (last old
+    /// write → first new write, resource clock), ms.
+    pub transitions: usize,
+    pub dark_ms: Option<crate::bench::Summary>,
+}
+
+/// The nemesis part of a run's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct NemesisReport {
+    /// The schedule's seed (the spec's seed mixed with `nemesis-<backend>`).
+    pub seed: u64,
+    pub drawn: usize,
+    pub injected: usize,
+    pub took_effect: usize,
+    /// `took_effect ≥ min_effective_fraction × (injected + errors)`: otherwise the run does
+    /// not count (faults that did not bite prove nothing).
+    pub enough_took_effect: bool,
+    /// Every drawn fault was injected and took effect (the run was not cut short by its
+    /// duration bound).
+    pub all_drawn_took_effect: bool,
+    pub by_kind: BTreeMap<String, KindCount>,
+    /// `ok / sent` of `POST /next`.
+    pub availability: f64,
+    pub acked: usize,
+    pub indeterminate: usize,
+    pub errors: usize,
+}
+
+/// Counts a run's faults by kind, with the transitions they caused.
+pub fn report(
+    cfg: &NemesisCfg,
+    seed: u64,
+    drawn: usize,
+    records: &[FaultRecord],
+    transitions: &[super::analysis::Transition],
+    load: &crate::load::Summary,
+    errors: usize,
+) -> NemesisReport {
+    let mut by_kind: BTreeMap<String, KindCount> = BTreeMap::new();
+    for r in records {
+        let k = by_kind.entry(r.kind.as_str().to_owned()).or_default();
+        k.injected += 1;
+        k.took_effect += usize::from(r.verified);
+    }
+    let mut gaps: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for t in transitions {
+        let kind = t
+            .cause_kind
+            .map(|k| k.as_str().to_owned())
+            .unwrap_or_else(|| "(none)".into());
+        gaps.entry(kind).or_default().push(t.gap_ms);
+    }
+    for (kind, g) in gaps {
+        let k = by_kind.entry(kind).or_default();
+        k.transitions = g.len();
+        k.dark_ms = crate::bench::Summary::of(&g);
+    }
+    let took_effect = records.iter().filter(|r| r.verified).count();
+    NemesisReport {
+        seed,
+        drawn,
+        injected: records.len(),
+        took_effect,
+        // A fault that erred (could not be applied) counts as attempted and not in effect.
+        enough_took_effect: !records.is_empty()
+            && took_effect as f64 >= cfg.min_effective_fraction * (records.len() + errors) as f64,
+        all_drawn_took_effect: took_effect >= drawn,
+        by_kind,
+        availability: if load.sent > 0 {
+            load.ok as f64 / load.sent as f64
+        } else {
+            0.0
+        },
+        acked: load.ok,
+        indeterminate: load.unknown,
+        errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn cfg() -> NemesisCfg {
+        toml::from_str(
+            r#"
+            faults = 200
+            gap = ["100ms", "1s"]
+            down = ["200ms", "1s"]
+            pause_short = ["0.3ttl", "0.8ttl"]
+            pause_long = ["1.2ttl", "2ttl"]
+            partition = ["0.5ttl", "2ttl"]
+            clock_hold = ["2s", "3s"]
+            clock_rates = [0.8, 1.25]
+            wipe_fraction = 0.25
+            [mix]
+            kill-leader = 1.0
+            kill-follower = 1.0
+            pause-leader = 2.0
+            partition-leader = 1.0
+            backend-restart = 1.0
+            transfer = 1.0
+            clock-rate = 1.0
+        "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_schedule_is_seeded_and_fits_the_backend() {
+        let c = cfg();
+        let a = draw(
+            &c,
+            BackendKind::Raft,
+            true,
+            1000,
+            &mut StdRng::seed_from_u64(9),
+        )
+        .unwrap();
+        let b = draw(
+            &c,
+            BackendKind::Raft,
+            true,
+            1000,
+            &mut StdRng::seed_from_u64(9),
+        )
+        .unwrap();
+        assert_eq!(a.len(), 200);
+        assert_eq!(
+            a.iter()
+                .map(|s| (s.kind, s.gap, s.length))
+                .collect::<Vec<_>>(),
+            b.iter()
+                .map(|s| (s.kind, s.gap, s.length))
+                .collect::<Vec<_>>()
+        );
+        assert!(a.iter().all(|s| s.kind != FaultKind::BackendRestart));
+        let e = draw(
+            &c,
+            BackendKind::Etcd,
+            false,
+            1000,
+            &mut StdRng::seed_from_u64(9),
+        )
+        .unwrap();
+        assert!(e
+            .iter()
+            .all(|s| s.kind != FaultKind::Transfer && !s.kind.needs_netns()));
+        assert!(e.iter().any(|s| s.kind == FaultKind::BackendRestart));
+        // Pauses both below and above the TTL.
+        let pauses: Vec<Duration> = a
+            .iter()
+            .filter(|s| s.kind == FaultKind::PauseLeader)
+            .map(|s| s.length)
+            .collect();
+        assert!(pauses.iter().any(|p| *p < Duration::from_millis(1000)));
+        assert!(pauses.iter().any(|p| *p > Duration::from_millis(1000)));
+        assert!(a.iter().any(|s| s.wipe) && a.iter().any(|s| !s.wipe));
+    }
+
+    #[test]
+    fn a_mix_nothing_applies_to_is_refused() {
+        let mut c = cfg();
+        c.mix = [(FaultKind::BackendRestart, 1.0)].into_iter().collect();
+        assert!(draw(
+            &c,
+            BackendKind::Raft,
+            true,
+            1000,
+            &mut StdRng::seed_from_u64(1)
+        )
+        .is_err());
+    }
+}
