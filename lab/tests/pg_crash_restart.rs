@@ -28,8 +28,11 @@ fn postgres_killed_minus_nine_restarts_with_its_committed_rows() {
         assert_eq!(again.port, port);
         let n = pg.psql("baton", "SELECT count(*) FROM t").expect("read");
         assert_eq!(n.trim(), "1000", "round {round}: committed rows lost");
-        pg.psql("baton", "INSERT INTO t SELECT -1; DELETE FROM t WHERE x = -1;")
-            .expect("writable after recovery");
+        pg.psql(
+            "baton",
+            "INSERT INTO t SELECT -1; DELETE FROM t WHERE x = -1;",
+        )
+        .expect("writable after recovery");
     }
     pg.stop();
 }

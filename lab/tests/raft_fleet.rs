@@ -507,7 +507,10 @@ async fn a_follower_with_a_wiped_disk_rejoins_under_its_old_id() {
     assert_eq!(r.status, 200, "{:?}", r.body);
     let (l3, _, t3) = fleet.new_leader(&l2, t2, SETTLE).await;
     assert!(t3 > t2);
-    assert_eq!(l3, wiped, "the hand-over went to {l3}, not the wiped member");
+    assert_eq!(
+        l3, wiped,
+        "the hand-over went to {l3}, not the wiped member"
+    );
     // Settled: one leader, every follower agreeing, exactly one acting.
     let _ = fleet.leader(SETTLE).await;
     assert_exactly_one_leader(&fleet, 3).await;

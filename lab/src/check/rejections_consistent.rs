@@ -59,9 +59,7 @@ pub fn check(input: &CheckInput) -> Option<Violation> {
         if let Err(msg) = justified(r) {
             return Some(Violation::new(NAME, msg, vec![describe]));
         }
-        if r.max_token > 0
-            && !accepted.contains(&(r.max_token, r.max_holder.as_str()))
-        {
+        if r.max_token > 0 && !accepted.contains(&(r.max_token, r.max_holder.as_str())) {
             return Some(Violation::new(
                 NAME,
                 format!(

@@ -227,16 +227,10 @@ pub async fn stepdown_leader(
     stepdown_leader_to(state, scheduled_ms, None).await
 }
 
-/// The admin bearer token a node's config sets, if any: `/stepdown` requires it then.
-pub fn admin_token(node: &fleet::FleetNode) -> Option<String> {
-    baton::config::NodeConfig::from_file(&node.config)
-        .ok()?
-        .admin_token
-}
-
-/// `POST /stepdown` (with the node's admin token when it has one) to `addr`.
+/// `POST /stepdown` to `node`; `client` carries the fleet's admin token
+/// ([`FleetState::admin_client`]).
 pub async fn post_stepdown(
-    client: &NodeClient,
+    client: &crate::fleet::client::NodeClient,
     node: &fleet::FleetNode,
     successor: Option<&str>,
 ) -> anyhow::Result<crate::fleet::client::Reply> {
@@ -244,17 +238,12 @@ pub async fn post_stepdown(
         Some(s) => format!("/stepdown?to={s}"),
         None => "/stepdown".to_owned(),
     };
-    let bearer = admin_token(node).map(|t| format!("Bearer {t}"));
-    let headers: Vec<(&str, &str)> = bearer
-        .as_deref()
-        .map(|b| vec![("authorization", b)])
-        .unwrap_or_default();
     client
         .send(
             hyper::Method::POST,
             &node.http_addr,
             &path,
-            &headers,
+            &[],
             Default::default(),
         )
         .await

@@ -266,7 +266,7 @@ async fn kill_stepping_down(
     let snap = snapshot(state);
     let (leader, token) = faults::current_leader(&snap, Duration::from_secs(15)).await?;
     let node = snap.node(&leader)?.clone();
-    let client = NodeClient::new(Duration::from_secs(10));
+    let client = snap.admin_client(Duration::from_secs(10));
     let req = {
         let (client, node) = (client.clone(), node.clone());
         tokio::spawn(async move { faults::post_stepdown(&client, &node, None).await })
