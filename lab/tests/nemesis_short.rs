@@ -102,7 +102,7 @@ fn a_hundred_seeded_faults_take_effect_and_the_checker_passes() {
 fn the_same_schedule_with_the_fence_off_fails_the_checker() {
     let _g = serial();
     let (code, stdout, dir) =
-        nemesis(&["--fencing", "off", "--faults", "40", "--duration", "150s"]);
+        nemesis(&["--fencing", "off", "--faults", "40", "--duration", "120s"]);
     assert_eq!(
         code, 0,
         "the fencing-off run must fail as expected:\n{stdout}"
