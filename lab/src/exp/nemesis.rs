@@ -481,6 +481,71 @@ async fn backend_restart(
     r
 }
 
+/// A replicated election server (etcd, ZooKeeper) whose members the nemesis kills one at a time.
+trait Ensemble {
+    fn leader_index(&self) -> Option<usize>;
+    fn kill_member(&self, i: usize) -> bool;
+    fn restart_member(&mut self, i: usize) -> Result<(), crate::fleet::servers::ServerError>;
+}
+
+impl Ensemble for crate::fleet::servers::EtcdCluster {
+    fn leader_index(&self) -> Option<usize> {
+        self.leader_index()
+    }
+    fn kill_member(&self, i: usize) -> bool {
+        self.kill_member(i)
+    }
+    fn restart_member(&mut self, i: usize) -> Result<(), crate::fleet::servers::ServerError> {
+        self.restart_member(i)
+    }
+}
+
+impl Ensemble for crate::fleet::zk_server::ZkEnsemble {
+    fn leader_index(&self) -> Option<usize> {
+        self.leader_index()
+    }
+    fn kill_member(&self, i: usize) -> bool {
+        self.kill_member(i)
+    }
+    fn restart_member(&mut self, i: usize) -> Result<(), crate::fleet::servers::ServerError> {
+        self.restart_member(i)
+    }
+}
+
+/// SIGKILL of one member (the ensemble's leader when the step asks and one is known), down for
+/// the step's length, restarted with its data; waits until the ensemble serves again.
+fn kill_restart_member(
+    r: &mut FaultRecord,
+    step: &Step,
+    ensemble: &mut dyn Ensemble,
+    names: &[String],
+    what: &str,
+    leader_role: &str,
+) -> anyhow::Result<()> {
+    let leader = ensemble.leader_index();
+    let i = match leader {
+        Some(l) if step.backend_leader => l,
+        _ => (step.pick % names.len() as u64) as usize,
+    };
+    r.node = format!("{what} {}", names[i]);
+    r.applied_at_mono_ns = monotonic_ns();
+    r.verified = ensemble.kill_member(i);
+    std::thread::sleep(step.length);
+    r.healed_at_mono_ns = Some(monotonic_ns());
+    ensemble.restart_member(i)?;
+    r.detail = format!(
+        "SIGKILL {what} {} ({}); down {} ms; restarted with its data, serving",
+        names[i],
+        if leader == Some(i) {
+            leader_role
+        } else {
+            "a follower"
+        },
+        step.length.as_millis()
+    );
+    Ok(())
+}
+
 fn backend_restart_blocking(
     st: &mut FleetState,
     step: &Step,
@@ -491,48 +556,20 @@ fn backend_restart_blocking(
     match st.backend {
         BackendKind::Etcd => {
             let e = st.etcd.as_mut().context("etcd fleet without etcd")?;
-            let leader = e.leader_index();
-            let i = match leader {
-                Some(l) if step.backend_leader => l,
-                _ => (step.pick % e.members.len() as u64) as usize,
-            };
-            r.node = format!("etcd {}", e.members[i].name);
-            r.applied_at_mono_ns = monotonic_ns();
-            r.verified = e.kill_member(i);
-            std::thread::sleep(step.length);
-            r.healed_at_mono_ns = Some(monotonic_ns());
-            e.restart_member(i)?;
-            r.detail =
-                format!(
-                "SIGKILL etcd member {} ({}); down {} ms; restarted with its data, cluster healthy",
-                e.members[i].name,
-                if leader == Some(i) { "etcd's leader" } else { "a follower" },
-                step.length.as_millis()
-            );
+            let names: Vec<String> = e.members.iter().map(|m| m.name.clone()).collect();
+            kill_restart_member(&mut r, step, e, &names, "etcd member", "etcd's leader")?;
         }
         BackendKind::Zk => {
             let z = st.zk.as_mut().context("zk fleet without ZooKeeper")?;
-            let leader = z.leader_index();
-            let i = match leader {
-                Some(l) if step.backend_leader => l,
-                _ => (step.pick % z.members.len() as u64) as usize,
-            };
-            r.node = format!("zk {}", z.members[i].id);
-            r.applied_at_mono_ns = monotonic_ns();
-            r.verified = z.kill_member(i);
-            std::thread::sleep(step.length);
-            r.healed_at_mono_ns = Some(monotonic_ns());
-            z.restart_member(i)?;
-            r.detail = format!(
-                "SIGKILL ZooKeeper server {} ({}); down {} ms; restarted, serving",
-                z.members[i].id,
-                if leader == Some(i) {
-                    "the quorum leader"
-                } else {
-                    "a follower"
-                },
-                step.length.as_millis()
-            );
+            let names: Vec<String> = z.members.iter().map(|m| m.id.to_string()).collect();
+            kill_restart_member(
+                &mut r,
+                step,
+                z,
+                &names,
+                "ZooKeeper server",
+                "the quorum leader",
+            )?;
         }
         BackendKind::Redis | BackendKind::RedisNaive => {
             let s = st.redis.as_mut().context("redis fleet without Redis")?;
