@@ -1,12 +1,12 @@
-//! HTTP (SPEC §5), hyper 1. [`serve`] takes a bound listener and a shutdown future, so tests bind
+//! HTTP (SPEC §5), hyper 1. `serve` takes a bound listener and a shutdown future, so tests bind
 //! port 0 and stop the server when they are done.
 //!
 //! Every client holds bounded resources (SPEC §10): a connection slot out of `max_connections`
 //! (past it, the slot of the connection longest without progress, or a fixed 503 and close when
 //! every slot is serving a request: a flood cannot take the descriptors the node needs for its
-//! own work, nor lock new clients out; see [`slots`]), a header-read clock that also bounds idle keep-alive, a body-read clock and size
+//! own work, nor lock new clients out; see `slots`), a header-read clock that also bounds idle keep-alive, a body-read clock and size
 //! limit, and a bound on the whole request. A leader whose accept loop keeps failing cannot serve
-//! its clients, and its followers cannot tell: it steps down ([`AcceptHealth`]).
+//! its clients, and its followers cannot tell: it steps down (`AcceptHealth`).
 //!
 //! With `[http] tls_cert_file`/`tls_key_file` (feature `tls`) the server speaks HTTPS only. The
 //! handshake happens inside the connection's slot and is bounded by the header-read timeout, so a
