@@ -362,6 +362,10 @@ async fn drive(
     );
     lspec.connections = spec.load.connections;
     lspec.timeout = Duration::from_millis(spec.load.timeout_ms);
+    let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if nemesis_steps.is_some() {
+        lspec.stop = Some(stop_load.clone());
+    }
     // Seeded pacing offset: where the load's slots fall relative to the faults.
     let offset = Duration::from_micros(rng.gen_range(0..(1e6 / spec.load.rate).max(1.0) as u64));
     tokio::time::sleep(offset).await;
@@ -381,6 +385,9 @@ async fn drive(
         let (r, e) = nemesis::run_steps(&state, steps, start, start + duration).await;
         records = r;
         errors = e;
+        // Every fault has healed: settle, then end the load (`duration` is a bound, not a goal).
+        tokio::time::sleep(spec.settle.eval(ttl)).await;
+        stop_load.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     for occ in &schedule {
         tokio::time::sleep_until(start + occ.at).await;
@@ -612,7 +619,12 @@ fn assemble(
         workset_rows: plan.workset_rows,
         seed: plan.seed,
         quick,
-        duration_s: report.spec.duration.as_secs_f64(),
+        // A nemesis run ends its load early (see `stop_load`): report what ran.
+        duration_s: if spec.nemesis.is_some() {
+            report.elapsed.as_secs_f64()
+        } else {
+            report.spec.duration.as_secs_f64()
+        },
         started_unix_ms,
         wall_s: 0.0,
         config: cfg.redacted_json(),

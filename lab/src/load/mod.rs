@@ -53,6 +53,10 @@ pub struct LoadSpec {
     pub drain: Duration,
     /// Request path, e.g. `/next`.
     pub path: String,
+    /// Set to end the load before `duration`: no slot is taken after it is set (slots not yet
+    /// due are neither sent nor `unsent`). The nemesis sets it once its last fault has healed
+    /// and the fleet has settled, instead of idling out the bound.
+    pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl LoadSpec {
@@ -65,6 +69,7 @@ impl LoadSpec {
             timeout: Duration::from_secs(2),
             drain: Duration::from_secs(3),
             path: "/next".into(),
+            stop: None,
         }
     }
 
@@ -371,6 +376,14 @@ impl WorkerOut {
 async fn worker(sh: Arc<Shared>, w: u32, mut conn: Option<Conn>, mut out: WorkerOut) -> WorkerOut {
     let period_ns = 1e9 / sh.spec.rate;
     loop {
+        if sh
+            .spec
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::Relaxed))
+        {
+            break;
+        }
         let id = sh.next_slot.fetch_add(1, Ordering::Relaxed);
         if id >= sh.total {
             break;
