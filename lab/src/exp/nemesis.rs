@@ -732,7 +732,8 @@ pub fn report(
         let kind = t
             .cause_kind
             .map(|k| k.as_str().to_owned())
-            .unwrap_or_else(|| "(none)".into());
+            // A change after a fault that already explained one (a re-election, a flap).
+            .unwrap_or_else(|| "(no fault of its own)".into());
         gaps.entry(kind).or_default().push(t.gap_ms);
     }
     for (kind, g) in gaps {
