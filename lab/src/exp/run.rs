@@ -436,6 +436,7 @@ async fn drive(
     let db = admin(&snapshot).await?;
     let mut input: CheckInput = check::load::read(&db, None).await?;
     input.acks = check::load::acks_from_ops(&format!("{}.history", plan.label), &report.ops);
+    input.reads = check::load::reads_from_ops(&format!("{}.history", plan.label), &report.ops);
     let verdict = check::run(&input);
     let events = analysis::read_traces(&dir.join("nodes"));
 
