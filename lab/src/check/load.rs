@@ -84,6 +84,7 @@ pub async fn read(
         rejections,
         acks: Vec::new(),
         reads: Vec::new(),
+        accepted: Vec::new(),
     })
 }
 

@@ -87,6 +87,9 @@ pub struct CheckInput {
     pub acks: Vec<Ack>,
     /// Answered `GET /read`s from client histories (see [`reads`]).
     pub reads: Vec<reads::ReadObs>,
+    /// Tokens the resource accepted, with when, on the clients' monotonic clock (see
+    /// [`reads::accepted_from_ledger`]); more witnesses for `read_token_fresh` than the acks.
+    pub accepted: Vec<reads::Accepted>,
 }
 
 /// The first counterexample of one invariant.
@@ -374,6 +377,7 @@ pub(crate) mod testkit {
                 ack(7, 7, 9, 13, 15),
             ],
             reads: vec![],
+            accepted: vec![],
         }
     }
 }

@@ -54,20 +54,96 @@ impl ReadObs {
     }
 }
 
+/// A token the resource accepted (a ledger row), at `at_ns` on the clients' monotonic clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Accepted {
+    pub token: i64,
+    pub at_ns: u64,
+    /// The ledger row (`pos`) and what it was, for counterexamples.
+    pub what: String,
+}
+
+/// How far after its `committed_at` stamp a ledger row counts as accepted: the stamp is taken
+/// inside the transaction, before its commit (an fsync) makes it visible.
+pub const ACCEPT_GUARD_NS: u64 = 20_000_000;
+
+/// The ledger's rows as acceptance witnesses, mapping the resource's wall clock (PostgreSQL on
+/// this machine) onto the monotonic clock through one pair of readings taken together
+/// (`mono0_ns`, `wall0_us`), plus [`ACCEPT_GUARD_NS`].
+pub fn accepted_from_ledger(
+    ledger: &[super::LedgerRow],
+    mono0_ns: u64,
+    wall0_us: i64,
+) -> Vec<Accepted> {
+    ledger
+        .iter()
+        .filter_map(|r| {
+            let ns = (r.committed_us - wall0_us) * 1000 + mono0_ns as i64;
+            (ns > 0).then(|| Accepted {
+                token: r.token,
+                at_ns: ns as u64 + ACCEPT_GUARD_NS,
+                what: r.describe(),
+            })
+        })
+        .collect()
+}
+
 /// How one read is stale, with the ack that shows it.
 struct Stale<'a> {
     read: &'a ReadObs,
     seq_behind: Option<&'a Ack>,
-    token_behind: Option<&'a Ack>,
+    token_behind: Option<Witness<'a>>,
+}
+
+/// What shows a token was accepted before a read was sent.
+#[derive(Clone, Copy)]
+enum Witness<'a> {
+    Ack(&'a Ack),
+    Ledger(&'a Accepted),
+}
+
+impl Witness<'_> {
+    fn token(&self) -> i64 {
+        match self {
+            Witness::Ack(a) => a.token,
+            Witness::Ledger(l) => l.token,
+        }
+    }
+    fn at_ns(&self) -> u64 {
+        match self {
+            Witness::Ack(a) => a.complete_ns,
+            Witness::Ledger(l) => l.at_ns,
+        }
+    }
+    fn source(&self) -> String {
+        match self {
+            Witness::Ack(a) => a.source.clone(),
+            Witness::Ledger(l) => format!("ledger row ({})", l.what),
+        }
+    }
+    fn describe(&self) -> String {
+        match self {
+            Witness::Ack(a) => format!("ack:  {}", a.describe()),
+            Witness::Ledger(l) => format!("accepted: {} (at {})", l.what, fmt_ns(l.at_ns)),
+        }
+    }
 }
 
 /// Every read with what it should have seen.
 fn sweep(input: &CheckInput) -> Vec<Stale<'_>> {
     let mut acks: Vec<&Ack> = input.acks.iter().collect();
     acks.sort_by_key(|a| a.complete_ns);
+    let mut witnesses: Vec<Witness> = input
+        .acks
+        .iter()
+        .map(Witness::Ack)
+        .chain(input.accepted.iter().map(Witness::Ledger))
+        .collect();
+    witnesses.sort_by_key(|w| w.at_ns());
     let mut reads: Vec<&ReadObs> = input.reads.iter().collect();
     reads.sort_by_key(|r| r.invoke_ns);
-    let (mut i, mut max_seq, mut max_token): (usize, Option<&Ack>, Option<&Ack>) = (0, None, None);
+    let (mut i, mut j) = (0, 0);
+    let (mut max_seq, mut max_token): (Option<&Ack>, Option<Witness>) = (None, None);
     let mut out = Vec::new();
     for r in reads {
         while i < acks.len() && acks[i].complete_ns < r.invoke_ns {
@@ -75,13 +151,17 @@ fn sweep(input: &CheckInput) -> Vec<Stale<'_>> {
             if max_seq.is_none_or(|m| a.seq > m.seq) {
                 max_seq = Some(a);
             }
-            if max_token.is_none_or(|m| a.token > m.token) {
-                max_token = Some(a);
-            }
             i += 1;
         }
+        while j < witnesses.len() && witnesses[j].at_ns() < r.invoke_ns {
+            let w = witnesses[j];
+            if max_token.is_none_or(|m| w.token() > m.token()) {
+                max_token = Some(w);
+            }
+            j += 1;
+        }
         let seq_behind = max_seq.filter(|a| a.seq > r.seq);
-        let token_behind = max_token.filter(|a| a.token > r.token);
+        let token_behind = max_token.filter(|w| w.token() > r.token);
         if seq_behind.is_some() || token_behind.is_some() {
             out.push(Stale {
                 read: r,
@@ -93,15 +173,23 @@ fn sweep(input: &CheckInput) -> Vec<Stale<'_>> {
     out
 }
 
-fn violation(name: &'static str, r: &ReadObs, a: &Ack, what: &str, va: i64, vr: i64) -> Violation {
-    let gap_us = r.invoke_ns.saturating_sub(a.complete_ns) as f64 / 1000.0;
+fn violation(
+    name: &'static str,
+    r: &ReadObs,
+    w: Witness,
+    what: &str,
+    va: i64,
+    vr: i64,
+) -> Violation {
+    let gap_us = r.invoke_ns.saturating_sub(w.at_ns()) as f64 / 1000.0;
     Violation::new(
         name,
         format!(
-            "{} was acknowledged with {what} {va} {gap_us:.1} µs before {} was sent, which read {what} {vr}",
-            a.source, r.source
+            "{} had {what} {va} {gap_us:.1} µs before {} was sent, which read {what} {vr}",
+            w.source(),
+            r.source
         ),
-        vec![format!("ack:  {}", a.describe()), format!("read: {}", r.describe())],
+        vec![w.describe(), format!("read: {}", r.describe())],
     )
 }
 
@@ -109,7 +197,7 @@ fn violation(name: &'static str, r: &ReadObs, a: &Ack, what: &str, va: i64, vr: 
 pub fn check_seq(input: &CheckInput) -> Option<Violation> {
     sweep(input).into_iter().find_map(|s| {
         s.seq_behind
-            .map(|a| violation(NAME_SEQ, s.read, a, "seq", a.seq, s.read.seq))
+            .map(|a| violation(NAME_SEQ, s.read, Witness::Ack(a), "seq", a.seq, s.read.seq))
     })
 }
 
@@ -117,7 +205,7 @@ pub fn check_seq(input: &CheckInput) -> Option<Violation> {
 pub fn check_token(input: &CheckInput) -> Option<Violation> {
     sweep(input).into_iter().find_map(|s| {
         s.token_behind
-            .map(|a| violation(NAME_TOKEN, s.read, a, "token", a.token, s.read.token))
+            .map(|w| violation(NAME_TOKEN, s.read, w, "token", w.token(), s.read.token))
     })
 }
 
@@ -213,6 +301,28 @@ mod tests {
         assert_eq!(counts["lease"].stale, 1);
         assert_eq!(counts["lease"].stale_token, 1);
         assert_eq!(counts["quorum"].stale, 0);
+    }
+
+    #[test]
+    fn a_read_after_the_new_terms_claim_is_stale_even_before_any_ack() {
+        // Token 7's claim was accepted at 8 ms (resource clock mapped onto the monotonic one,
+        // guard included); no ID of token 7 was acknowledged before 11 ms. A token-5 read sent
+        // at 9 ms is stale; one sent at 7 ms is not.
+        let mut input = with_reads(vec![read(0, "lease", 5, 4, 9, 10)]);
+        input.accepted = vec![Accepted {
+            token: 7,
+            at_ns: 8_000_000,
+            what: "claim".into(),
+        }];
+        let v = check_token(&input).expect("stale token caught from the ledger");
+        assert!(v.message.contains("ledger row"), "{}", v.message);
+        input.reads = vec![read(0, "lease", 5, 4, 7, 10)];
+        assert_eq!(check_token(&input), None);
+        // The mapping: a row committed 5 ms after the paired readings lands 5 ms + guard later.
+        let mut row = claim(1, 7, "n2", 4);
+        row.committed_us = 1_000_005_000;
+        let acc = accepted_from_ledger(&[row], 100_000_000, 1_000_000_000);
+        assert_eq!(acc[0].at_ns, 105_000_000 + ACCEPT_GUARD_NS);
     }
 
     #[test]
