@@ -304,6 +304,16 @@ pub async fn cli_main(a: CheckArgs) -> anyhow::Result<i32> {
     let mut input = load::from_database(&url, a.resource.as_deref()).await?;
     input.acks = load::acks_from_histories(&a.history)?;
     input.reads = load::reads_from_histories(&a.history)?;
+    // The ledger's rows witness accepted tokens too: map the resource's clock (PostgreSQL on
+    // this machine) onto the monotonic clock the histories use, through readings taken now.
+    let (mono_now, wall_now) = (
+        baton::clock::monotonic_ns(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0),
+    );
+    input.accepted = reads::accepted_from_ledger(&input.ledger, mono_now, wall_now);
     let verdict = run(&input);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);

@@ -508,6 +508,11 @@ async fn drive(
     for p in probes {
         probe_ops.extend(p.await.context("read probe")?);
     }
+    if !probe_ops.is_empty() {
+        // Kept with the fleet's directory (`baton exp --keep`), for `baton check --history`.
+        let _ = load::write_history(&dir.join("probe-history.jsonl"), &probe_ops);
+        let _ = load::write_history(&dir.join("load-history.jsonl"), &report.ops);
+    }
     let mut restarted = Vec::new();
     for h in restarts {
         match h.await {
@@ -529,6 +534,10 @@ async fn drive(
         &format!("{}.probe", plan.label),
         &probe_ops,
     ));
+    // The resource's own record of accepted tokens (PostgreSQL runs on this machine: its clock
+    // maps onto the monotonic one through the pair of readings taken at the start).
+    input.accepted =
+        check::reads::accepted_from_ledger(&input.ledger, clock.mono0_ns, clock.wall0_us);
     let verdict = check::run(&input);
     let events = analysis::read_traces(&dir.join("nodes"));
 
