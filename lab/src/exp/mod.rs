@@ -576,7 +576,7 @@ fn write_reads_section(
     let _ = writeln!(md, "## Reads (`GET /read`)\n");
     let _ = writeln!(
         md,
-        "A read is **stale** when it returned a seq below an ID acknowledged before it was sent, or a token below one the resource had accepted (witnessed by an acknowledged ID) before it was sent. `excess` = how much slower the clock runs than the configured bound = −drift − bound; the lease read window is only sound while excess ≤ 0.\n"
+        "A read is **stale** when it returned a seq below an ID acknowledged before it was sent, or a token below one the resource had accepted before it was sent (witnessed by an acknowledged ID, or by a ledger row's `committed_at` + 20 ms, mapped onto the monotonic clock). `excess` = how much slower the clock runs than the configured bound = −drift − bound; the lease read window is only sound while excess ≤ 0.\n"
     );
     let _ = writeln!(
         md,
