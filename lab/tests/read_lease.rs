@@ -45,6 +45,25 @@ async fn next_retry(
     }
 }
 
+/// Waits until `addr` answers a read: its leader work has claimed both the sequence and the
+/// work-set cursor (a read before that is a 503 `not_ready`, never a guess).
+async fn wait_readable(fleet: &Fleet, addr: &str) {
+    let until = Instant::now() + SETTLE;
+    loop {
+        let r = fleet.client.get(addr, "/read?mode=quorum").await.unwrap();
+        if r.status == 200 {
+            return;
+        }
+        assert!(
+            Instant::now() < until && r.status == 503,
+            "{} {:?}",
+            r.status,
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_modes_on_the_leader_409_on_followers_400_on_bad_input() {
     let _g = SERIAL.lock().await;
@@ -58,6 +77,7 @@ async fn read_modes_on_the_leader_409_on_followers_400_on_bad_input() {
         assert_eq!(t, token);
         last = s;
     }
+    wait_readable(&fleet, &addr).await;
     // Every mode on the leader: the token serving it, a seq no lower than the last ack.
     let mut lease_served = 0;
     for mode in ["lease", "quorum", "resource"] {
@@ -143,6 +163,7 @@ async fn a_lease_read_outside_its_window_falls_back_to_quorum() {
     let nodes = fleet.state().nodes;
     let mut hint = Some(addr.clone());
     let (_, last) = next_retry(&fleet, &nodes, &mut hint).await;
+    wait_readable(&fleet, &addr).await;
     let (mut fell_back, mut served) = (0, 0);
     for _ in 0..30 {
         let r = fleet.client.get(&addr, "/read?mode=lease").await.unwrap();
