@@ -227,6 +227,20 @@ pub trait Elector: Send + Sync + 'static {
     /// The current leader as the backend sees it.
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>>;
 
+    /// Whether this node (`me`, its node id) still leads under `token`, established with the
+    /// backend *now* (a linearizable check, one round trip): what a `quorum` read on
+    /// `GET /read` waits for before it answers from the leader's memory. `Ok(false)` when
+    /// another node (or nobody) leads, or this node leads a different term.
+    ///
+    /// The default compares [`Elector::leader`] with `me`, which is right only where
+    /// `leader()` is itself a linearizable read of the backend; every built-in backend overrides
+    /// it with its own check (raft: a ReadIndex round; etcd: a revision-checked read of the
+    /// election key; zk: `sync` then read; redis and pg-lease: a compare on the lease record).
+    async fn confirm_leadership(&self, me: &str, token: FenceToken) -> ElectorResult<bool> {
+        let _ = token;
+        Ok(self.leader().await?.is_some_and(|l| l.node_id == me))
+    }
+
     /// Follow the leader. The default polls [`Elector::leader`]; backends with a native watch
     /// (etcd's observe) override it. Returns only when `tx` has no receivers.
     async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {

@@ -20,6 +20,13 @@ struct TermView {
     token: Option<FenceToken>,
     /// The watchdog's deadline for that term: this node stops acting when it passes.
     lease_deadline: Option<Instant>,
+    /// When the renewal that set `lease_deadline` was sent (the lease read window's origin).
+    lease_sent_at: Option<Instant>,
+    /// The highest seq the fence accepted from this node's sequencer, and under which term
+    /// (the claim's `last_seq`, then every accepted group commit's end). Never an ID in flight.
+    committed_seq: Option<(FenceToken, i64)>,
+    /// The work-set cursor the fence accepted (claimed or checkpointed), and under which term.
+    committed_cursor: Option<(FenceToken, i64)>,
     /// Set while leader work runs (from work-started to work-stopped).
     acting: Option<FenceToken>,
     /// The last deadline the watchdog enforced, and for which term. Unlike `lease_deadline` it
@@ -76,6 +83,21 @@ pub struct Status {
     pub monotonic_ns: u64,
 }
 
+/// What a leader knows for a read, taken in one snapshot ([`Leadership::read_view`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ReadView {
+    /// The term this node holds.
+    pub token: FenceToken,
+    /// The watchdog's deadline for it (`None` before the watchdog armed).
+    pub lease_deadline: Option<Instant>,
+    /// When the renewal behind that deadline was sent.
+    pub lease_sent_at: Option<Instant>,
+    /// The highest seq committed through the fence in this term (`None`: not claimed yet).
+    pub committed_seq: Option<i64>,
+    /// The work-set cursor committed through the fence in this term (`None`: not claimed yet).
+    pub committed_cursor: Option<i64>,
+}
+
 /// See the module docs. Shared as `Arc<Leadership>`.
 pub struct Leadership {
     node_id: String,
@@ -113,16 +135,19 @@ impl Leadership {
             t.token = token;
             if token.is_none() {
                 t.lease_deadline = None;
+                t.lease_sent_at = None;
             }
         }
     }
 
-    /// The watchdog: the deadline it now enforces for `token` (armed or moved by a renewal).
-    pub(crate) fn set_deadline(&self, token: FenceToken, deadline: Option<Instant>) {
+    /// The watchdog: the deadline it now enforces for `token` (armed or moved by a renewal),
+    /// with the send time of the renewal (or grant) it comes from.
+    pub(crate) fn set_deadline(&self, token: FenceToken, deadline: Option<(Instant, Instant)>) {
         if let Ok(mut t) = self.term.write() {
             if t.token == Some(token) {
-                t.lease_deadline = deadline;
-                if let Some(d) = deadline {
+                t.lease_deadline = deadline.map(|(d, _)| d);
+                t.lease_sent_at = deadline.map(|(_, s)| s);
+                if let Some((d, _)) = deadline {
                     t.last_deadline = Some((token, d));
                 }
             }
@@ -134,6 +159,38 @@ impl Leadership {
         if let Ok(mut t) = self.term.write() {
             t.acting = token;
         }
+    }
+
+    /// The sequencer: the fence accepted everything up to `seq` under `token`. Called before
+    /// any client hears of those IDs, so a read never trails an acknowledged ID.
+    pub(crate) fn set_committed_seq(&self, token: FenceToken, seq: i64) {
+        if let Ok(mut t) = self.term.write() {
+            let keep = matches!(t.committed_seq, Some((tok, s)) if tok == token && s >= seq);
+            if !keep {
+                t.committed_seq = Some((token, seq));
+            }
+        }
+    }
+
+    /// The scheduler: the fence accepted the work-set cursor `position` under `token`.
+    pub(crate) fn set_committed_cursor(&self, token: FenceToken, position: i64) {
+        if let Ok(mut t) = self.term.write() {
+            t.committed_cursor = Some((token, position));
+        }
+    }
+
+    /// One consistent snapshot of what a read needs: `None` unless this node holds a term.
+    pub fn read_view(&self) -> Option<ReadView> {
+        let t = self.term.read().ok()?;
+        let token = t.token?;
+        let of_term = |v: Option<(FenceToken, i64)>| v.filter(|(k, _)| *k == token).map(|(_, x)| x);
+        Some(ReadView {
+            token,
+            lease_deadline: t.lease_deadline,
+            lease_sent_at: t.lease_sent_at,
+            committed_seq: of_term(t.committed_seq),
+            committed_cursor: of_term(t.committed_cursor),
+        })
     }
 
     /// The last deadline the watchdog enforced for the term `token` (moved by every renewal), also

@@ -51,7 +51,7 @@
 //! actors/            the supervision tree: NodeSupervisor, Elector loop, LeaseWatchdog
 //! backends/          the `Elector` seam, one module per backend, the conformance suite
 //! work/              leader-only work: the fence client + SQL, closure jobs, Sequencer, Scheduler
-//! http/              hyper 1 server: /status /next /metrics /stepdown /healthz
+//! http/              hyper 1 server: /status /next /read /metrics /stepdown /healthz
 //! metrics.rs         metric names and the Prometheus recorder
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments

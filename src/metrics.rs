@@ -82,6 +82,10 @@ pub const HTTP_ACCEPT_FAILURES: &str = "baton_http_accept_failures_total";
 pub const HTTP_TLS_HANDSHAKE_FAILURES: &str = "baton_http_tls_handshake_failures_total";
 /// Step-downs because the client listener could not accept for too long.
 pub const HTTP_UNSERVICEABLE_STEPDOWNS: &str = "baton_http_unserviceable_stepdowns_total";
+/// `GET /read` answers (labels `mode`: the mode actually used, `outcome`: ok or the refusal).
+pub const READS: &str = "baton_reads_total";
+/// `lease` reads asked outside the lease window, answered by a `quorum` read instead.
+pub const READ_LEASE_FALLBACKS: &str = "baton_read_lease_fallbacks_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -145,6 +149,14 @@ mod prom {
 
 /// Describes baton's metrics (help text, units) to whatever recorder is installed.
 pub fn describe() {
+    describe_counter!(
+        READS,
+        "GET /read answers, by the mode actually used and the outcome"
+    );
+    describe_counter!(
+        READ_LEASE_FALLBACKS,
+        "lease reads asked outside the lease window and answered by a quorum read"
+    );
     describe_counter!(
         HTTP_CONNECTIONS_REFUSED,
         "Client connections refused (503, closed) because the connection cap was reached"

@@ -53,6 +53,8 @@ pub struct NodeBuilder {
     cfg: NodeConfig,
     works: Vec<Registered>,
     sequencer: Option<SequencerHandle>,
+    /// Whether the built-in scheduler is registered (`GET /read` then reports its cursor).
+    scheduler: bool,
     elector: Option<Arc<dyn Elector>>,
     #[cfg(feature = "http")]
     http: Option<tokio::net::TcpListener>,
@@ -65,6 +67,7 @@ impl NodeBuilder {
             cfg,
             works: Vec::new(),
             sequencer: None,
+            scheduler: false,
             elector: None,
             #[cfg(feature = "http")]
             http: None,
@@ -127,6 +130,7 @@ impl NodeBuilder {
                 cfg: self.cfg.scheduler.clone(),
             });
             self = self.with_work(work);
+            self.scheduler = true;
         }
         self
     }
@@ -199,6 +203,8 @@ impl NodeBuilder {
             cfg.backend,
             leader_rx,
         ));
+        #[cfg(feature = "http")]
+        let read_backend = (backend.clone(), fence.clone());
         let args = SupervisorArgs {
             cfg: cfg.clone(),
             backend,
@@ -216,8 +222,19 @@ impl NodeBuilder {
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         #[cfg(feature = "http")]
         let server = self.http.map(|listener| -> std::io::Result<_> {
+            let (elector, fence) = read_backend;
             let app = Arc::new(HttpApp {
                 shared: leadership.clone(),
+                read: http::ReadSettings {
+                    default_mode: cfg.read_mode_default,
+                    lease_margin: Duration::from_millis(cfg.read_lease_margin_ms),
+                    rate_bound: cfg.clock_rate_error,
+                    sequencer: self.sequencer.is_some(),
+                    scheduler: self.scheduler,
+                    elector,
+                    fence,
+                    node_rt: tokio::runtime::Handle::current(),
+                },
                 supervisor: supervisor.clone(),
                 sequencer: self.sequencer.unwrap_or_default(),
                 #[cfg(feature = "prometheus")]
@@ -249,7 +266,7 @@ impl NodeBuilder {
         };
         #[cfg(not(feature = "http"))]
         let server: Option<tokio::sync::oneshot::Receiver<()>> = {
-            let _ = (http_stop_rx, self.sequencer, nofile);
+            let _ = (http_stop_rx, self.sequencer, self.scheduler, nofile);
             None
         };
         Ok(NodeHandle {

@@ -95,6 +95,12 @@ struct NodeArgs {
     heartbeat_interval: Option<u64>,
     #[arg(long)]
     fencing: Option<Fencing>,
+    /// How `GET /read` answers without `?mode=`: lease, quorum or resource.
+    #[arg(long)]
+    read_mode: Option<baton::config::ReadMode>,
+    /// Margin taken off the lease read window, e.g. 50ms.
+    #[arg(long, value_parser = parse_duration_ms)]
+    read_lease_margin: Option<u64>,
     /// Comma-separated etcd endpoints.
     #[arg(long, value_delimiter = ',')]
     etcd_endpoints: Option<Vec<String>>,
@@ -241,6 +247,12 @@ fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
     }
     if let Some(v) = a.fencing {
         c.fencing = v;
+    }
+    if let Some(v) = a.read_mode {
+        c.read_mode_default = v;
+    }
+    if let Some(v) = a.read_lease_margin {
+        c.read_lease_margin_ms = v;
     }
     if let Some(v) = a.etcd_endpoints {
         c.etcd.endpoints = v;

@@ -228,6 +228,7 @@ impl ElectorState {
                 let _ = self.args.supervisor.cast(SupervisorMsg::Elected {
                     token: win.token,
                     lease_deadline: deadline,
+                    grant_sent_at: win.grant.sent_at,
                 });
             }
             Err(e) => {
@@ -285,6 +286,7 @@ impl ElectorState {
                         .cast(crate::actors::watchdog::WatchdogMsg::Extend {
                             token,
                             deadline: self.deadline(grant),
+                            sent_at: grant.sent_at,
                         });
                 }
             }

@@ -37,6 +37,8 @@ pub enum SupervisorMsg {
     Elected {
         token: FenceToken,
         lease_deadline: Instant,
+        /// When the grant behind `lease_deadline` was requested.
+        grant_sent_at: Instant,
     },
     WorkStarted {
         token: FenceToken,
@@ -228,7 +230,8 @@ impl Actor for NodeSupervisor {
             SupervisorMsg::Elected {
                 token,
                 lease_deadline,
-            } => state.on_elected(&myself, token, lease_deadline),
+                grant_sent_at,
+            } => state.on_elected(&myself, token, lease_deadline, grant_sent_at),
             SupervisorMsg::WorkStarted { token, result } => {
                 state.on_work_started(&myself, token, result)
             }
@@ -325,6 +328,7 @@ impl SupervisorState {
         myself: &ActorRef<SupervisorMsg>,
         token: FenceToken,
         lease_deadline: Instant,
+        grant_sent_at: Instant,
     ) {
         if !matches!(self.phase, Phase::Follower) || self.fatal.is_some() {
             tracing::warn!(token = token.0, "Elected while not a follower; ignored");
@@ -338,6 +342,7 @@ impl SupervisorState {
         let _ = self.watchdog.cast(WatchdogMsg::Arm {
             token,
             deadline: lease_deadline,
+            sent_at: grant_sent_at,
         });
         self.phase = Phase::Starting(token);
         let ctx = WorkContext {

@@ -21,11 +21,14 @@ pub enum WatchdogMsg {
     Arm {
         token: FenceToken,
         deadline: Instant,
+        /// When the grant behind `deadline` was requested.
+        sent_at: Instant,
     },
     /// A renewal moved the deadline (only ever later is meaningful; earlier is taken too).
     Extend {
         token: FenceToken,
         deadline: Instant,
+        sent_at: Instant,
     },
     /// The term ended through another path.
     Disarm,
@@ -38,7 +41,7 @@ pub struct WatchdogState {
     trace: ActorTrace,
     /// Where the deadline is published (this actor is its only writer).
     leadership: Arc<Leadership>,
-    term: Option<(FenceToken, Instant)>,
+    term: Option<(FenceToken, Instant, Instant)>,
     generation: u64,
 }
 
@@ -71,7 +74,11 @@ impl Actor for LeaseWatchdog {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            WatchdogMsg::Arm { token, deadline } => {
+            WatchdogMsg::Arm {
+                token,
+                deadline,
+                sent_at,
+            } => {
                 state.trace.step(
                     "watchdog",
                     "armed",
@@ -83,15 +90,19 @@ impl Actor for LeaseWatchdog {
                             .as_millis()
                     ),
                 );
-                state.set(&myself, token, deadline);
+                state.set(&myself, token, deadline, sent_at);
             }
-            WatchdogMsg::Extend { token, deadline } => {
-                if state.term.map(|(t, _)| t) == Some(token) {
-                    state.set(&myself, token, deadline);
+            WatchdogMsg::Extend {
+                token,
+                deadline,
+                sent_at,
+            } => {
+                if state.term.map(|(t, _, _)| t) == Some(token) {
+                    state.set(&myself, token, deadline, sent_at);
                 }
             }
             WatchdogMsg::Disarm => {
-                if let Some((token, _)) = state.term {
+                if let Some((token, _, _)) = state.term {
                     state.leadership.set_deadline(token, None);
                 }
                 state.term = None;
@@ -101,7 +112,7 @@ impl Actor for LeaseWatchdog {
                 if generation != state.generation {
                     return Ok(());
                 }
-                if let Some((token, deadline)) = state.term {
+                if let Some((token, deadline, sent_at)) = state.term {
                     if Instant::now() >= deadline {
                         state
                             .trace
@@ -113,7 +124,7 @@ impl Actor for LeaseWatchdog {
                             reason: DemotionReason::LeaseDeadline,
                         });
                     } else {
-                        state.set(&myself, token, deadline);
+                        state.set(&myself, token, deadline, sent_at);
                     }
                 }
             }
@@ -123,10 +134,17 @@ impl Actor for LeaseWatchdog {
 }
 
 impl WatchdogState {
-    fn set(&mut self, myself: &ActorRef<WatchdogMsg>, token: FenceToken, deadline: Instant) {
+    fn set(
+        &mut self,
+        myself: &ActorRef<WatchdogMsg>,
+        token: FenceToken,
+        deadline: Instant,
+        sent_at: Instant,
+    ) {
         self.generation += 1;
-        self.term = Some((token, deadline));
-        self.leadership.set_deadline(token, Some(deadline));
+        self.term = Some((token, deadline, sent_at));
+        self.leadership
+            .set_deadline(token, Some((deadline, sent_at)));
         let (generation, me) = (self.generation, myself.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(deadline.into()).await;

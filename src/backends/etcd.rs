@@ -322,6 +322,23 @@ impl Elector for EtcdElector {
         }
     }
 
+    /// A linearizable (quorum) read of the election's leader key, checked against ours: the
+    /// oldest key under the election prefix must be the one we created, at `token`'s revision.
+    async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
+        let Some(ours) = self.leader_key.lock().await.clone() else {
+            return Ok(false);
+        };
+        let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "confirm");
+        match self.bounded(c.leader(self.name.as_str())).await {
+            Ok(resp) => Ok(resp.kv().is_some_and(|kv| {
+                kv.key() == ours.key() && kv.create_revision() == token.0 && ours.rev() == token.0
+            })),
+            Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// etcd's observe stream: one event per leader change, no polling. Falls back to a single
     /// `leader()` read whenever the stream has to be reopened (so a leader that vanished without a
     /// successor is noticed too).

@@ -77,6 +77,10 @@ const RELEASE_SQL: &str = "
 UPDATE baton_lease.leases SET valid_until = '-infinity'
  WHERE name = $1 AND holder = $2 AND ($3::bigint IS NULL OR epoch = $3)";
 
+const CONFIRM_SQL: &str = "
+SELECT 1 FROM baton_lease.leases
+ WHERE name = $1 AND holder = $2 AND epoch = $3 AND valid_until >= clock_timestamp()";
+
 const LEADER_SQL: &str =
     "SELECT info FROM baton_lease.leases WHERE name = $1 AND valid_until >= clock_timestamp()";
 
@@ -358,6 +362,24 @@ impl Elector for PgLeaseElector {
             .bounded(client.query_opt(LEADER_SQL, &[&self.name]))
             .await?;
         Ok(row.map(|r| LeaderInfo::decode(r.get::<_, &str>(0).as_bytes())))
+    }
+
+    /// A compare on the lease row, judged by the database's clock: ours while it names this
+    /// candidacy's holder at `token`'s epoch and has not expired.
+    async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
+        let holder = {
+            let st = self.state();
+            match (&st.holder, st.epoch) {
+                (Some(h), Some(e)) if e == token.0 => h.clone(),
+                _ => return Ok(false),
+            }
+        };
+        let client = self.client().await?;
+        count_request(BackendKind::PgLease, "confirm");
+        let row = self
+            .bounded(client.query_opt(CONFIRM_SQL, &[&self.name, &holder, &token.0]))
+            .await?;
+        Ok(row.is_some())
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -393,6 +393,25 @@ impl Elector for RedisElector {
         Ok(v.map(|raw| LeaderInfo::decode(&raw)))
     }
 
+    /// One `GET` of the lock key (Redis serves it from its single copy): ours only while it
+    /// still holds this candidacy's unique value. `token` is implied: each candidacy takes one.
+    async fn confirm_leadership(&self, _me: &str, _token: FenceToken) -> ElectorResult<bool> {
+        let value = {
+            let st = self.state();
+            if !st.leading {
+                return Ok(false);
+            }
+            st.candidacy.clone()
+        };
+        let Some(value) = value else { return Ok(false) };
+        count_request(self.kind, "confirm");
+        let mut conn = self.conn.clone();
+        let v: Option<Vec<u8>> = self
+            .bounded(::redis::cmd("GET").arg(&self.key).query_async(&mut conn))
+            .await?;
+        Ok(v.as_deref() == Some(value.as_bytes()))
+    }
+
     async fn close(&self) -> ElectorResult<()> {
         let value = {
             let mut st = self.state();

@@ -750,6 +750,41 @@ impl Elector for ZkElector {
         }
     }
 
+    /// `sync` (the session's server catches up with the leader's commits), then a read of the
+    /// election's children on the candidacy session: ours while our znode, created at `token`'s
+    /// zxid, is still the lowest. A lost session is `Ok(false)` (its ephemeral node is gone).
+    async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
+        let inner = &self.inner;
+        let (client, node) = {
+            let st = inner.state();
+            match st.session.as_ref() {
+                Some(s) if s.leading => match &s.node {
+                    Some(n) if n.czxid == token.0 => (s.client.clone(), n.clone()),
+                    _ => return Ok(false),
+                },
+                _ => return Ok(false),
+            }
+        };
+        count("sync");
+        match inner.bounded(client.sync(&inner.path)).await {
+            Ok(()) => {}
+            Err(ZkFailure::SessionOver(_)) => return Ok(false),
+            Err(e) => return Err(e.into_err()),
+        }
+        count("confirm-list");
+        let children = match inner.bounded(client.list_children(&inner.path)).await {
+            Ok(c) => c,
+            Err(ZkFailure::SessionOver(_)) | Err(ZkFailure::Other(zkc::Error::NoNode)) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e.into_err()),
+        };
+        Ok(queue(children)
+            .into_iter()
+            .next()
+            .is_some_and(|(_, first)| first == node.name))
+    }
+
     /// A native watch: the lowest child's data with a watch on it (fires when it goes), or the
     /// children with a watch when nobody is a candidate. Re-checked every `30 × every` when quiet (a ZooKeeper watch fires or the session ends).
     async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {

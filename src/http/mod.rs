@@ -28,18 +28,42 @@ use ractor::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::actors::supervisor::SupervisorMsg;
-use crate::config::{HttpConfig, Secret};
+use crate::config::{HttpConfig, ReadMode, Secret};
+use crate::elector::Elector;
 use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
 use crate::work::sequencer::SequencerHandle;
+use crate::work::Fence;
 use slots::{Admission, Slots};
 
 pub use routes::LEADER_HEADER;
 
+/// What `GET /read` needs besides the leadership mirror.
+pub(crate) struct ReadSettings {
+    /// The mode of a request without `?mode=` (`read_mode_default`).
+    pub default_mode: ReadMode,
+    /// `read_lease_margin_ms`.
+    pub lease_margin: Duration,
+    /// `clock_rate_error`: the same bound the watchdog's deadline assumes.
+    pub rate_bound: f64,
+    /// Whether this node runs the built-in sequencer / scheduler (else their fields are null).
+    pub sequencer: bool,
+    /// See `sequencer`.
+    pub scheduler: bool,
+    /// The election backend, for `quorum` reads.
+    pub elector: Arc<dyn Elector>,
+    /// The fenced resource, for `resource` reads.
+    pub fence: Fence,
+    /// The node's runtime: backend and database clients run their calls there, not on the
+    /// HTTP server's own thread.
+    pub node_rt: tokio::runtime::Handle,
+}
+
 /// Everything a request handler may touch.
 pub(crate) struct HttpApp {
     pub shared: Arc<Leadership>,
+    pub read: ReadSettings,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub sequencer: SequencerHandle,
     /// baton's own Prometheus recorder, when it installed one (feature `prometheus`, and no

@@ -2,7 +2,7 @@
 //! `{"error": "...", ...}`, and a refused request changes nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,12 +15,17 @@ use serde_json::json;
 use super::slots::ConnState;
 use super::HttpApp;
 use crate::actors::supervisor::{StepDownError, SupervisorMsg};
+use crate::config::{lease_read_until, ReadMode};
+use crate::leadership::ReadView;
 use crate::metrics as m;
-use crate::work::sequencer::{NextCallError, NextError};
+use crate::work::scheduler::WORKSET_RESOURCE;
+use crate::work::sequencer::{NextCallError, NextError, SEQUENCE_RESOURCE};
 
 /// Header naming the leader's HTTP address on a 409.
 pub const LEADER_HEADER: &str = "x-baton-leader";
 const NEXT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on the round trip of a `quorum` or `resource` read.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 type Resp = Response<Full<Bytes>>;
 
@@ -86,6 +91,8 @@ async fn route(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> 
         ("/metrics", _) => method_not_allowed("GET"),
         ("/next", &Method::POST) => next(app, conn, req).await,
         ("/next", _) => method_not_allowed("POST"),
+        ("/read", &Method::GET) => read(app, conn, req).await,
+        ("/read", _) => method_not_allowed("GET"),
         ("/stepdown", &Method::POST) => stepdown(app, conn, req).await,
         ("/stepdown", _) => method_not_allowed("POST"),
         // Raft peer RPC is never served here: it has its own authenticated listener
@@ -346,6 +353,230 @@ async fn next(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> R
             "no answer from the sequencer; nothing was issued to you",
         ),
     }
+}
+
+fn count_read(mode: ReadMode, outcome: &'static str) {
+    metrics::counter!(m::READS, "mode" => mode.as_str(), "outcome" => outcome).increment(1);
+}
+
+/// `GET /read[?mode=lease|quorum|resource]`: the leader's view of the singleton work (the
+/// highest committed seq, the work-set cursor, the token serving them), never a stale one:
+/// * `lease`: from memory, no round trip, only inside [`lease_read_until`]'s window on the
+///   monotonic clock; outside it the read is a `quorum` read and says `fell_back: true`;
+/// * `quorum`: [`Elector::confirm_leadership`](crate::elector::Elector::confirm_leadership)
+///   first, then from memory (values the fence already accepted, never IDs in flight);
+/// * `resource`: one read of PostgreSQL (`baton.read_state`), refused if the resource has
+///   accepted a newer token than this node's.
+///
+/// Followers answer 409 with the leader, like `POST /next`.
+async fn read(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
+    let mut mode = app.read.default_mode;
+    match query_pairs(&req, &["mode"]) {
+        Ok(pairs) => {
+            for (_, v) in pairs {
+                match v.parse::<ReadMode>() {
+                    Ok(m) => mode = m,
+                    Err(e) => return error(StatusCode::BAD_REQUEST, "bad_mode", e),
+                }
+            }
+        }
+        Err(r) => return r,
+    }
+    let _serving = conn.serving();
+    let Some(view) = app.shared.read_view() else {
+        count_read(mode, "not_leader");
+        return not_leader(app);
+    };
+    match mode {
+        ReadMode::Lease => {
+            let now = Instant::now();
+            let until = match (view.lease_sent_at, view.lease_deadline) {
+                (Some(sent), Some(deadline)) => {
+                    lease_read_until(sent, deadline, app.read.rate_bound, app.read.lease_margin)
+                }
+                _ => None,
+            };
+            match until {
+                Some(until) if now < until => {
+                    let left = until - now;
+                    answer_from_memory(app, &view, ReadMode::Lease, mode, Some(left))
+                }
+                _ => {
+                    metrics::counter!(m::READ_LEASE_FALLBACKS).increment(1);
+                    quorum_read(app, view, mode).await
+                }
+            }
+        }
+        ReadMode::Quorum => quorum_read(app, view, mode).await,
+        ReadMode::Resource => resource_read(app, view).await,
+    }
+}
+
+/// The answer from this node's memory of what the fence accepted in this term.
+fn answer_from_memory(
+    app: &HttpApp,
+    view: &ReadView,
+    used: ReadMode,
+    requested: ReadMode,
+    lease_left: Option<Duration>,
+) -> Resp {
+    if (app.read.sequencer && view.committed_seq.is_none())
+        || (app.read.scheduler && view.committed_cursor.is_none())
+    {
+        count_read(used, "not_ready");
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "leader work has not claimed its state yet; retry",
+        );
+    }
+    count_read(used, "ok");
+    json_resp(
+        StatusCode::OK,
+        json!({
+            "node_id": app.shared.node_id(),
+            "token": view.token,
+            "seq": view.committed_seq.filter(|_| app.read.sequencer),
+            "cursor": view.committed_cursor.filter(|_| app.read.scheduler),
+            "mode": used.as_str(),
+            "requested_mode": requested.as_str(),
+            "fell_back": used != requested,
+            "lease_window_left_ms": lease_left.map(|d| d.as_secs_f64() * 1000.0),
+        }),
+    )
+}
+
+/// A linearizable check with the backend, then the answer from memory (if the term held).
+async fn quorum_read(app: &HttpApp, view: ReadView, requested: ReadMode) -> Resp {
+    let (elector, me, token) = (
+        app.read.elector.clone(),
+        app.shared.node_id().to_owned(),
+        view.token,
+    );
+    let confirmed = app
+        .read
+        .node_rt
+        .spawn(async move {
+            tokio::time::timeout(READ_TIMEOUT, elector.confirm_leadership(&me, token)).await
+        })
+        .await;
+    match confirmed {
+        Ok(Ok(Ok(true))) => {}
+        Ok(Ok(Ok(false))) => {
+            count_read(ReadMode::Quorum, "not_leader");
+            return deposed(
+                app,
+                "the backend no longer names this node's term as leader",
+            );
+        }
+        Ok(Ok(Err(e))) => {
+            count_read(ReadMode::Quorum, "unavailable");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backend_unavailable",
+                e.to_string(),
+            );
+        }
+        Ok(Err(_)) | Err(_) => {
+            count_read(ReadMode::Quorum, "timeout");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "timeout",
+                format!(
+                    "the backend did not confirm leadership within {} ms",
+                    READ_TIMEOUT.as_millis()
+                ),
+            );
+        }
+    }
+    // Confirmed at some instant during the call: what this node had committed by then is the
+    // latest (nobody else led that term). A fresh view can only be newer, never older.
+    match app.shared.read_view() {
+        Some(now) if now.token == view.token => {
+            answer_from_memory(app, &now, ReadMode::Quorum, requested, None)
+        }
+        _ => {
+            count_read(ReadMode::Quorum, "not_leader");
+            deposed(app, "this node's term ended during the read")
+        }
+    }
+}
+
+/// One read of the fenced resource.
+async fn resource_read(app: &HttpApp, view: ReadView) -> Resp {
+    let fence = app.read.fence.clone();
+    let res = app
+        .read
+        .node_rt
+        .spawn(async move {
+            tokio::time::timeout(
+                READ_TIMEOUT,
+                fence.read_state(SEQUENCE_RESOURCE, WORKSET_RESOURCE),
+            )
+            .await
+        })
+        .await;
+    let st = match res {
+        Ok(Ok(Ok(st))) => st,
+        Ok(Ok(Err(e))) => {
+            count_read(ReadMode::Resource, "unavailable");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "resource_unavailable",
+                e.to_string(),
+            );
+        }
+        Ok(Err(_)) | Err(_) => {
+            count_read(ReadMode::Resource, "timeout");
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "timeout",
+                format!(
+                    "the resource did not answer within {} ms",
+                    READ_TIMEOUT.as_millis()
+                ),
+            );
+        }
+    };
+    if st.max_token > view.token.0 {
+        count_read(ReadMode::Resource, "fenced");
+        return deposed(
+            app,
+            &format!(
+                "the resource has accepted token {} (holder {}); this node holds {}",
+                st.max_token, st.max_holder, view.token
+            ),
+        );
+    }
+    count_read(ReadMode::Resource, "ok");
+    json_resp(
+        StatusCode::OK,
+        json!({
+            "node_id": app.shared.node_id(),
+            "token": view.token,
+            "seq": st.last_seq.unwrap_or(0),
+            "cursor": st.cursor.unwrap_or(0),
+            "max_token": st.max_token,
+            "mode": "resource",
+            "requested_mode": "resource",
+            "fell_back": false,
+            "lease_window_left_ms": null,
+        }),
+    )
+}
+
+/// This node found out mid-read that it no longer leads: 409 with the leader when another
+/// one is known, else 503, never an answer.
+fn deposed(app: &HttpApp, detail: &str) -> Resp {
+    let st = app.shared.status();
+    if st
+        .leader
+        .as_ref()
+        .is_some_and(|l| l.node_id != app.shared.node_id())
+    {
+        return not_leader(app);
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, "deposed", detail)
 }
 
 #[derive(Deserialize, Default)]

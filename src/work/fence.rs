@@ -16,6 +16,7 @@ use crate::pg::{create_pool, error_chain};
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
+const READ_SQL: &str = include_str!("sql/0002_read.sql");
 /// Session defaults for every role that calls the fenced functions (the shared application role
 /// and each per-node role): nobody holds the fence row. A transaction left idle (a client paused
 /// or gone mid-transaction, or a hostile `BEGIN; ...`) is ended by the server, which releases its
@@ -302,6 +303,43 @@ impl Fence {
     }
 }
 
+/// What the fenced resource holds for a read ([`Fence::read_state`]), from one snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceState {
+    /// The sequence's last committed seq (`None`: no sequencer ever claimed it).
+    pub last_seq: Option<i64>,
+    /// The work-set's published cursor (`None`: no scheduler ever claimed it).
+    pub cursor: Option<i64>,
+    /// The highest token the resource has accepted.
+    pub max_token: i64,
+    /// Who wrote under it.
+    pub max_holder: String,
+}
+
+impl Fence {
+    /// One read of the sequence, the work-set cursor and the fence row in one statement
+    /// (`baton.read_state`): linearizable, no lock taken, nothing written.
+    pub async fn read_state(
+        &self,
+        seq_resource: &str,
+        cursor_resource: &str,
+    ) -> Result<ResourceState, FenceError> {
+        let client = self.pool.get().await?;
+        let stmt = client
+            .prepare_cached("SELECT * FROM baton.read_state($1, $2)")
+            .await?;
+        let row = client
+            .query_one(&stmt, &[&seq_resource, &cursor_resource])
+            .await?;
+        Ok(ResourceState {
+            last_seq: row.get(0),
+            cursor: row.get(1),
+            max_token: row.get(2),
+            max_holder: row.get(3),
+        })
+    }
+}
+
 /// SQLSTATE raised by `baton.fence_assert` for a refused token.
 const SQLSTATE_FENCED: &str = "BF409";
 
@@ -473,7 +511,10 @@ pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), Fence
         .batch_execute("DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'baton') THEN ALTER SCHEMA baton OWNER TO baton_owner; END IF; END $$;")
         .await?;
     client.batch_execute("SET ROLE baton_owner").await?;
-    let applied = client.batch_execute(SCHEMA_SQL).await;
+    let applied = match client.batch_execute(SCHEMA_SQL).await {
+        Ok(()) => client.batch_execute(READ_SQL).await,
+        Err(e) => Err(e),
+    };
     client.batch_execute("RESET ROLE").await?;
     applied?;
     if let Some(on) = fencing {

@@ -19,7 +19,7 @@ use ractor::ActorCell;
 use crate::backends::FenceToken;
 use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
-pub use fence::{Fence, FenceError, FencedTransaction};
+pub use fence::{Fence, FenceError, FencedTransaction, ResourceState};
 pub use job::Term;
 
 /// What a piece of leader work is given when its node wins.

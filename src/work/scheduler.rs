@@ -101,6 +101,10 @@ impl Actor for Scheduler {
                 );
                 state.position = Some(pos);
                 state.published = pos;
+                state
+                    .ctx
+                    .leadership
+                    .set_committed_cursor(state.ctx.token, pos);
                 if state.final_checkpoint.is_some() {
                     state.start_checkpoint(&myself);
                 }
@@ -170,6 +174,10 @@ impl Actor for Scheduler {
                     Ok(()) => {
                         state.ticks_since_checkpoint = 0;
                         state.published = state.position.unwrap_or(state.published);
+                        state
+                            .ctx
+                            .leadership
+                            .set_committed_cursor(state.ctx.token, state.published);
                         Ok(state.published)
                     }
                     Err(e) => {

@@ -16,6 +16,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 
 use crate::backends::FenceToken;
+use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::work::{Fence, FenceError, LeaderWork, RunningWork, WorkContext, WorkError};
 
@@ -142,6 +143,11 @@ impl Actor for Sequencer {
                     &format!("last_seq={last_seq}"),
                 );
                 state.next_seq = Some(last_seq + 1);
+                // Everything up to last_seq is committed (the claim itself went through the fence).
+                state
+                    .ctx
+                    .leadership
+                    .set_committed_seq(state.ctx.token, last_seq);
                 state.start_commit(&myself);
             }
             SequencerMsg::Claimed(Err(e)) => {
@@ -207,12 +213,14 @@ impl SequencerState {
         self.next_seq = Some(hi + 1);
         self.commit_in_flight = true;
         let (fence, token, me) = (self.ctx.fence.clone(), self.ctx.token, myself.clone());
-        tokio::spawn(commit_batch(fence, token, lo, hi, batch, me));
+        let leadership = self.ctx.leadership.clone();
+        tokio::spawn(commit_batch(fence, leadership, token, lo, hi, batch, me));
     }
 }
 
 async fn commit_batch(
     fence: Fence,
+    leadership: Arc<Leadership>,
     token: FenceToken,
     lo: i64,
     hi: i64,
@@ -223,6 +231,11 @@ async fn commit_batch(
     let res = fence.seq_commit(SEQUENCE_RESOURCE, token, lo, hi).await;
     metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
     metrics::histogram!(m::SEQ_BATCH_IDS).record((hi - lo + 1) as f64);
+    if res.is_ok() {
+        // Published before any client hears of these IDs: a read that starts after an
+        // acknowledgement sees at least that seq (and never an ID still in flight).
+        leadership.set_committed_seq(token, hi);
+    }
     let mut fenced_out = None;
     let mut seq = lo;
     for p in batch {

@@ -4,9 +4,11 @@
 //! * [`failover`] — `baton bench failover --backend B --trials N [--stepdown]`: kill -9 (or step
 //!   down) the leader under a steady sequential `POST /next` load, N times; failover = first
 //!   `next` write of the new leadership − last `next` write of the old one.
+//! * [`read`] — `baton bench read`: `GET /read` per mode and backend, side by side.
 
 pub mod failover;
 pub mod next;
+pub mod read;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -44,12 +46,15 @@ pub enum BenchCmd {
     Failover(failover::FailoverArgs),
     /// Sequencer throughput: open-loop POST /next at a fixed rate, beside a no-batching baseline.
     Next(next::NextArgs),
+    /// GET /read per mode (lease, quorum, resource) per backend: throughput, p50/p99, fallbacks.
+    Read(read::ReadArgs),
 }
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Failover(args) => failover::run(args).await.map(|_| ()),
         BenchCmd::Next(args) => next::run(args).await.map(|_| ()),
+        BenchCmd::Read(args) => read::run(args).await.map(|_| ()),
     }
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use tokio_postgres::NoTls;
 
+use super::reads::ReadObs;
 use super::{Ack, CheckInput, LedgerRow, Rejection};
 use crate::load::{read_history, Op, Outcome};
 
@@ -82,13 +83,15 @@ pub async fn read(
         ledger,
         rejections,
         acks: Vec::new(),
+        reads: Vec::new(),
+        accepted: Vec::new(),
     })
 }
 
 /// The `ok` outcomes of a history as acks; `label` names the source in counterexamples.
 pub fn acks_from_ops(label: &str, ops: &[Op]) -> Vec<Ack> {
     ops.iter()
-        .filter(|o| o.outcome == Outcome::Ok)
+        .filter(|o| o.outcome == Outcome::Ok && !o.is_read())
         .filter_map(|o| {
             Some(Ack {
                 source: format!("{label}#{}", o.id),
@@ -100,6 +103,39 @@ pub fn acks_from_ops(label: &str, ops: &[Op]) -> Vec<Ack> {
             })
         })
         .collect()
+}
+
+/// The answered reads of a history (`GET /read` with a 200).
+pub fn reads_from_ops(label: &str, ops: &[Op]) -> Vec<ReadObs> {
+    ops.iter()
+        .filter(|o| o.outcome == Outcome::Ok && o.is_read())
+        .filter_map(|o| {
+            Some(ReadObs {
+                source: format!("{label}#{}", o.id),
+                node: o.node.clone(),
+                mode: o.mode.clone()?,
+                fell_back: o.fell_back.unwrap_or(false),
+                token: o.token?,
+                seq: o.seq?,
+                invoke_ns: o.invoke_ns,
+                complete_ns: o.complete_ns,
+            })
+        })
+        .collect()
+}
+
+/// Every answered read of every history file.
+pub fn reads_from_histories(paths: &[PathBuf]) -> anyhow::Result<Vec<ReadObs>> {
+    let mut reads = Vec::new();
+    for p in paths {
+        let ops = read_history(p)?;
+        let label = p
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_else(|| p.display().to_string());
+        reads.extend(reads_from_ops(&label, &ops));
+    }
+    Ok(reads)
 }
 
 /// Every `ok` outcome of every history file.

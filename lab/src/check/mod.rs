@@ -11,6 +11,7 @@
 //! acked_unique.rs          no seq was acknowledged to two requests
 //! acting_timeline.rs       leaders acting by effect: no two tokens' write intervals interleave
 //! rejections_consistent.rs every refusal is justified by its reason (stale token, holder, seq)
+//! reads.rs                 GET /read: never behind an acknowledged seq or an accepted token
 //! load.rs                  the thin loader: PostgreSQL + history files into [`CheckInput`]
 //! ```
 //!
@@ -22,6 +23,7 @@ pub mod acked_unique;
 pub mod acting_timeline;
 pub mod load;
 pub mod one_holder_per_token;
+pub mod reads;
 pub mod realtime_order;
 pub mod rejections_consistent;
 pub mod seq_increasing;
@@ -83,6 +85,11 @@ pub struct CheckInput {
     pub ledger: Vec<LedgerRow>,
     pub rejections: Vec<Rejection>,
     pub acks: Vec<Ack>,
+    /// Answered `GET /read`s from client histories (see [`reads`]).
+    pub reads: Vec<reads::ReadObs>,
+    /// Tokens the resource accepted, with when, on the clients' monotonic clock (see
+    /// [`reads::accepted_from_ledger`]); more witnesses for `read_token_fresh` than the acks.
+    pub accepted: Vec<reads::Accepted>,
 }
 
 /// The first counterexample of one invariant.
@@ -118,6 +125,8 @@ pub const CHECKERS: &[(&str, Checker)] = &[
     (acked_unique::NAME, acked_unique::check),
     (acting_timeline::NAME, acting_timeline::check),
     (rejections_consistent::NAME, rejections_consistent::check),
+    (reads::NAME_SEQ, reads::check_seq),
+    (reads::NAME_TOKEN, reads::check_token),
 ];
 
 impl LedgerRow {
@@ -178,6 +187,8 @@ pub struct Verdict {
     pub tokens: usize,
     pub acked: usize,
     pub rejections: usize,
+    /// Reads per answering mode, with the stale ones counted (empty without reads).
+    pub reads: std::collections::BTreeMap<String, reads::ModeCounts>,
     pub checked: Vec<&'static str>,
     pub violations: Vec<Violation>,
     pub timeline: acting_timeline::Timeline,
@@ -200,6 +211,7 @@ pub fn run(input: &CheckInput) -> Verdict {
         tokens: tokens.len(),
         acked: input.acks.len(),
         rejections: input.rejections.len(),
+        reads: reads::stale_reads(input),
         checked,
         violations,
         timeline: acting_timeline::timeline(input),
@@ -240,6 +252,12 @@ impl Verdict {
     pub fn render(&self) -> String {
         let mut out = self.timeline.render();
         out.push('\n');
+        for (mode, c) in &self.reads {
+            out.push_str(&format!(
+                "  reads {mode}: {} answered, {} stale ({} behind an acked seq, {} behind an accepted token), {} fell back from lease\n",
+                c.reads, c.stale, c.stale_seq, c.stale_token, c.fell_back
+            ));
+        }
         for name in &self.checked {
             match self.failed(name) {
                 None => out.push_str(&format!("  ok    {name}\n")),
@@ -285,6 +303,17 @@ pub async fn cli_main(a: CheckArgs) -> anyhow::Result<i32> {
     };
     let mut input = load::from_database(&url, a.resource.as_deref()).await?;
     input.acks = load::acks_from_histories(&a.history)?;
+    input.reads = load::reads_from_histories(&a.history)?;
+    // The ledger's rows witness accepted tokens too: map the resource's clock (PostgreSQL on
+    // this machine) onto the monotonic clock the histories use, through readings taken now.
+    let (mono_now, wall_now) = (
+        baton::clock::monotonic_ns(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0),
+    );
+    input.accepted = reads::accepted_from_ledger(&input.ledger, mono_now, wall_now);
     let verdict = run(&input);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&verdict)?);
@@ -357,6 +386,8 @@ pub(crate) mod testkit {
                 ack(6, 7, 7, 13, 14),
                 ack(7, 7, 9, 13, 15),
             ],
+            reads: vec![],
+            accepted: vec![],
         }
     }
 }

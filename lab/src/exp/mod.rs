@@ -558,6 +558,80 @@ fn ms_cell(s: &Value) -> String {
     )
 }
 
+/// `GET /read` results, when any run read: per run and mode, reads answered and stale ones, and
+/// `stale-reads-vs-drift.svg` (stale reads against how far the clock is slower than the bound).
+fn write_reads_section(
+    md: &mut String,
+    out: &Path,
+    spec: &ExpSpec,
+    runs: &[Value],
+) -> anyhow::Result<()> {
+    let with_reads: Vec<&Value> = runs
+        .iter()
+        .filter(|v| v["reads"].as_object().is_some_and(|o| !o.is_empty()))
+        .collect();
+    if with_reads.is_empty() {
+        return Ok(());
+    }
+    let _ = writeln!(md, "## Reads (`GET /read`)\n");
+    let _ = writeln!(
+        md,
+        "A read is **stale** when it returned a seq below an ID acknowledged before it was sent, or a token below one the resource had accepted before it was sent (witnessed by an acknowledged ID, or by a ledger row's `committed_at` + 20 ms, mapped onto the monotonic clock). `excess` = how much slower the clock runs than the configured bound = −drift − bound; the lease read window is only sound while excess ≤ 0.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| run | drift | bound | excess | lease: answered / stale | quorum: answered / stale (of which fell back from lease) | resource: answered / stale |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let mut lease_pts: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut other_pts: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for v in &with_reads {
+        let drift = v["clock_drift"].as_f64().unwrap_or(0.0);
+        let bound = v["clock_rate_error"].as_f64().unwrap_or(0.01);
+        let excess = -drift - bound;
+        let m = |mode: &str, k: &str| v["reads"][mode][k].as_u64().unwrap_or(0);
+        let _ = writeln!(
+            md,
+            "| {} | {drift:+.2} | {bound:.2} | {excess:+.2} | {} / **{}** | {} / **{}** ({}) | {} / **{}** |",
+            v["label"].as_str().unwrap_or("?"),
+            m("lease", "reads"),
+            m("lease", "stale"),
+            m("quorum", "reads"),
+            m("quorum", "stale"),
+            m("quorum", "fell_back"),
+            m("resource", "reads"),
+            m("resource", "stale"),
+        );
+        let backend = v["backend"].as_str().unwrap_or("?").to_owned();
+        lease_pts
+            .entry(format!("{backend} lease"))
+            .or_default()
+            .push((excess, m("lease", "stale") as f64));
+        other_pts
+            .entry(format!("{backend} quorum+resource"))
+            .or_default()
+            .push((
+                excess,
+                (m("quorum", "stale") + m("resource", "stale")) as f64,
+            ));
+    }
+    let _ = writeln!(md);
+    let mut series = lease_pts;
+    series.extend(other_pts);
+    plots::xy(
+        &out.join("stale-reads-vs-drift.svg"),
+        &format!(
+            "{}: stale reads vs clock slowness beyond the bound",
+            spec.name
+        ),
+        "excess = -drift - clock_rate_error (0: the clock is exactly as slow as the bound allows)",
+        "stale reads per run",
+        &series,
+    )?;
+    let _ = writeln!(md, "![stale reads vs drift](stale-reads-vs-drift.svg)\n");
+    Ok(())
+}
+
 /// Regenerates `summary.md`, `runs.csv` and the cross-run plots from every `LABEL.json` in `out`.
 /// Returns the summary's verdict block (also printed).
 pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
@@ -801,6 +875,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
         );
     }
     let _ = writeln!(md, "\n```text\n{verdicts}```\n");
+    write_reads_section(&mut md, out, spec, &runs)?;
     let stale: Vec<String> = runs
         .iter()
         .flat_map(|v| {

@@ -278,6 +278,73 @@ pub fn failover_vs_ttl(
     Ok(())
 }
 
+/// Points joined per series on linear axes, with a dashed vertical line at x = 0.
+pub fn xy(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &BTreeMap<String, Vec<(f64, f64)>>,
+) -> anyhow::Result<()> {
+    let all: Vec<&(f64, f64)> = series.values().flatten().collect();
+    if all.is_empty() {
+        return Ok(());
+    }
+    let x_min = all.iter().map(|p| p.0).fold(0.0, f64::min) - 0.02;
+    let x_max = all.iter().map(|p| p.0).fold(0.0, f64::max) + 0.02;
+    let y_max = all.iter().map(|p| p.1).fold(1.0, f64::max) * 1.2;
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_min..x_max, 0.0..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .max_light_lines(0)
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(0.0, 0.0), (0.0, y_max)],
+            6,
+            4,
+            BLACK.mix(0.5).into(),
+        ))
+        .map_err(err)?
+        .label("drift = bound")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = color_for(name, i);
+        let mut pts = pts.clone();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
 /// Empirical CDFs, one per series (values in ms).
 pub fn cdf(
     path: &Path,

@@ -94,6 +94,11 @@ pub struct RunResult {
     pub lease_ttl_ms: u64,
     pub ttl_swept: bool,
     pub fencing: Fencing,
+    /// Every node's clock drift, and the clock-rate error bound they were configured with.
+    pub clock_drift: f64,
+    pub clock_rate_error: f64,
+    /// `GET /read`s answered, by the mode that answered, with the stale ones counted.
+    pub reads: BTreeMap<String, check::reads::ModeCounts>,
     pub nodes: usize,
     pub workset_rows: u64,
     pub seed: u64,
@@ -172,8 +177,11 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
         cfg.renew_interval_ms = (ttl / 3).max(2);
         cfg.retry_interval_ms = cfg.retry_interval_ms.min(cfg.renew_interval_ms / 3).max(1);
     }
-    if let Some(d) = spec.clock_drift {
+    if let Some(d) = plan.clock_drift.or(spec.clock_drift) {
         cfg.clock_drift = d;
+    }
+    if let Some(b) = spec.clock_rate_error {
+        cfg.clock_rate_error = b;
     }
     if plan.backend == BackendKind::Raft {
         if let Some(et) = &spec.election_timeout {
@@ -182,6 +190,73 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     }
     cfg.validate().context("experiment node config")?;
     Ok(cfg)
+}
+
+/// Readers that read from every node regardless of who leads (a client whose idea of the leader
+/// is stale): `per_node` sequential readers per node and mode. Each returns its reads as history
+/// records (`kind = read`), answered or not.
+fn start_read_probes(
+    probe: &crate::exp::spec::ReadProbe,
+    addrs: &[(String, String)],
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<load::Op>>> {
+    let mut tasks = Vec::new();
+    let mut next_id = 0u64;
+    for (_, addr) in addrs {
+        for mode in &probe.modes {
+            for _ in 0..probe.per_node.max(1) {
+                let (addr, mode, stop) = (addr.clone(), mode.clone(), stop.clone());
+                let interval = Duration::from_millis(probe.interval_ms);
+                let timeout = Duration::from_millis(probe.timeout_ms.max(1));
+                let base = next_id << 32;
+                next_id += 1;
+                tasks.push(tokio::spawn(async move {
+                    let client = NodeClient::new(timeout);
+                    let path = format!("/read?mode={mode}");
+                    let mut ops = Vec::new();
+                    let mut i = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let invoke_ns = baton::clock::monotonic_ns();
+                        let reply = client.get(&addr, &path).await;
+                        let complete_ns = baton::clock::monotonic_ns();
+                        let mut op = load::Op {
+                            id: base + i,
+                            conn: (base >> 32) as u32,
+                            sched_ns: invoke_ns,
+                            invoke_ns,
+                            complete_ns,
+                            outcome: load::Outcome::Rejected,
+                            node: addr.clone(),
+                            status: None,
+                            token: None,
+                            seq: None,
+                            attempts: 1,
+                            error: None,
+                            kind: Some("read".into()),
+                            mode: None,
+                            fell_back: None,
+                        };
+                        i += 1;
+                        if let Ok(r) = reply {
+                            op.status = Some(r.status.as_u16());
+                            if r.status == 200 {
+                                let v = r.json();
+                                op.outcome = load::Outcome::Ok;
+                                op.token = v["token"].as_i64();
+                                op.seq = v["seq"].as_i64();
+                                op.mode = v["mode"].as_str().map(str::to_owned);
+                                op.fell_back = v["fell_back"].as_bool();
+                            }
+                        }
+                        ops.push(op);
+                        tokio::time::sleep(interval).await;
+                    }
+                    ops
+                }));
+            }
+        }
+    }
+    tasks
 }
 
 /// Sums `baton_backend_requests_total` by `op` across nodes, across restarts (a counter that went
@@ -366,6 +441,8 @@ async fn drive(
     if nemesis_steps.is_some() {
         lspec.stop = Some(stop_load.clone());
     }
+    lspec.read_fraction = spec.load.read_fraction;
+    lspec.read_modes = spec.load.read_modes.clone();
     // Seeded pacing offset: where the load's slots fall relative to the faults.
     let offset = Duration::from_micros(rng.gen_range(0..(1e6 / spec.load.rate).max(1.0) as u64));
     tokio::time::sleep(offset).await;
@@ -378,6 +455,12 @@ async fn drive(
     let clock = Clock0::now();
     let start = Instant::now();
     let load_task = tokio::spawn(load::run(lspec));
+    let probe_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probes = spec
+        .read_probe
+        .as_ref()
+        .map(|p| start_read_probes(p, &addrs, probe_stop.clone()))
+        .unwrap_or_default();
     let mut records: Vec<FaultRecord> = Vec::new();
     let mut restarts = Vec::new();
     let mut errors = Vec::new();
@@ -427,6 +510,16 @@ async fn drive(
         }
     }
     let report: LoadReport = load_task.await.context("load task")??;
+    probe_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut probe_ops = Vec::new();
+    for p in probes {
+        probe_ops.extend(p.await.context("read probe")?);
+    }
+    if !probe_ops.is_empty() {
+        // Kept with the fleet's directory (`baton exp --keep`), for `baton check --history`.
+        let _ = load::write_history(&dir.join("probe-history.jsonl"), &probe_ops);
+        let _ = load::write_history(&dir.join("load-history.jsonl"), &report.ops);
+    }
     let mut restarted = Vec::new();
     for h in restarts {
         match h.await {
@@ -443,6 +536,15 @@ async fn drive(
     let db = admin(&snapshot).await?;
     let mut input: CheckInput = check::load::read(&db, None).await?;
     input.acks = check::load::acks_from_ops(&format!("{}.history", plan.label), &report.ops);
+    input.reads = check::load::reads_from_ops(&format!("{}.history", plan.label), &report.ops);
+    input.reads.extend(check::load::reads_from_ops(
+        &format!("{}.probe", plan.label),
+        &probe_ops,
+    ));
+    // The resource's own record of accepted tokens (PostgreSQL runs on this machine: its clock
+    // maps onto the monotonic one through the pair of readings taken at the start).
+    input.accepted =
+        check::reads::accepted_from_ledger(&input.ledger, clock.mono0_ns, clock.wall0_us);
     let verdict = check::run(&input);
     let events = analysis::read_traces(&dir.join("nodes"));
 
@@ -615,6 +717,9 @@ fn assemble(
         lease_ttl_ms: cfg.lease_ttl_ms,
         ttl_swept: plan.ttl_ms.is_some(),
         fencing: plan.fencing,
+        clock_drift: cfg.clock_drift,
+        clock_rate_error: cfg.clock_rate_error,
+        reads: check::reads::stale_reads(input),
         nodes: node_ids.len(),
         workset_rows: plan.workset_rows,
         seed: plan.seed,

@@ -260,10 +260,45 @@ pub struct LoadCfg {
     pub connections: usize,
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Share of the slots sent as `GET /read` (0: none).
+    #[serde(default)]
+    pub read_fraction: f64,
+    /// `?mode=` of those reads, in turn (empty: the nodes' default).
+    #[serde(default)]
+    pub read_modes: Vec<String>,
 }
 
 fn default_connections() -> usize {
     4
+}
+
+/// `[read_probe]`: see [`ExpSpec::read_probe`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadProbe {
+    /// Read modes, each probed on every node.
+    pub modes: Vec<String>,
+    /// Concurrent sequential readers per node and mode.
+    #[serde(default = "default_probes")]
+    pub per_node: usize,
+    /// Pause between one reader's reads, ms.
+    #[serde(default = "default_probe_interval")]
+    pub interval_ms: u64,
+    /// A reader gives up on a read after this long and sends the next one, so a paused node
+    /// always has a recent read waiting for it when it resumes.
+    #[serde(default = "default_probe_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_probe_timeout() -> u64 {
+    250
+}
+
+fn default_probes() -> usize {
+    2
+}
+fn default_probe_interval() -> u64 {
+    20
 }
 fn default_timeout_ms() -> u64 {
     2000
@@ -323,6 +358,17 @@ pub struct ExpSpec {
     /// watchdog's bounded-drift assumption on purpose, so only the fence is left.
     #[serde(default)]
     pub clock_drift: Option<f64>,
+    /// One run per value: every node's `clock_drift` (label `-drift-0.30`). Empty: no sweep.
+    #[serde(default)]
+    pub clock_drifts: Vec<f64>,
+    /// The clock-rate error bound the nodes are configured with (`clock_rate_error`; default:
+    /// the backend's config file). A run whose clock is slower than this is not judged.
+    #[serde(default)]
+    pub clock_rate_error: Option<f64>,
+    /// Clients that keep reading from *every* node, as a client with a stale leader cache would:
+    /// a deposed leader that still answers is caught by the checker's read invariants.
+    #[serde(default)]
+    pub read_probe: Option<ReadProbe>,
     pub seed: u64,
     /// How long the load runs.
     pub duration: Span,
@@ -388,6 +434,8 @@ pub struct RunPlan {
     pub ttl_ms: Option<u64>,
     pub fencing: Fencing,
     pub workset_rows: u64,
+    /// Every node's clock drift in this run (the `clock_drifts` sweep).
+    pub clock_drift: Option<f64>,
     /// This run's seed (the experiment's seed mixed with the label).
     pub seed: u64,
 }
@@ -418,6 +466,32 @@ impl ExpSpec {
         }
         if !(self.load.rate.is_finite() && self.load.rate > 0.0) {
             bail!("{}: load.rate must be positive", self.name);
+        }
+        if self
+            .clock_drifts
+            .iter()
+            .chain(&self.clock_drift)
+            .any(|d| !(d.is_finite() && d.abs() < 0.5))
+        {
+            bail!("{}: clock drifts must be in (-0.5, 0.5)", self.name);
+        }
+        if self
+            .clock_rate_error
+            .is_some_and(|b| !(0.0..0.5).contains(&b))
+        {
+            bail!("{}: clock_rate_error must be in [0, 0.5)", self.name);
+        }
+        if !(0.0..=1.0).contains(&self.load.read_fraction) {
+            bail!("{}: load.read_fraction must be in [0, 1]", self.name);
+        }
+        let probe_modes = self.read_probe.iter().flat_map(|p| p.modes.iter());
+        for m in self.load.read_modes.iter().chain(probe_modes) {
+            if !["lease", "quorum", "resource"].contains(&m.as_str()) {
+                bail!(
+                    "{}: read mode {m:?} is not lease, quorum or resource",
+                    self.name
+                );
+            }
         }
         for t in &self.lease_ttl {
             baton::config::parse_duration_ms(t)
@@ -533,30 +607,41 @@ impl ExpSpec {
             } else {
                 self.workset_rows.clone()
             };
+            let drifts: Vec<Option<f64>> = if self.clock_drifts.is_empty() {
+                vec![None]
+            } else {
+                self.clock_drifts.iter().map(|d| Some(*d)).collect()
+            };
             for ttl in &ttl_points {
                 for &fencing in &self.fencing {
                     for &w in &rows {
-                        let mut label = b.as_str().to_owned();
-                        if let Some(t) = ttl {
-                            label.push_str(&format!("-ttl{}", fmt_ttl(*t)));
-                        }
-                        if self.fencing.len() > 1 || fencing == Fencing::Off {
-                            label.push_str(match fencing {
-                                Fencing::On => "-fencing-on",
-                                Fencing::Off => "-fencing-off",
+                        for &drift in &drifts {
+                            let mut label = b.as_str().to_owned();
+                            if let Some(d) = drift {
+                                label.push_str(&format!("-drift{d:+.2}"));
+                            }
+                            if let Some(t) = ttl {
+                                label.push_str(&format!("-ttl{}", fmt_ttl(*t)));
+                            }
+                            if self.fencing.len() > 1 || fencing == Fencing::Off {
+                                label.push_str(match fencing {
+                                    Fencing::On => "-fencing-on",
+                                    Fencing::Off => "-fencing-off",
+                                });
+                            }
+                            if self.workset_rows.len() > 1 {
+                                label.push_str(&format!("-jobs{}", fmt_count(w)));
+                            }
+                            runs.push(RunPlan {
+                                seed: mix_seed(self.seed, &label),
+                                label,
+                                backend: b,
+                                ttl_ms: *ttl,
+                                fencing,
+                                workset_rows: w,
+                                clock_drift: drift,
                             });
                         }
-                        if self.workset_rows.len() > 1 {
-                            label.push_str(&format!("-jobs{}", fmt_count(w)));
-                        }
-                        runs.push(RunPlan {
-                            seed: mix_seed(self.seed, &label),
-                            label,
-                            backend: b,
-                            ttl_ms: *ttl,
-                            fencing,
-                            workset_rows: w,
-                        });
                     }
                 }
             }
@@ -571,6 +656,16 @@ impl ExpSpec {
     pub fn expectation(&self, plan: &RunPlan) -> Expect {
         if self.expect_fail.contains(&plan.backend) {
             return Expect::Fail;
+        }
+        // A clock slower than the configured bound breaks the lease arithmetic on purpose: what
+        // the run shows is counted (stale reads by mode), not judged.
+        let bound = self.clock_rate_error.unwrap_or(0.01);
+        if plan
+            .clock_drift
+            .or(self.clock_drift)
+            .is_some_and(|d| -d > bound)
+        {
+            return Expect::Any;
         }
         if self.unjudged.contains(&plan.backend)
             || (plan.fencing == Fencing::Off && self.unjudged_off.contains(&plan.backend))

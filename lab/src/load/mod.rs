@@ -57,6 +57,12 @@ pub struct LoadSpec {
     /// due are neither sent nor `unsent`). The nemesis sets it once its last fault has healed
     /// and the fleet has settled, instead of idling out the bound.
     pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Share of the slots sent as `GET /read` instead (0 = none, 1 = reads only); which slots
+    /// is a fixed function of the slot id, so a rerun mixes the same way.
+    pub read_fraction: f64,
+    /// `?mode=` of those reads (`lease`, `quorum`, `resource`), taken in turn by read slot;
+    /// empty: the node's default.
+    pub read_modes: Vec<String>,
 }
 
 impl LoadSpec {
@@ -70,7 +76,26 @@ impl LoadSpec {
             drain: Duration::from_secs(3),
             path: "/next".into(),
             stop: None,
+            read_fraction: 0.0,
+            read_modes: Vec::new(),
         }
+    }
+
+    /// Whether slot `id` is a read: a multiplicative hash of the id against the fraction.
+    pub fn is_read_slot(&self, id: u64) -> bool {
+        if self.read_fraction <= 0.0 {
+            return false;
+        }
+        let h = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+        (h as f64 / (1u64 << 53) as f64) < self.read_fraction
+    }
+
+    fn read_path(&self, id: u64) -> String {
+        if self.read_modes.is_empty() {
+            return "/read".into();
+        }
+        let m = &self.read_modes[(id % self.read_modes.len() as u64) as usize];
+        format!("/read?mode={m}")
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -82,6 +107,14 @@ impl LoadSpec {
         }
         if self.connections == 0 {
             bail!("load needs at least one connection");
+        }
+        if !(0.0..=1.0).contains(&self.read_fraction) {
+            bail!("read fraction must be in [0, 1]");
+        }
+        for m in &self.read_modes {
+            if !["lease", "quorum", "resource"].contains(&m.as_str()) {
+                bail!("read mode must be lease, quorum or resource, not {m:?}");
+            }
         }
         Ok(())
     }
@@ -124,6 +157,22 @@ pub struct Op {
     pub attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `read` for a `GET /read`; absent for `POST /next` (older histories have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// A read's answering mode (`lease`, `quorum`, `resource`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// A `lease` read answered by `quorum` (its window was closed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fell_back: Option<bool>,
+}
+
+impl Op {
+    /// Whether this is a `GET /read` (it issues nothing: never an ack).
+    pub fn is_read(&self) -> bool {
+        self.kind.as_deref() == Some("read")
+    }
 }
 
 /// What a run produced.
@@ -157,6 +206,10 @@ pub struct Summary {
     pub tokens: Vec<i64>,
     pub latency_ms: Percentiles,
     pub service_ms: Percentiles,
+    /// `GET /read`s sent, answered, and answered by `quorum` after asking for `lease`.
+    pub reads: usize,
+    pub reads_ok: usize,
+    pub reads_fell_back: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -199,7 +252,7 @@ impl LoadReport {
     pub fn acked(&self) -> Vec<(i64, i64)> {
         self.ops
             .iter()
-            .filter(|o| o.outcome == Outcome::Ok)
+            .filter(|o| o.outcome == Outcome::Ok && !o.is_read())
             .filter_map(|o| Some((o.token?, o.seq?)))
             .collect()
     }
@@ -223,6 +276,17 @@ impl LoadReport {
             tokens,
             latency_ms: percentiles(&self.latency_us),
             service_ms: percentiles(&self.service_us),
+            reads: self.ops.iter().filter(|o| o.is_read()).count(),
+            reads_ok: self
+                .ops
+                .iter()
+                .filter(|o| o.is_read() && o.outcome == Outcome::Ok)
+                .count(),
+            reads_fell_back: self
+                .ops
+                .iter()
+                .filter(|o| o.is_read() && o.fell_back == Some(true))
+                .count(),
         }
     }
 
@@ -238,6 +302,12 @@ impl LoadReport {
             "outcomes: ok {}  rejected {}  unknown {}  unsent {}  tokens {:?}\n",
             s.ok, s.rejected, s.unknown, s.unsent, s.tokens
         ));
+        if s.reads > 0 {
+            out.push_str(&format!(
+                "reads: {} sent, {} answered, {} lease reads fell back to quorum\n",
+                s.reads, s.reads_ok, s.reads_fell_back
+            ));
+        }
         out.push_str(&format!(
             "latency from scheduled time (ok): p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  max {:.3} ms\n",
             s.latency_ms.p50, s.latency_ms.p99, s.latency_ms.p999, s.latency_ms.max
@@ -421,6 +491,16 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         seq: None,
         attempts: 0,
         error: None,
+        kind: None,
+        mode: None,
+        fell_back: None,
+    };
+    let is_read = sh.spec.is_read_slot(id);
+    let (method, path) = if is_read {
+        op.kind = Some("read".into());
+        (Method::GET, sh.spec.read_path(id))
+    } else {
+        (Method::POST, sh.spec.path.clone())
     };
     let mut not_sent_retries = 0;
     loop {
@@ -445,7 +525,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         }
         let c = conn.as_mut().expect("connection just opened");
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match c.exchange(Method::POST, &sh.spec.path, remaining).await {
+        match c.exchange(method.clone(), &path, remaining).await {
             Exchange::Reply {
                 status,
                 leader_header,
@@ -461,6 +541,10 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                             op.outcome = Outcome::Ok;
                             op.token = Some(t);
                             op.seq = Some(s);
+                            if is_read {
+                                op.mode = v["mode"].as_str().map(str::to_owned);
+                                op.fell_back = v["fell_back"].as_bool();
+                            }
                         }
                         _ => {
                             op.outcome = Outcome::Unknown;
@@ -488,7 +572,8 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                     }
                 }
                 if status == StatusCode::SERVICE_UNAVAILABLE {
-                    op.outcome = if DEFINITE_503.contains(&code.as_str()) {
+                    // A read issues nothing: whatever went wrong, nothing is in doubt.
+                    op.outcome = if is_read || DEFINITE_503.contains(&code.as_str()) {
                         Outcome::Rejected
                     } else {
                         Outcome::Unknown
@@ -558,6 +643,13 @@ pub struct LoadArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Share of requests sent as `GET /read` instead of `POST /next`, e.g. 0.3.
+    #[arg(long, default_value_t = 0.0)]
+    pub read_fraction: f64,
+    /// `?mode=` of the reads: lease, quorum or resource; a comma-separated list takes turns
+    /// (default: each node's configured mode).
+    #[arg(long, value_delimiter = ',')]
+    pub read_mode: Vec<String>,
 }
 
 pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
@@ -572,6 +664,8 @@ pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
     let mut spec = LoadSpec::new(targets, a.rate, Duration::from_millis(a.duration));
     spec.connections = a.connections;
     spec.timeout = Duration::from_millis(a.timeout);
+    spec.read_fraction = a.read_fraction;
+    spec.read_modes = a.read_mode.clone();
     let report = run(spec).await?;
     if let Some(p) = &a.history {
         write_history(p, &report.ops)?;
@@ -592,6 +686,27 @@ mod tests {
     //! Against in-process fake nodes (no fleet): redirects, outcome classification, and the
     //! open loop's accounting of a slow server.
     use super::*;
+
+    #[test]
+    fn read_slots_follow_the_fraction_and_modes_take_turns() {
+        let mut spec = LoadSpec::new(vec!["x:1".into()], 100.0, Duration::from_secs(1));
+        assert!((0..1000).all(|id| !spec.is_read_slot(id)));
+        spec.read_fraction = 0.3;
+        let n = (0..10_000).filter(|id| spec.is_read_slot(*id)).count();
+        assert!((2700..3300).contains(&n), "{n} of 10000");
+        spec.read_fraction = 1.0;
+        assert!((0..1000).all(|id| spec.is_read_slot(id)));
+        assert_eq!(spec.read_path(4), "/read");
+        spec.read_modes = vec!["lease".into(), "quorum".into()];
+        assert_eq!(spec.read_path(4), "/read?mode=lease");
+        assert_eq!(spec.read_path(5), "/read?mode=quorum");
+        assert!(spec.validate().is_ok());
+        spec.read_modes.push("fast".into());
+        assert!(spec.validate().is_err());
+        spec.read_modes.pop();
+        spec.read_fraction = 1.5;
+        assert!(spec.validate().is_err());
+    }
     use std::convert::Infallible;
     use std::sync::atomic::AtomicI64;
 

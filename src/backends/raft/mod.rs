@@ -121,7 +121,8 @@ use openraft::errors::{InitializeError, LinearizableReadError, RaftError};
 use openraft::{ReadPolicy, ServerState, SnapshotPolicy};
 
 use super::{
-    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 use auth::{PeerAuth, DEFAULT_WINDOW_MS, MIN_SECRET_BYTES};
@@ -556,6 +557,43 @@ impl Elector for RaftElector {
             Err(_) => Err(unavailable(format!(
                 "no quorum acknowledged within the {:?} lease",
                 self.shared.lease_ttl
+            ))),
+        }
+    }
+
+    /// A ReadIndex round (`ensure_linearizable(ReadIndex)`, never openraft's LeaseRead, which
+    /// was stale during leadership transfer, databendlabs/openraft#1747): true only when this
+    /// node still leads `token`'s term and a quorum acknowledged a heartbeat sent after the call.
+    /// Changes nothing (unlike `renew`, a refusal here does not end the term).
+    async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
+        if self.won().map(|t| t as i64) != Some(token.0) {
+            return Ok(false);
+        }
+        let Some(raft) = self.shared.current() else {
+            return Ok(false);
+        };
+        {
+            let m = raft.metrics().borrow_watched().clone();
+            if m.state != ServerState::Leader || m.current_term as i64 != token.0 {
+                return Ok(false);
+            }
+        }
+        count_request(BackendKind::Raft, "confirm");
+        match tokio::time::timeout(
+            self.shared.election_max,
+            raft.ensure_linearizable(ReadPolicy::ReadIndex),
+        )
+        .await
+        {
+            Ok(Ok(read)) => Ok(read.committed_leader_id().term as i64 == token.0),
+            Ok(Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(e)))) => {
+                Err(unavailable(format!("no quorum: {e}")))
+            }
+            Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(_)))) => Ok(false),
+            Ok(Err(e)) => Err(unavailable(format!("raft refused the read: {e}"))),
+            Err(_) => Err(unavailable(format!(
+                "no quorum acknowledged within {:?}",
+                self.shared.election_max
             ))),
         }
     }
