@@ -124,30 +124,29 @@ pub fn reads_from_ops(label: &str, ops: &[Op]) -> Vec<ReadObs> {
         .collect()
 }
 
-/// Every answered read of every history file.
-pub fn reads_from_histories(paths: &[PathBuf]) -> anyhow::Result<Vec<ReadObs>> {
-    let mut reads = Vec::new();
+/// `per_file(label, ops)` over every history file, concatenated; a file's label is its name.
+fn over_histories<T>(
+    paths: &[PathBuf],
+    per_file: impl Fn(&str, &[Op]) -> Vec<T>,
+) -> anyhow::Result<Vec<T>> {
+    let mut all = Vec::new();
     for p in paths {
         let ops = read_history(p)?;
         let label = p
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_else(|| p.display().to_string());
-        reads.extend(reads_from_ops(&label, &ops));
+        all.extend(per_file(&label, &ops));
     }
-    Ok(reads)
+    Ok(all)
+}
+
+/// Every answered read of every history file.
+pub fn reads_from_histories(paths: &[PathBuf]) -> anyhow::Result<Vec<ReadObs>> {
+    over_histories(paths, reads_from_ops)
 }
 
 /// Every `ok` outcome of every history file.
 pub fn acks_from_histories(paths: &[PathBuf]) -> anyhow::Result<Vec<Ack>> {
-    let mut acks = Vec::new();
-    for p in paths {
-        let ops = read_history(p)?;
-        let label = p
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_else(|| p.display().to_string());
-        acks.extend(acks_from_ops(&label, &ops));
-    }
-    Ok(acks)
+    over_histories(paths, acks_from_ops)
 }

@@ -93,17 +93,11 @@ pub fn acting(
                 .map_err(err)?;
         }
     }
-    // A step function: hold each count until the next change.
-    let mut cur = initial as f64;
-    let mut pts = vec![(0.0, cur)];
-    for &(t, n) in steps {
-        pts.push((t, cur));
-        cur = n as f64;
-        pts.push((t, cur));
-    }
-    pts.push((x_max, cur));
     chart
-        .draw_series(LineSeries::new(pts, BLACK.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            step_points(initial, steps, x_max),
+            BLACK.stroke_width(2),
+        ))
         .map_err(err)?;
     chart
         .draw_series(std::iter::once(PathElement::new(
@@ -484,16 +478,11 @@ pub fn nemesis_timeline(
         .y_labels(4)
         .draw()
         .map_err(err)?;
-    let mut cur = acting_initial as f64;
-    let mut pts = vec![(0.0, cur)];
-    for &(t, k) in acting_steps {
-        pts.push((t, cur));
-        cur = k as f64;
-        pts.push((t, cur));
-    }
-    pts.push((x_max, cur));
     chart
-        .draw_series(LineSeries::new(pts, BLACK.stroke_width(1)))
+        .draw_series(LineSeries::new(
+            step_points(acting_initial, acting_steps, x_max),
+            BLACK.stroke_width(1),
+        ))
         .map_err(err)?;
     chart
         .draw_series(std::iter::once(PathElement::new(
@@ -526,4 +515,17 @@ pub fn nemesis_timeline(
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// A step function's corners: hold each count from its change until the next, then to `x_max`.
+fn step_points(initial: i32, steps: &[(f64, i32)], x_max: f64) -> Vec<(f64, f64)> {
+    let mut cur = f64::from(initial);
+    let mut pts = vec![(0.0, cur)];
+    for &(t, n) in steps {
+        pts.push((t, cur));
+        cur = f64::from(n);
+        pts.push((t, cur));
+    }
+    pts.push((x_max, cur));
+    pts
 }
