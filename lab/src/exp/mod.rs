@@ -576,23 +576,33 @@ fn write_reads_section(
     let _ = writeln!(md, "## Reads (`GET /read`)\n");
     let _ = writeln!(
         md,
-        "A read is **stale** when it returned a seq below an ID acknowledged before it was sent, or a token below one the resource had accepted before it was sent (witnessed by an acknowledged ID, or by a ledger row's `committed_at` + 20 ms, mapped onto the monotonic clock). `excess` = how much slower the clock runs than the configured bound = −drift − bound; the lease read window is only sound while excess ≤ 0.\n"
+        "A read is **stale** when it returned a seq below an ID acknowledged before it was sent, or a token below one the resource had accepted before it was sent (witnessed by an acknowledged ID, or by a ledger row's `committed_at` + 20 ms, mapped onto the monotonic clock). `excess` = how much slower the clock runs than the configured bound = −drift − bound; the lease read window is only sound while excess ≤ 0. `clock`: `arithmetic` = the node scales its own deadlines by `clock_drift`; `libfaketime` = every node ran under libfaketime with its `CLOCK_MONOTONIC` really at rate 1 + drift (checked through `/status` after the restart; `faketime_observed_rates` in the run's JSON).\n"
     );
     let _ = writeln!(
         md,
-        "| run | drift | bound | excess | lease: answered / stale | quorum: answered / stale (of which fell back from lease) | resource: answered / stale |"
+        "| run | drift | clock | bound | excess | lease: answered / stale | quorum: answered / stale (of which fell back from lease) | resource: answered / stale |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
     let mut lease_pts: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut other_pts: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for v in &with_reads {
-        let drift = v["clock_drift"].as_f64().unwrap_or(0.0);
+        // A libfaketime run's clock really ran at `rate` (drift = rate − 1); otherwise the
+        // node's arithmetic drift.
+        let faketime = v["faketime_rate"].as_f64();
+        let drift = faketime
+            .map(|r| r - 1.0)
+            .unwrap_or_else(|| v["clock_drift"].as_f64().unwrap_or(0.0));
+        let clock = if faketime.is_some() {
+            "libfaketime"
+        } else {
+            "arithmetic"
+        };
         let bound = v["clock_rate_error"].as_f64().unwrap_or(0.01);
         let excess = -drift - bound;
         let m = |mode: &str, k: &str| v["reads"][mode][k].as_u64().unwrap_or(0);
         let _ = writeln!(
             md,
-            "| {} | {drift:+.2} | {bound:.2} | {excess:+.2} | {} / **{}** | {} / **{}** ({}) | {} / **{}** |",
+            "| {} | {drift:+.2} | {clock} | {bound:.2} | {excess:+.2} | {} / **{}** | {} / **{}** ({}) | {} / **{}** |",
             v["label"].as_str().unwrap_or("?"),
             m("lease", "reads"),
             m("lease", "stale"),
@@ -603,12 +613,16 @@ fn write_reads_section(
             m("resource", "stale"),
         );
         let backend = v["backend"].as_str().unwrap_or("?").to_owned();
+        let series = |what: &str| match faketime {
+            Some(_) => format!("{backend} {what} (libfaketime)"),
+            None => format!("{backend} {what}"),
+        };
         lease_pts
-            .entry(format!("{backend} lease"))
+            .entry(series("lease"))
             .or_default()
             .push((excess, m("lease", "stale") as f64));
         other_pts
-            .entry(format!("{backend} quorum+resource"))
+            .entry(series("quorum+resource"))
             .or_default()
             .push((
                 excess,

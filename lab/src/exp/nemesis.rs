@@ -22,6 +22,7 @@
 //! show that the resource stays correct when the election layer does not.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -349,6 +350,52 @@ async fn restart_with_env(
     Ok(at)
 }
 
+/// The environment that starts a node under libfaketime with its clocks (`CLOCK_MONOTONIC`
+/// included) running at `rate`.
+pub fn faketime_env(rate: f64) -> Vec<(String, String)> {
+    vec![
+        ("LD_PRELOAD".to_owned(), LIBFAKETIME.to_owned()),
+        ("FAKETIME".to_owned(), format!("+0 x{rate}")),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "0".to_owned()),
+    ]
+}
+
+/// Restarts every node, one at a time, under libfaketime at `rate` (the `faketime_rates` sweep of
+/// an experiment: a real clock-rate fault for the whole run). Returns each node's clock rate as
+/// observed through its `/status` against ours; fails when a node does not answer or its clock
+/// does not run at `rate` (±3%), so a run never reports a fault that did not happen.
+pub async fn restart_all_under_faketime(
+    state: &Arc<Mutex<FleetState>>,
+    rate: f64,
+) -> anyhow::Result<Vec<f64>> {
+    if !Path::new(LIBFAKETIME).exists() {
+        bail!("{LIBFAKETIME} is missing (Debian package faketime: scripts/ensure-deps.sh)");
+    }
+    let env = faketime_env(rate);
+    let client = NodeClient::new(Duration::from_secs(2));
+    let mut rates = Vec::new();
+    for node in snapshot(state).nodes {
+        restart_with_env(state, &node.id, &env).await?;
+        if !wait_answers(&client, &node.http_addr, &node.id, Duration::from_secs(20)).await {
+            bail!(
+                "{} did not answer /status after its restart under libfaketime",
+                node.id
+            );
+        }
+        let seen = observed_rate(&client, &node.http_addr, Duration::from_millis(800))
+            .await
+            .with_context(|| format!("reading {}'s clock", node.id))?;
+        if (seen - rate).abs() > 0.03 {
+            bail!(
+                "{}'s clock runs at {seen:.3}, not the {rate} libfaketime was given",
+                node.id
+            );
+        }
+        rates.push(seen);
+    }
+    Ok(rates)
+}
+
 /// A node restarted under libfaketime with its clock at `rate`, held `length`, then restarted
 /// on the real clock. Took effect when the node's own `/status` clock ran at that rate.
 async fn clock_rate(
@@ -368,11 +415,7 @@ async fn clock_rate(
         .ok()
         .filter(|(l, _)| *l == node.id)
         .map(|(_, t)| t);
-    let env = vec![
-        ("LD_PRELOAD".to_owned(), LIBFAKETIME.to_owned()),
-        ("FAKETIME".to_owned(), format!("+0 x{}", step.rate)),
-        ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "0".to_owned()),
-    ];
+    let env = faketime_env(step.rate);
     let applied = restart_with_env(state, &node.id, &env).await?;
     let mut r = record(step.kind, &node.id, scheduled_ms, applied);
     r.token_before = token;

@@ -96,6 +96,10 @@ pub struct RunResult {
     pub fencing: Fencing,
     /// Every node's clock drift, and the clock-rate error bound they were configured with.
     pub clock_drift: f64,
+    /// Every node's libfaketime clock rate (`None`: the real clock), and each node's rate as
+    /// observed through its `/status` after its restart under it.
+    pub faketime_rate: Option<f64>,
+    pub faketime_observed_rates: Vec<f64>,
     pub clock_rate_error: f64,
     /// `GET /read`s answered, by the mode that answered, with the stale ones counted.
     pub reads: BTreeMap<String, check::reads::ModeCounts>,
@@ -409,6 +413,10 @@ async fn drive(
     let node_ids: Vec<String> = snapshot.nodes.iter().map(|n| n.id.clone()).collect();
     let addrs = node_addrs(&snapshot);
     wait_leader(&snapshot, Duration::from_secs(60)).await?;
+    let faketime_observed = match plan.faketime_rate {
+        Some(rate) => nemesis::restart_all_under_faketime(&state, rate).await?,
+        None => Vec::new(),
+    };
     let workset_seed_ms = if plan.workset_rows > 0 {
         Some(seed_workset(&snapshot, plan.workset_rows).await?)
     } else {
@@ -566,6 +574,7 @@ async fn drive(
         started_unix_ms,
     );
     let mut result = result;
+    result.faketime_observed_rates = faketime_observed;
     if let (Some(n), Some(steps)) = (&spec.nemesis, &nemesis_steps) {
         let rep = nemesis::report(
             n,
@@ -718,6 +727,8 @@ fn assemble(
         ttl_swept: plan.ttl_ms.is_some(),
         fencing: plan.fencing,
         clock_drift: cfg.clock_drift,
+        faketime_rate: plan.faketime_rate,
+        faketime_observed_rates: Vec::new(),
         clock_rate_error: cfg.clock_rate_error,
         reads: check::reads::stale_reads(input),
         nodes: node_ids.len(),

@@ -361,6 +361,11 @@ pub struct ExpSpec {
     /// One run per value: every node's `clock_drift` (label `-drift-0.30`). Empty: no sweep.
     #[serde(default)]
     pub clock_drifts: Vec<f64>,
+    /// One run per value: every node restarted under libfaketime with `CLOCK_MONOTONIC` (and the
+    /// wall clock) running at this rate, a real clock-rate fault rather than `clock_drift`'s
+    /// arithmetic (label `-faketime0.80`; rate 0.8 is drift −0.2). Empty: none.
+    #[serde(default)]
+    pub faketime_rates: Vec<f64>,
     /// The clock-rate error bound the nodes are configured with (`clock_rate_error`; default:
     /// the backend's config file). A run whose clock is slower than this is not judged.
     #[serde(default)]
@@ -436,6 +441,8 @@ pub struct RunPlan {
     pub workset_rows: u64,
     /// Every node's clock drift in this run (the `clock_drifts` sweep).
     pub clock_drift: Option<f64>,
+    /// Every node's libfaketime clock rate in this run (the `faketime_rates` sweep).
+    pub faketime_rate: Option<f64>,
     /// This run's seed (the experiment's seed mixed with the label).
     pub seed: u64,
 }
@@ -474,6 +481,13 @@ impl ExpSpec {
             .any(|d| !(d.is_finite() && d.abs() < 0.5))
         {
             bail!("{}: clock drifts must be in (-0.5, 0.5)", self.name);
+        }
+        if self
+            .faketime_rates
+            .iter()
+            .any(|r| !(r.is_finite() && (0.5..1.5).contains(r)))
+        {
+            bail!("{}: faketime rates must be in [0.5, 1.5)", self.name);
         }
         if self
             .clock_rate_error
@@ -607,18 +621,28 @@ impl ExpSpec {
             } else {
                 self.workset_rows.clone()
             };
-            let drifts: Vec<Option<f64>> = if self.clock_drifts.is_empty() {
-                vec![None]
+            // (simulated drift, libfaketime rate): one run each, or one run with neither.
+            let clocks: Vec<(Option<f64>, Option<f64>)> = self
+                .clock_drifts
+                .iter()
+                .map(|d| (Some(*d), None))
+                .chain(self.faketime_rates.iter().map(|r| (None, Some(*r))))
+                .collect();
+            let clocks = if clocks.is_empty() {
+                vec![(None, None)]
             } else {
-                self.clock_drifts.iter().map(|d| Some(*d)).collect()
+                clocks
             };
             for ttl in &ttl_points {
                 for &fencing in &self.fencing {
                     for &w in &rows {
-                        for &drift in &drifts {
+                        for &(drift, faketime) in &clocks {
                             let mut label = b.as_str().to_owned();
                             if let Some(d) = drift {
                                 label.push_str(&format!("-drift{d:+.2}"));
+                            }
+                            if let Some(r) = faketime {
+                                label.push_str(&format!("-faketime{r:.2}"));
                             }
                             if let Some(t) = ttl {
                                 label.push_str(&format!("-ttl{}", fmt_ttl(*t)));
@@ -640,6 +664,7 @@ impl ExpSpec {
                                 fencing,
                                 workset_rows: w,
                                 clock_drift: drift,
+                                faketime_rate: faketime,
                             });
                         }
                     }
@@ -663,6 +688,7 @@ impl ExpSpec {
         if plan
             .clock_drift
             .or(self.clock_drift)
+            .or(plan.faketime_rate.map(|r| r - 1.0))
             .is_some_and(|d| -d > bound)
         {
             return Expect::Any;

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 14's measurements, one command each; every run writes its JSON (command, config, machine,
+# leadership changes) under experiments/results/bench-next/, and `summarize.py` turns them into
+# the tables README and FINDINGS quote.
+#
+#   scripts/bench/perf.sh neighbour    # 5 consecutive 60 s runs at 50k IDs/s beside stress-ng 15%
+#   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
+#   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
+#
+# Uses the release binary (cargo build --release --bin baton). The neighbour is
+# `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BATON=${BATON:-target/release/baton}
+OUT=${OUT:-experiments/results/bench-next}
+mkdir -p "$OUT"
+[ -x "$BATON" ] || { echo "build first: cargo build --release --bin baton" >&2; exit 2; }
+
+neighbour() {
+  for i in 1 2 3 4 5; do
+    "$BATON" bench next --backend raft --rate 50000 --duration 60s --neighbour-cpu-percent 15 \
+      --out "$OUT/neighbour15-raft-50k-60s-run$i.json"
+  done
+}
+
+saturation() {
+  for backend in raft etcd; do
+    for rate in 50000 70000 90000; do
+      for n in 0 15; do
+        "$BATON" bench next --backend "$backend" --rate "$rate" --duration 30s --connections 512 \
+          --neighbour-cpu-percent "$n" --out "$OUT/saturation-$backend-$((rate / 1000))k-n$n-30s.json"
+      done
+    done
+  done
+}
+
+ratio() {
+  local dir=state/bench/wrk
+  "$BATON" fleet down --dir "$dir" >/dev/null 2>&1 || true
+  rm -rf "$dir"
+  "$BATON" fleet up 3 --backend raft --dir "$dir" >/dev/null
+  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  local leader=""
+  for _ in $(seq 1 100); do
+    leader=$("$BATON" fleet status --dir "$dir" --json | python3 -c \
+      'import json,sys; print(next((r["http_addr"] for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))')
+    [ -n "$leader" ] && break
+    sleep 0.2
+  done
+  [ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
+  local log="$OUT/wrk-ratio.txt"
+  : >"$log"
+  # Alternate the two, twice each, so a neighbour's drift hits both alike.
+  for round in 1 2; do
+    for what in healthz next; do
+      if [ "$what" = healthz ]; then
+        echo "## round $round: wrk -t1 -c256 -d20s http://$leader/healthz" | tee -a "$log"
+        wrk -t1 -c256 -d20s --latency "http://$leader/healthz" | tee -a "$log"
+      else
+        echo "## round $round: wrk -t1 -c256 -d20s -s scripts/bench/post-next.lua http://$leader/next" | tee -a "$log"
+        wrk -t1 -c256 -d20s --latency -s scripts/bench/post-next.lua "http://$leader/next" | tee -a "$log"
+      fi
+    done
+  done
+  "$BATON" check --dir "$dir" | tee -a "$log"
+  python3 scripts/bench/summarize.py ratio "$log"
+}
+
+case "${1:-}" in
+  neighbour) neighbour ;;
+  saturation) saturation ;;
+  ratio) ratio ;;
+  *) sed -n 2,12p "$0"; exit 2 ;;
+esac
