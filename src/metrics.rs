@@ -86,6 +86,9 @@ pub const HTTP_UNSERVICEABLE_STEPDOWNS: &str = "baton_http_unserviceable_stepdow
 pub const READS: &str = "baton_reads_total";
 /// `lease` reads asked outside the lease window, answered by a `quorum` read instead.
 pub const READ_LEASE_FALLBACKS: &str = "baton_read_lease_fallbacks_total";
+/// `quorum` reads answered by a leadership confirmation another read started after they
+/// arrived, instead of one of their own.
+pub const READ_CONFIRMS_SHARED_TOTAL: &str = "baton_read_confirms_shared_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -156,6 +159,10 @@ pub fn describe() {
     describe_counter!(
         READ_LEASE_FALLBACKS,
         "lease reads asked outside the lease window and answered by a quorum read"
+    );
+    describe_counter!(
+        READ_CONFIRMS_SHARED_TOTAL,
+        "quorum reads answered by a leadership confirmation that started after they arrived, shared with other reads"
     );
     describe_counter!(
         HTTP_CONNECTIONS_REFUSED,

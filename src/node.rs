@@ -234,6 +234,7 @@ impl NodeBuilder {
                     elector,
                     fence,
                     node_rt: tokio::runtime::Handle::current(),
+                    confirms: Default::default(),
                 },
                 supervisor: supervisor.clone(),
                 sequencer: self.sequencer.unwrap_or_default(),

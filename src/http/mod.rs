@@ -13,6 +13,7 @@
 //! client that opens TCP and never handshakes holds a slot (evictable, it makes no progress) no
 //! longer than one that never sends a request head.
 
+mod confirm;
 mod routes;
 mod slots;
 
@@ -58,6 +59,8 @@ pub(crate) struct ReadSettings {
     /// The node's runtime: backend and database clients run their calls there, not on the
     /// HTTP server's own thread.
     pub node_rt: tokio::runtime::Handle,
+    /// Shares one backend confirmation among the `quorum` reads that arrived before it began.
+    pub confirms: confirm::ConfirmBatches,
 }
 
 /// Everything a request handler may touch.

@@ -12,6 +12,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::confirm::Confirmed;
 use super::slots::ConnState;
 use super::HttpApp;
 use crate::actors::supervisor::{StepDownError, SupervisorMsg};
@@ -453,31 +454,37 @@ async fn quorum_read(app: &HttpApp, view: ReadView, requested: ReadMode) -> Resp
         app.shared.node_id().to_owned(),
         view.token,
     );
+    let rt = app.read.node_rt.clone();
     let confirmed = app
         .read
-        .node_rt
-        .spawn(async move {
-            tokio::time::timeout(READ_TIMEOUT, elector.confirm_leadership(&me, token)).await
+        .confirms
+        .confirm(token, || async move {
+            // On the node's runtime: the backend's client lives there.
+            let call = rt.spawn(async move {
+                tokio::time::timeout(READ_TIMEOUT, elector.confirm_leadership(&me, token)).await
+            });
+            match call.await {
+                Ok(Ok(Ok(true))) => Confirmed::Held,
+                Ok(Ok(Ok(false))) => Confirmed::NotLeader,
+                Ok(Ok(Err(e))) => Confirmed::Unavailable(e.to_string()),
+                Ok(Err(_)) | Err(_) => Confirmed::Timeout,
+            }
         })
         .await;
     match confirmed {
-        Ok(Ok(Ok(true))) => {}
-        Ok(Ok(Ok(false))) => {
+        Confirmed::Held => {}
+        Confirmed::NotLeader => {
             count_read(ReadMode::Quorum, "not_leader");
             return deposed(
                 app,
                 "the backend no longer names this node's term as leader",
             );
         }
-        Ok(Ok(Err(e))) => {
+        Confirmed::Unavailable(e) => {
             count_read(ReadMode::Quorum, "unavailable");
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "backend_unavailable",
-                e.to_string(),
-            );
+            return error(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", e);
         }
-        Ok(Err(_)) | Err(_) => {
+        Confirmed::Timeout => {
             count_read(ReadMode::Quorum, "timeout");
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -101,8 +101,9 @@ pub struct NextReport {
     pub mean_batch_ids: f64,
     pub max_batch_ids: i64,
     pub ledger_violations: Option<i64>,
-    /// New terms that claimed the resource during the measured window (0 = no leadership
-    /// change), and every token that wrote in it.
+    /// New terms that claimed during the measured window (0 = no leadership change; a term
+    /// claims the sequence and the work-set, so terms are counted, not claim rows), and every
+    /// token that wrote in it.
     pub leadership_changes: i64,
     pub tokens: Vec<i64>,
     /// `stress-ng --cpu 2 --cpu-load N` beside the measured window (0 = none).
@@ -175,7 +176,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
     };
     let terms = db
         .query_one(
-            "SELECT count(*) FILTER (WHERE op = 'claim'), coalesce(array_agg(DISTINCT token), '{}')
+            "SELECT count(DISTINCT token) FILTER (WHERE op = 'claim'), coalesce(array_agg(DISTINCT token), '{}')
                FROM baton.fence_log WHERE pos > $1",
             &[&pos_before],
         )

@@ -31,7 +31,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use serde_json::Value;
 
 use baton::backends::BackendKind;
@@ -80,6 +80,10 @@ pub struct ExpArgs {
     /// `LABEL.json` files already in the results directory.
     #[arg(long)]
     pub report_only: bool,
+    /// Only the runs whose label contains one of these (comma-separated), e.g. `faketime` or
+    /// `drift-0.20`; the summary still covers every `LABEL.json` in the results directory.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Option<Vec<String>>,
 }
 
 fn command_out(cmd: &str, args: &[&str]) -> Option<String> {
@@ -119,7 +123,13 @@ pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
     if let (Some(k), Some(n)) = (a.faults, spec.nemesis.as_mut()) {
         n.faults = k;
     }
-    let plans = spec.plan(a.backends.as_deref(), a.ttl.as_deref())?;
+    let mut plans = spec.plan(a.backends.as_deref(), a.ttl.as_deref())?;
+    if let Some(only) = &a.only {
+        plans.retain(|p| only.iter().any(|o| p.label.contains(o.as_str())));
+        if plans.is_empty() {
+            bail!("--only {only:?} matches no run of {}", spec.name);
+        }
+    }
     let out = a
         .out
         .clone()
