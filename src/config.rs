@@ -523,7 +523,7 @@ impl Default for NodeConfig {
             read_lease_margin_ms: 50,
             clock_skew_ms: 0,
             clock_drift: 0.0,
-            election_timeout_ms: "150-300".into(),
+            election_timeout_ms: "150-250".into(),
             fencing: Fencing::On,
             work_stop_timeout_ms: 2000,
             work_stop_margin_ms: 0,

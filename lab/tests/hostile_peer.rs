@@ -235,7 +235,7 @@ fn start_load(fleet: &Fleet) -> Load {
     Load { stop, task }
 }
 
-/// `config/raft.toml` with 1-2 s elections and a 1 s lease instead of 150-300 ms and 150 ms: on
+/// `config/raft.toml` with 1-2 s elections and a 1 s lease instead of 150-250 ms and 150 ms: on
 /// two shared cores a node starved for a few hundred ms loses its lease or re-elects on its own
 /// (seen with the 150 ms lease while three builds ran beside the test: terms 3 and 4 mid-burst,
 /// every forgery still refused), which is not what this test is about. The attacks do not depend
@@ -243,10 +243,10 @@ fn start_load(fleet: &Fleet) -> Load {
 /// so they lose nothing by it.
 fn patient_raft_config(dir: &std::path::Path) -> std::path::PathBuf {
     let base = std::fs::read_to_string(repo_path("config/raft.toml")).unwrap();
-    assert!(base.contains("election_timeout_ms = \"150-300\""));
+    assert!(base.contains("election_timeout_ms = \"150-250\""));
     let text = base
         .replace(
-            "election_timeout_ms = \"150-300\"",
+            "election_timeout_ms = \"150-250\"",
             "election_timeout_ms = \"1000-2000\"",
         )
         .replace("lease_ttl_ms = 150", "lease_ttl_ms = 1000")

@@ -133,7 +133,7 @@ async fn one_leader_among_three_with_raft_as_the_default_backend() {
             cfg.lease_ttl_ms,
             cfg.renew_interval_ms
         ),
-        ("150-300", 150, 40)
+        ("150-250", 150, 40)
     );
     assert_eq!(cfg.raft.peers.len(), 3);
     assert_exactly_one_leader(&fleet, 3).await;

@@ -266,15 +266,15 @@ fn start_read_probes(
 /// Sums `baton_backend_requests_total` by `op` across nodes, across restarts (a counter that went
 /// down restarted from zero).
 #[derive(Default)]
-struct RequestMeter {
-    last: BTreeMap<(String, String), f64>,
-    total: BTreeMap<String, f64>,
+pub(crate) struct RequestMeter {
+    pub(crate) last: BTreeMap<(String, String), f64>,
+    pub(crate) total: BTreeMap<String, f64>,
 }
 
 impl RequestMeter {
     /// Scrapes every live node; a node's counters are keyed by its pid, so a restarted node's
     /// fresh counters add up instead of looking like no change.
-    async fn scrape(&mut self, client: &NodeClient, state: &FleetState) {
+    pub(crate) async fn scrape(&mut self, client: &NodeClient, state: &FleetState) {
         for n in &state.nodes {
             if !pid_alive(n.pid) {
                 continue;
@@ -307,7 +307,7 @@ impl RequestMeter {
         }
     }
 
-    fn baseline(&mut self) {
+    pub(crate) fn baseline(&mut self) {
         self.total.clear();
     }
 }
@@ -409,12 +409,17 @@ async fn drive(
 ) -> anyhow::Result<RunResult> {
     let started_unix_ms = unix_ms();
     let t_start = std::time::Instant::now();
-    let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let node_ids: Vec<String> = snapshot.nodes.iter().map(|n| n.id.clone()).collect();
     let addrs = node_addrs(&snapshot);
     wait_leader(&snapshot, Duration::from_secs(60)).await?;
     let faketime_observed = match plan.faketime_rate {
-        Some(rate) => nemesis::restart_all_under_faketime(&state, rate).await?,
+        Some(rate) => {
+            let rates = nemesis::restart_all_under_faketime(&state, rate).await?;
+            // New pids: the old snapshot would find every node dead.
+            snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            rates
+        }
         None => Vec::new(),
     };
     let workset_seed_ms = if plan.workset_rows > 0 {

@@ -363,7 +363,7 @@ pub struct ExpSpec {
     pub clock_drifts: Vec<f64>,
     /// One run per value: every node restarted under libfaketime with `CLOCK_MONOTONIC` (and the
     /// wall clock) running at this rate, a real clock-rate fault rather than `clock_drift`'s
-    /// arithmetic (label `-faketime0.80`; rate 0.8 is drift −0.2). Empty: none.
+    /// arithmetic (label `-faketime0.800`; rate 0.8 is drift −0.2). Empty: none.
     #[serde(default)]
     pub faketime_rates: Vec<f64>,
     /// The clock-rate error bound the nodes are configured with (`clock_rate_error`; default:
@@ -642,7 +642,7 @@ impl ExpSpec {
                                 label.push_str(&format!("-drift{d:+.2}"));
                             }
                             if let Some(r) = faketime {
-                                label.push_str(&format!("-faketime{r:.2}"));
+                                label.push_str(&format!("-faketime{r:.3}"));
                             }
                             if let Some(t) = ttl {
                                 label.push_str(&format!("-ttl{}", fmt_ttl(*t)));

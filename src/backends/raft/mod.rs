@@ -53,10 +53,22 @@
 //! margin covers the rate error and the follower-side processing delay. Heartbeats every
 //! `heartbeat_interval_ms` (default 50) must be well under `election_timeout_min`.
 //!
-//! Practical timing for this backend: the grant is short (150 ms with the default `150-300`
+//! Practical timing for this backend: the grant is short (150 ms with the default `150-250`
 //! election timeout), so `renew_interval_ms` must be below `ttl − margin`, e.g. `renew 40 ms,
-//! retry 20 ms, deadline_margin 20 ms` with `150-300`, or raise the election timeout. Each renewal
+//! retry 20 ms, deadline_margin 20 ms` with `150-250`, or raise the election timeout. Each renewal
 //! is one heartbeat round, so frequent renewals are cheap.
+//!
+//! # What bounds failover
+//!
+//! After a leader dies, no voter grants a vote until `L` has passed since the last append it
+//! accepted (that is the lease bound above), so failover is at least `L` minus the time since the
+//! last heartbeat. openraft on its own waits longer: a follower stands only after
+//! `L + election_timeout` (a fresh draw in `[min, max)`), ~`L + min·4/3` for the first of two
+//! followers, which measured 535 ms median with `150-300`. [`prompt`] has each follower stand
+//! (pre-vote first) as soon as its own `L` has run out, which leaves `L` − half a heartbeat +
+//! a few ms of jitter + the claim through the fence: 291 ms median with `150-250` (see
+//! experiments/FINDINGS.md). Lowering `L` further lowers failover but shortens nothing else:
+//! the lease a leader may act on is capped by `election_timeout_min`, not by `L`.
 //!
 //! # Where raft differs from the lease backends
 //!
@@ -106,6 +118,7 @@ pub mod auth;
 mod client;
 pub mod faults;
 pub mod network;
+mod prompt;
 pub mod server;
 pub mod storage;
 pub mod types;
@@ -156,6 +169,8 @@ struct Shared {
     lease_ttl: Duration,
     heartbeat: Duration,
     election_max: Duration,
+    /// When this node last accepted an append from a leader (for [`prompt`]).
+    contact: Arc<prompt::LeaderContact>,
 }
 
 impl RaftHandleSource for Shared {
@@ -173,6 +188,7 @@ fn spawn_peer_server(
     let rpc = RaftPeerRpc {
         source: shared.clone(),
         faults: shared.faults.clone(),
+        contact: shared.contact.clone(),
     };
     let members = peers.iter().map(|p| p.id.clone()).collect();
     let service = PeerService::new(
@@ -291,7 +307,7 @@ impl RaftElector {
         if cfg.renew_interval() >= usable {
             return Err(ElectorError::Config(format!(
                 "raft grants a {} ms lease (min(lease_ttl_ms, election timeout min)); minus the safety margin that leaves {} ms, \
-                 so renew_interval_ms ({}) must be below it (e.g. renew 40, retry 20, deadline_margin 20 with 150-300)",
+                 so renew_interval_ms ({}) must be below it (e.g. renew 40, retry 20, deadline_margin 20 with 150-250)",
                 lease_ttl.as_millis(),
                 usable.as_millis(),
                 cfg.renew_interval_ms
@@ -346,6 +362,7 @@ impl RaftElector {
             lease_ttl,
             heartbeat: Duration::from_millis(heartbeat),
             election_max: Duration::from_millis(emax),
+            contact: Default::default(),
         });
         let peer_stop = spawn_peer_server(&shared, listener, &cfg.raft.peers);
         tracing::info!(node = %cfg.node_id, %peer_addr, "raft peer listener up (authenticated)");
@@ -416,6 +433,15 @@ impl RaftElector {
         .map_err(|e| unavailable(format!("starting raft: {e}")))?;
         *s.raft.write().unwrap_or_else(|p| p.into_inner()) = Some(raft.clone());
         tracing::info!(node = %s.node_id, raft_id = s.me, "raft started");
+        let weak = Arc::downgrade(s);
+        tokio::spawn(prompt::prompt_elections(
+            move || weak.upgrade().and_then(|s| s.current()),
+            s.contact.clone(),
+            prompt::PromptTiming {
+                leader_lease: s.election_max,
+                heartbeat: s.heartbeat,
+            },
+        ));
 
         // Bootstrap: a pristine member initialises the cluster with every peer. The lowest id
         // goes first; the others wait a stagger so they normally just receive its log instead.

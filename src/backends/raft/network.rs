@@ -254,6 +254,8 @@ pub(crate) trait RaftHandleSource: Send + Sync + 'static {
 pub(crate) struct RaftPeerRpc {
     pub(crate) source: Arc<dyn RaftHandleSource>,
     pub(crate) faults: Arc<PeerFaults>,
+    /// Noted on every append this node accepted from a leader (see [`super::prompt`]).
+    pub(crate) contact: Arc<super::prompt::LeaderContact>,
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, PeerRpcError> {
@@ -299,7 +301,13 @@ impl RaftPeerRpc {
             "append" => {
                 let req: AppendEntriesRequest<TypeConfig> = decode(&body)?;
                 check_term(&req.vote)?;
-                encode(&raft.append_entries(req).await.map_err(failed)?)
+                let resp = raft.append_entries(req).await.map_err(failed)?;
+                // Any answer but "higher vote" means openraft took the sender as its leader
+                // (and renewed its leader lease).
+                if !matches!(resp, AppendEntriesResponse::HigherVote(_)) {
+                    self.contact.heard_now();
+                }
+                encode(&resp)
             }
             "vote" => {
                 let req: VoteRequest<TypeConfig> = decode(&body)?;
