@@ -76,21 +76,26 @@ mod tests {
         Confirmed::Held
     }
 
+    /// A read of `token`'s term, on its own task, whose confirmation (if it runs one) takes `ms`.
+    fn spawn_read(
+        batches: &Arc<ConfirmBatches>,
+        calls: &Arc<AtomicU64>,
+        token: i64,
+        ms: u64,
+    ) -> tokio::task::JoinHandle<Confirmed> {
+        let (b, c) = (batches.clone(), calls.clone());
+        tokio::spawn(async move { b.confirm(FenceToken(token), || slow_confirm(c, ms)).await })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn reads_that_arrive_during_a_confirmation_share_the_next_one() {
         let batches = Arc::new(ConfirmBatches::default());
         let calls = Arc::new(AtomicU64::new(0));
-        let first = {
-            let (b, c) = (batches.clone(), calls.clone());
-            tokio::spawn(async move { b.confirm(FenceToken(3), || slow_confirm(c, 50)).await })
-        };
+        let first = spawn_read(&batches, &calls, 3, 50);
         tokio::time::sleep(Duration::from_millis(10)).await;
         // Ten reads arrive while the first confirmation runs: none may use it.
         let later: Vec<_> = (0..10)
-            .map(|_| {
-                let (b, c) = (batches.clone(), calls.clone());
-                tokio::spawn(async move { b.confirm(FenceToken(3), || slow_confirm(c, 50)).await })
-            })
+            .map(|_| spawn_read(&batches, &calls, 3, 50))
             .collect();
         assert_eq!(first.await.unwrap(), Confirmed::Held);
         for r in later {
@@ -118,25 +123,12 @@ mod tests {
     async fn another_terms_confirmation_is_never_shared() {
         let batches = Arc::new(ConfirmBatches::default());
         let calls = Arc::new(AtomicU64::new(0));
-        let old = {
-            let (b, c) = (batches.clone(), calls.clone());
-            tokio::spawn(async move { b.confirm(FenceToken(3), || slow_confirm(c, 50)).await })
-        };
+        let old = spawn_read(&batches, &calls, 3, 50);
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let (a, b2) = (batches.clone(), batches.clone());
-        let (c1, c2) = (calls.clone(), calls.clone());
-        let new_term = tokio::spawn(async move {
-            a.confirm(FenceToken(4), || async move {
-                c1.fetch_add(1, Ordering::SeqCst);
-                Confirmed::NotLeader
-            })
-            .await
-        });
-        let same_term = tokio::spawn(async move {
-            b2.confirm(FenceToken(3), || slow_confirm(c2, 5)).await
-        });
+        let new_term = spawn_read(&batches, &calls, 4, 5);
+        let same_term = spawn_read(&batches, &calls, 3, 5);
         old.await.unwrap();
-        assert_eq!(new_term.await.unwrap(), Confirmed::NotLeader);
+        assert_eq!(new_term.await.unwrap(), Confirmed::Held);
         // Term 3's second read arrived during the first confirmation and after it the lock
         // went to term 4's: it cannot share either, so it ran its own.
         assert_eq!(same_term.await.unwrap(), Confirmed::Held);

@@ -392,6 +392,11 @@ pub async fn restart_all_under_faketime(
             );
         }
         rates.push(seen);
+        // One restart at a time, each with a leader behind it: the run starts from a settled
+        // fleet, and a fleet that cannot elect under this clock says so at the step that broke it.
+        faults::current_leader(&snapshot(state), Duration::from_secs(30))
+            .await
+            .with_context(|| format!("no leader after restarting {} under libfaketime", node.id))?;
     }
     Ok(rates)
 }
