@@ -3,7 +3,8 @@
 # leadership changes) under experiments/results/bench-next/, and `summarize.py` turns them into
 # the tables README and FINDINGS quote.
 #
-#   scripts/bench/perf.sh neighbour    # 5 consecutive 60 s runs at 50k IDs/s beside stress-ng 15%
+#   scripts/bench/perf.sh neighbour [RATE] [DURATION]
+#                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #
@@ -17,9 +18,10 @@ mkdir -p "$OUT"
 [ -x "$BATON" ] || { echo "build first: cargo build --release --bin baton" >&2; exit 2; }
 
 neighbour() {
+  local rate=${1:-50000} duration=${2:-60s}
   for i in 1 2 3 4 5; do
-    "$BATON" bench next --backend raft --rate 50000 --duration 60s --neighbour-cpu-percent 15 \
-      --out "$OUT/neighbour15-raft-50k-60s-run$i.json"
+    "$BATON" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
+      --out "$OUT/neighbour15-raft-$((rate / 1000))k-$duration-run$i.json"
   done
 }
 
@@ -28,7 +30,7 @@ saturation() {
     for rate in 50000 70000 90000; do
       for n in 0 15; do
         "$BATON" bench next --backend "$backend" --rate "$rate" --duration 30s --connections 512 \
-          --neighbour-cpu-percent "$n" --out "$OUT/saturation-$backend-$((rate / 1000))k-n$n-30s.json"
+          --baseline-duration 2s --neighbour-cpu-percent "$n" --out "$OUT/saturation-$backend-$((rate / 1000))k-n$n-30s.json"
       done
     done
   done
@@ -67,8 +69,8 @@ ratio() {
 }
 
 case "${1:-}" in
-  neighbour) neighbour ;;
+  neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
-  *) sed -n 2,12p "$0"; exit 2 ;;
+  *) sed -n 2,13p "$0"; exit 2 ;;
 esac

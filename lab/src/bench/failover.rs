@@ -288,6 +288,24 @@ pub(crate) async fn ledger_violations(state: &FleetState) -> anyhow::Result<i64>
     Ok(row.get(0))
 }
 
+/// `args.trials` kill -9 (or step-down) trials, as [`run`] does them, on a fleet that is already
+/// up (for `baton bench cost`): the trials done, how the loop ended, and the client-visible
+/// violations. The caller owns the fleet and takes it down.
+pub(crate) async fn trials_on(
+    args: &FailoverArgs,
+    state: &mut FleetState,
+) -> (Vec<Trial>, anyhow::Result<()>, Vec<String>) {
+    let stats = Arc::new(LoadStats::default());
+    let mut trials = Vec::new();
+    let outcome = run_trials(args, state, stats.clone(), &mut trials).await;
+    let violations = stats
+        .violations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    (trials, outcome, violations)
+}
+
 async fn run_trials(
     args: &FailoverArgs,
     state: &mut FleetState,

@@ -5,7 +5,10 @@
 //!   down) the leader under a steady sequential `POST /next` load, N times; failover = first
 //!   `next` write of the new leadership − last `next` write of the old one.
 //! * [`read`] — `baton bench read`: `GET /read` per mode and backend, side by side.
+//! * [`cost`] — `baton bench cost`: idle CPU, memory and backend requests per node, and election
+//!   latency after a leader kill, against fleet size, per backend.
 
+pub mod cost;
 pub mod failover;
 pub mod next;
 pub mod read;
@@ -42,6 +45,8 @@ pub(crate) fn bench_fleet_spec(
 
 #[derive(clap::Subcommand)]
 pub enum BenchCmd {
+    /// Cost against fleet size: idle CPU, RSS and backend requests per node, election latency.
+    Cost(cost::CostArgs),
     /// Failover (kill -9 of the leader) or step-down dark time, from the resource's ledger.
     Failover(failover::FailoverArgs),
     /// Sequencer throughput: open-loop POST /next at a fixed rate, beside a no-batching baseline.
@@ -52,6 +57,7 @@ pub enum BenchCmd {
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
+        BenchCmd::Cost(args) => cost::run(args).await.map(|_| ()),
         BenchCmd::Failover(args) => failover::run(args).await.map(|_| ()),
         BenchCmd::Next(args) => next::run(args).await.map(|_| ()),
         BenchCmd::Read(args) => read::run(args).await.map(|_| ()),

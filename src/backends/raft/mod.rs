@@ -440,6 +440,11 @@ impl RaftElector {
             prompt::PromptTiming {
                 leader_lease: s.election_max,
                 heartbeat: s.heartbeat,
+                jitter_window: prompt::PromptTiming::jitter_window(
+                    s.peers.ids().count(),
+                    Duration::from_millis(s.config.election_timeout_min),
+                    s.election_max,
+                ),
             },
         ));
 

@@ -9,8 +9,9 @@
 //! `leader_lease`, which this module does not touch.
 //!
 //! So each follower watches when it last accepted an append ([`LeaderContact`], written by the
-//! peer server), and once `leader_lease` (plus a little jitter, so two followers seldom collide)
-//! has passed without one it triggers a **pre-vote** election (`trigger().elect(true)`): openraft
+//! peer server), and once `leader_lease` plus a random point of a jitter window (20 ms per other
+//! voter, at most `max − min`, so two followers seldom stand in the same round trip) has passed
+//! without one it triggers a **pre-vote** election (`trigger().elect(true)`): openraft
 //! refuses it locally while this node's own lease still holds, and the real election goes ahead
 //! only if a quorum would grant it, so a healthy leader is never disturbed and no term is burned
 //! by a follower that merely missed a few heartbeats. Retries back off (one heartbeat doubling
@@ -53,9 +54,21 @@ pub(crate) struct PromptTiming {
     pub leader_lease: Duration,
     /// How often the follower looks (and the first retry's back-off).
     pub heartbeat: Duration,
+    /// Each follower stands at a uniform random point of this window after its lease ends. The
+    /// first two of `n` standers are `window / (n + 1)` apart on average, and two that stand
+    /// within a round trip of each other split the vote and cost a retry, so the window grows
+    /// with the number of followers ([`PromptTiming::jitter_window`]).
+    pub jitter_window: Duration,
 }
 
 impl PromptTiming {
+    /// 20 ms per other voter, capped at openraft's own spread `max − min`: 40 ms among three
+    /// voters, the full spread from six on.
+    pub(crate) fn jitter_window(voters: usize, election_min: Duration, election_max: Duration) -> Duration {
+        let per_follower = Duration::from_millis(20) * voters.saturating_sub(1).max(1) as u32;
+        per_follower.min(election_max.saturating_sub(election_min))
+    }
+
     /// Whether a follower silent for `silent` (with `jitter` of its own) should stand now.
     fn due(&self, silent: Option<Duration>, jitter: Duration) -> bool {
         silent.is_some_and(|s| s >= self.leader_lease + jitter)
@@ -76,9 +89,11 @@ pub(crate) async fn prompt_elections(
     timing: PromptTiming,
 ) {
     let mut attempts = 0u32;
-    // A fine tick (10 ms with 50 ms heartbeats) so the lease's end is noticed promptly; the
-    // jitter (up to two ticks) keeps two followers from standing in the same instant.
+    // A fine tick (10 ms with 50 ms heartbeats) so the lease's end is noticed promptly.
     let tick = (timing.heartbeat / 5).max(Duration::from_millis(1));
+    // Drawn once per silence (re-drawn after each stand), not per look: a draw per look would
+    // favour early standers and shrink the spread the window is there to give.
+    let mut jitter = draw(timing.jitter_window);
     loop {
         tokio::time::sleep(tick).await;
         let Some(raft) = current() else { return };
@@ -94,11 +109,11 @@ pub(crate) async fn prompt_elections(
             attempts = 0;
             continue;
         }
-        let jitter = (tick * 2).mul_f64(rand::thread_rng().gen::<f64>());
         if !timing.due(contact.silent_for(), jitter) {
             attempts = 0;
             continue;
         }
+        jitter = draw(timing.jitter_window);
         if raft.trigger().elect(true).await.is_err() {
             return; // raft shut down
         }
@@ -108,6 +123,10 @@ pub(crate) async fn prompt_elections(
     }
 }
 
+fn draw(window: Duration) -> Duration {
+    window.mul_f64(rand::thread_rng().gen::<f64>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +134,7 @@ mod tests {
     const T: PromptTiming = PromptTiming {
         leader_lease: Duration::from_millis(300),
         heartbeat: Duration::from_millis(50),
+        jitter_window: Duration::from_millis(40),
     };
 
     #[test]
@@ -125,6 +145,15 @@ mod tests {
         assert!(T.due(Some(ms(300)), ms(0)));
         assert!(!T.due(Some(ms(310)), ms(20)), "jitter delays it");
         assert!(T.due(Some(ms(320)), ms(20)));
+    }
+
+    #[test]
+    fn the_jitter_window_grows_with_the_followers_up_to_the_election_spread() {
+        let ms = Duration::from_millis;
+        assert_eq!(PromptTiming::jitter_window(3, ms(150), ms(250)), ms(40));
+        assert_eq!(PromptTiming::jitter_window(5, ms(150), ms(250)), ms(80));
+        assert_eq!(PromptTiming::jitter_window(9, ms(150), ms(250)), ms(100));
+        assert_eq!(PromptTiming::jitter_window(1, ms(150), ms(250)), ms(20));
     }
 
     #[test]
