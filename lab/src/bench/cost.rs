@@ -40,11 +40,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context};
-use plotters::prelude::*;
 use serde::Serialize;
 
 use super::failover::{self, connect_admin, ledger_violations, redacted_config, FailoverArgs};
-use super::{bench_fleet_spec, machine_info, Summary};
+use super::{bench_fleet_spec, loadavg, machine_info, Summary};
 use crate::exp::plots;
 use crate::exp::run::RequestMeter;
 use crate::fleet::client::NodeClient;
@@ -192,12 +191,6 @@ fn parse_status_rss_kib(status: &str) -> Option<u64> {
     (parts.next() == Some("kB")).then_some(value)
 }
 
-/// The three load averages of `/proc/loadavg`.
-fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
-    let mut f = text.split_whitespace().map(|s| s.parse::<f64>().ok());
-    Some([f.next()??, f.next()??, f.next()??])
-}
-
 /// (busy, total) jiffies of all CPUs and the CPU count, from `/proc/stat`; busy excludes idle and
 /// iowait.
 fn parse_proc_stat(text: &str) -> Option<(u64, u64, usize)> {
@@ -238,10 +231,6 @@ fn rss_mib(pid: u32) -> anyhow::Result<f64> {
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let kib = parse_status_rss_kib(&text).with_context(|| format!("no VmRSS in {path}"))?;
     Ok(kib as f64 / 1024.0)
-}
-
-fn loadavg() -> Option<[f64; 3]> {
-    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
 }
 
 fn machine_cpu() -> Option<(u64, u64, usize)> {
@@ -875,75 +864,24 @@ kill → the new leader's first `next` write accepted by the fence, on PostgreSQ
 /// A y-against-N plot, one line per backend through (N, y), crosses at (N, y2) where given.
 /// (`plots::xy` draws a drift-bound reference line at x = 0, wrong here; the colors are shared.)
 fn plot_vs_nodes(path: &Path, title: &str, y_desc: &str, series: &Series) -> anyhow::Result<()> {
-    let all: Vec<&(f64, f64, Option<f64>)> = series.values().flatten().collect();
-    if all.is_empty() {
-        return Ok(());
-    }
-    let err = |e: &dyn std::fmt::Debug| anyhow!("plotting: {e:?}");
-    let x_max = all.iter().map(|p| p.0).fold(0.0, f64::max) * 1.08 + 1.0;
-    let y_max = all
-        .iter()
-        .map(|p| p.1.max(p.2.unwrap_or(0.0)))
-        .fold(0.0, f64::max)
-        .max(1e-3)
-        * 1.2;
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .max_light_lines(0)
-        .x_desc("nodes in the fleet (N)")
-        .y_desc(y_desc)
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = plots::color_for(name, i);
-        let mut pts = pts.clone();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|p| (p.0, p.1)),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| err(&e))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
-            )
-            .map_err(|e| err(&e))?;
-        chart
-            .draw_series(
-                pts.iter()
-                    .filter_map(|p| Some(Cross::new((p.0, p.2?), 5, color.stroke_width(2)))),
-            )
-            .map_err(|e| err(&e))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+    let x_max = series.values().flatten().map(|p| p.0).fold(0.0, f64::max);
+    plots::lines(
+        path,
+        &plots::Axes {
+            title,
+            x_desc: "nodes in the fleet (N)",
+            y_desc,
+            x_range: (0.0, x_max * 1.08 + 1.0),
+            marker: None,
+        },
+        series,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::parse_loadavg;
 
     #[test]
     fn proc_parsers_read_the_right_fields() {

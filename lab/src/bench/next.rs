@@ -26,7 +26,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::failover::{connect_admin, ledger_violations, redacted_config};
-use super::{bench_fleet_spec, machine_info};
+use super::{bench_fleet_spec, loadavg, machine_info};
 use crate::fleet::{self, FleetState};
 use crate::load::{self, LoadSpec};
 use baton::backends::{BackendKind, FenceToken};
@@ -108,6 +108,9 @@ pub struct NextReport {
     pub tokens: Vec<i64>,
     /// `stress-ng --cpu 2 --cpu-load N` beside the measured window (0 = none).
     pub neighbour_cpu_percent: u32,
+    /// `/proc/loadavg` (1, 5, 15 min) when the measured window began and when it ended.
+    pub loadavg_start: Option<[f64; 3]>,
+    pub loadavg_end: Option<[f64; 3]>,
     pub config: serde_json::Value,
     pub machine: serde_json::Value,
 }
@@ -157,9 +160,11 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         "baton: POST /next at {} IDs/s offered, {} connections, {} ms",
         args.rate, args.connections, args.duration
     );
+    let loadavg_start = loadavg();
     let neighbour = Neighbour::start(args.neighbour_cpu_percent)?;
     let report = load::run(spec(args.duration)).await;
     drop(neighbour);
+    let loadavg_end = loadavg();
     let report = report?;
     let s = report.summary();
     println!("{}", report.render());
@@ -237,6 +242,8 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         leadership_changes,
         tokens,
         neighbour_cpu_percent: args.neighbour_cpu_percent,
+        loadavg_start,
+        loadavg_end,
         config: redacted_config(state),
         machine: machine_info(),
     })

@@ -286,46 +286,101 @@ pub fn xy(
     }
     let x_min = all.iter().map(|p| p.0).fold(0.0, f64::min) - 0.02;
     let x_max = all.iter().map(|p| p.0).fold(0.0, f64::max) + 0.02;
-    let y_max = all.iter().map(|p| p.1).fold(1.0, f64::max) * 1.2;
+    let points: BTreeMap<String, Vec<(f64, f64, Option<f64>)>> = series
+        .iter()
+        .map(|(k, v)| (k.clone(), v.iter().map(|p| (p.0, p.1, None)).collect()))
+        .collect();
+    lines(
+        path,
+        &Axes {
+            title,
+            x_desc,
+            y_desc,
+            x_range: (x_min, x_max),
+            marker: Some((0.0, "drift = bound")),
+        },
+        &points,
+    )
+}
+
+/// Titles, x range and an optional dashed vertical marker (`(x, legend)`) for [`lines`].
+pub struct Axes<'a> {
+    pub title: &'a str,
+    pub x_desc: &'a str,
+    pub y_desc: &'a str,
+    pub x_range: (f64, f64),
+    pub marker: Option<(f64, &'a str)>,
+}
+
+/// One line with dots per series of `(x, y, y2)` points; `y2` (e.g. a maximum beside a median)
+/// is drawn as a cross at the same x. The y axis starts at 0.
+pub fn lines(
+    path: &Path,
+    axes: &Axes,
+    series: &BTreeMap<String, Vec<(f64, f64, Option<f64>)>>,
+) -> anyhow::Result<()> {
+    let all: Vec<&(f64, f64, Option<f64>)> = series.values().flatten().collect();
+    if all.is_empty() {
+        return Ok(());
+    }
+    let y_max = all
+        .iter()
+        .map(|p| p.1.max(p.2.unwrap_or(0.0)))
+        .fold(1.0, f64::max)
+        * 1.2;
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 16))
+        .caption(axes.title, ("sans-serif", 16))
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(x_min..x_max, 0.0..y_max)
+        .build_cartesian_2d(axes.x_range.0..axes.x_range.1, 0.0..y_max)
         .map_err(err)?;
     chart
         .configure_mesh()
         .max_light_lines(0)
-        .x_desc(x_desc)
-        .y_desc(y_desc)
+        .x_desc(axes.x_desc)
+        .y_desc(axes.y_desc)
         .draw()
         .map_err(err)?;
-    chart
-        .draw_series(DashedLineSeries::new(
-            vec![(0.0, 0.0), (0.0, y_max)],
-            6,
-            4,
-            BLACK.mix(0.5).into(),
-        ))
-        .map_err(err)?
-        .label("drift = bound")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    if let Some((x, label)) = axes.marker {
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x, 0.0), (x, y_max)],
+                6,
+                4,
+                BLACK.mix(0.5).into(),
+            ))
+            .map_err(err)?
+            .label(label)
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.5)));
+    }
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = color_for(name, i);
         let mut pts = pts.clone();
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                pts.iter().map(|p| (p.0, p.1)),
+                color.stroke_width(2),
+            ))
             .map_err(err)?
             .label(name.clone())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
             });
         chart
-            .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+            .draw_series(
+                pts.iter()
+                    .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
+            )
+            .map_err(err)?;
+        chart
+            .draw_series(
+                pts.iter()
+                    .filter_map(|p| Some(Cross::new((p.0, p.2?), 5, color.stroke_width(2)))),
+            )
             .map_err(err)?;
     }
     chart

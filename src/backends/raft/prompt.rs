@@ -64,7 +64,11 @@ pub(crate) struct PromptTiming {
 impl PromptTiming {
     /// 20 ms per other voter, capped at openraft's own spread `max − min`: 40 ms among three
     /// voters, the full spread from six on.
-    pub(crate) fn jitter_window(voters: usize, election_min: Duration, election_max: Duration) -> Duration {
+    pub(crate) fn jitter_window(
+        voters: usize,
+        election_min: Duration,
+        election_max: Duration,
+    ) -> Duration {
         let per_follower = Duration::from_millis(20) * voters.saturating_sub(1).max(1) as u32;
         per_follower.min(election_max.saturating_sub(election_min))
     }
@@ -140,7 +144,10 @@ mod tests {
     #[test]
     fn a_follower_stands_only_once_its_lease_has_run_out() {
         let ms = Duration::from_millis;
-        assert!(!T.due(None, ms(0)), "never heard from a leader: openraft's own timer");
+        assert!(
+            !T.due(None, ms(0)),
+            "never heard from a leader: openraft's own timer"
+        );
         assert!(!T.due(Some(ms(299)), ms(0)));
         assert!(T.due(Some(ms(300)), ms(0)));
         assert!(!T.due(Some(ms(310)), ms(20)), "jitter delays it");
