@@ -39,3 +39,12 @@ pub fn repo_path(rel: impl AsRef<Path>) -> PathBuf {
         rel.to_path_buf()
     }
 }
+
+/// Wall-clock milliseconds since the Unix epoch (0 if the clock reads before it): a label for
+/// reports, never a measurement.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

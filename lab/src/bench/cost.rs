@@ -37,7 +37,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::unix_ms;
 
 use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
@@ -165,13 +167,6 @@ pub struct FleetCost {
     pub error: Option<String>,
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// `utime + stime` (clock ticks) from a `/proc/<pid>/stat` line. The command name (field 2) is in
 /// parentheses and may itself hold spaces and parentheses, so fields are counted after the last
 /// `)`: that rest starts at field 3 (state); utime and stime are fields 14 and 15.
@@ -256,11 +251,7 @@ fn sample_cpu(procs: &[(String, u32)]) -> anyhow::Result<(Instant, Vec<u64>)> {
 /// The node leading now with the highest token (if any), and the nodes answering `/status`.
 async fn status_now(state: &FleetState) -> (Option<(String, i64)>, Vec<String>) {
     let rows = fleet::status(state).await;
-    let leader = rows
-        .iter()
-        .filter(|r| r.alive && r.role.as_deref() == Some("leader"))
-        .max_by_key(|r| r.token.unwrap_or(i64::MIN))
-        .map(|r| (r.id.clone(), r.token.unwrap_or(0)));
+    let leader = fleet::leader_row(&rows).map(|r| (r.id.clone(), r.token.unwrap_or(0)));
     let answering = rows
         .into_iter()
         .filter(|r| r.role.is_some())
@@ -283,10 +274,7 @@ async fn wait_ready(state: &FleetState, within: Duration) -> anyhow::Result<(Str
                 state.node(&dead.id)?.log.display()
             );
         }
-        let leader = rows
-            .iter()
-            .filter(|r| r.role.as_deref() == Some("leader"))
-            .max_by_key(|r| r.token.unwrap_or(i64::MIN));
+        let leader = fleet::leader_row(&rows);
         if let (true, Some(l)) = (answering == rows.len(), leader) {
             return Ok((l.id.clone(), l.token.unwrap_or(0)));
         }
@@ -459,11 +447,7 @@ async fn measure(
     tokio::time::sleep(Duration::from_millis(args.warmup_ms)).await;
 
     let db = connect_admin(state).await?;
-    let pos_before: i64 = db
-        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
-        .await
-        .context("reading baton.fence_log")?
-        .get(0);
+    let pos_before = failover::ledger_pos(&db).await?;
     let (leader, answering0) = status_now(state).await;
     cost.leader_start = leader;
     let nodes: Vec<(String, u32)> = state.nodes.iter().map(|n| (n.id.clone(), n.pid)).collect();
@@ -481,7 +465,10 @@ async fn measure(
     meter.scrape(&client, state).await;
     let req_t0 = scrape0 + scrape0.elapsed() / 2;
     meter.baseline();
-    let counters0 = meter.last.clone();
+    let counts0: Vec<f64> = nodes
+        .iter()
+        .map(|(id, pid)| meter.node_count(id, *pid))
+        .collect();
 
     cost.loadavg_start = loadavg();
     let machine0 = machine_cpu();
@@ -504,14 +491,7 @@ async fn measure(
     let req_t1 = scrape1 + scrape1.elapsed() / 2;
     let (leader, answering1) = status_now(state).await;
     cost.leader_end = leader;
-    let terms = db
-        .query_one(
-            "SELECT count(DISTINCT token) FILTER (WHERE op = 'claim') FROM baton.fence_log WHERE pos > $1",
-            &[&pos_before],
-        )
-        .await
-        .context("reading baton.fence_log")?;
-    cost.leadership_changes_during_idle = Some(terms.get(0));
+    cost.leadership_changes_during_idle = Some(failover::terms_since(&db, pos_before).await?.0);
 
     let window_s = (t1 - t0).as_secs_f64();
     let req_window_s = (req_t1 - req_t0).as_secs_f64();
@@ -521,22 +501,12 @@ async fn measure(
     let cpu_percent = |k: usize| ticks1[k].saturating_sub(ticks0[k]) as f64 / hz / window_s * 100.0;
     let mut node_costs = Vec::new();
     for (k, (id, pid)) in nodes.iter().enumerate() {
-        let key = format!("{id}#{pid}");
         // A counter never incremented is not exported (a raft follower sends no peer RPC): 0.
         // A node that did not answer /status right before and after the scrapes has no count,
         // never a false 0.
         let answered = answering0.contains(id) && answering1.contains(id);
-        let requests = answered.then(|| {
-            meter
-                .last
-                .iter()
-                .filter(|((node, _), _)| *node == key)
-                .map(|(op, v)| (v - counters0.get(op).copied().unwrap_or(0.0)).max(0.0))
-                .sum::<f64>()
-                / req_window_s
-                // An empty f64 sum is -0.0.
-                + 0.0
-        });
+        let requests =
+            answered.then(|| (meter.node_count(id, *pid) - counts0[k]).max(0.0) / req_window_s);
         node_costs.push(ProcCost {
             id: id.clone(),
             pid: *pid,
@@ -569,7 +539,7 @@ async fn measure(
     cost.backend_requests_per_s_per_node = Summary::of(&req);
     cost.backend_requests_per_s_fleet = (req.len() == nodes.len()).then(|| req.iter().sum());
     cost.backend_requests_per_s_by_op = meter
-        .total
+        .total()
         .iter()
         .map(|(op, v)| (op.clone(), v / req_window_s))
         .collect();

@@ -27,7 +27,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::unix_ms;
 
 use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
@@ -122,13 +124,6 @@ pub struct Trial {
     /// The step-down report (`--stepdown` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stepdown: Option<serde_json::Value>,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -286,6 +281,32 @@ pub(crate) async fn ledger_violations(state: &FleetState) -> anyhow::Result<i64>
         )
         .await?;
     Ok(row.get(0))
+}
+
+/// The ledger's last position now: what a measured window's rows come after.
+pub(crate) async fn ledger_pos(db: &tokio_postgres::Client) -> anyhow::Result<i64> {
+    Ok(db
+        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
+        .await
+        .context("reading baton.fence_log")?
+        .get(0))
+}
+
+/// Terms that claimed the fence after ledger position `pos` (a term claims the sequence and the
+/// work-set, so terms are counted, not claim rows), and every token that wrote after it.
+pub(crate) async fn terms_since(
+    db: &tokio_postgres::Client,
+    pos: i64,
+) -> anyhow::Result<(i64, Vec<i64>)> {
+    let row = db
+        .query_one(
+            "SELECT count(DISTINCT token) FILTER (WHERE op = 'claim'), coalesce(array_agg(DISTINCT token), '{}')
+               FROM baton.fence_log WHERE pos > $1",
+            &[&pos],
+        )
+        .await
+        .context("reading baton.fence_log")?;
+    Ok((row.get(0), row.get(1)))
 }
 
 /// `args.trials` kill -9 (or step-down) trials, as [`run`] does them, on a fleet that is already

@@ -131,6 +131,17 @@ pub fn machine_info() -> serde_json::Value {
     })
 }
 
+/// The three load averages of `/proc/loadavg` (1, 5, 15 min).
+pub(crate) fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
+    let mut f = text.split_whitespace().map(|s| s.parse::<f64>().ok());
+    Some([f.next()??, f.next()??, f.next()??])
+}
+
+/// This machine's load averages now: what else was running, recorded beside every figure.
+pub(crate) fn loadavg() -> Option<[f64; 3]> {
+    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,15 +158,4 @@ mod tests {
         assert_eq!(Summary::of(&[3.0, 1.0, 2.0]).unwrap().median, 2.0);
         assert!(Summary::of(&[]).is_none());
     }
-}
-
-/// The three load averages of `/proc/loadavg` (1, 5, 15 min).
-pub(crate) fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
-    let mut f = text.split_whitespace().map(|s| s.parse::<f64>().ok());
-    Some([f.next()??, f.next()??, f.next()??])
-}
-
-/// This machine's load averages now: what else was running, recorded beside every figure.
-pub(crate) fn loadavg() -> Option<[f64; 3]> {
-    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
 }

@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::failover::{connect_admin, ledger_violations, redacted_config};
+use super::failover::{connect_admin, ledger_pos, ledger_violations, redacted_config, terms_since};
 use super::{bench_fleet_spec, loadavg, machine_info};
 use crate::fleet::{self, FleetState};
 use crate::load::{self, LoadSpec};
@@ -151,10 +151,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         println!("warm-up: {}", warm.summary().ok_rate.round());
     }
     let db = connect_admin(state).await?;
-    let pos_before: i64 = db
-        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
-        .await?
-        .get(0);
+    let pos_before = ledger_pos(&db).await?;
 
     println!(
         "baton: POST /next at {} IDs/s offered, {} connections, {} ms",
@@ -179,14 +176,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         max_ms: s.latency_ms.max,
         service_p99_ms: Some(s.service_ms.p99),
     };
-    let terms = db
-        .query_one(
-            "SELECT count(DISTINCT token) FILTER (WHERE op = 'claim'), coalesce(array_agg(DISTINCT token), '{}')
-               FROM baton.fence_log WHERE pos > $1",
-            &[&pos_before],
-        )
-        .await?;
-    let (leadership_changes, tokens): (i64, Vec<i64>) = (terms.get(0), terms.get(1));
+    let (leadership_changes, tokens) = terms_since(&db, pos_before).await?;
     let batches = db
         .query_one(
             "SELECT count(*), coalesce(avg(seq_hi - seq_lo + 1), 0)::float8, coalesce(max(seq_hi - seq_lo + 1), 0)

@@ -86,11 +86,7 @@ pub async fn current_leader(state: &FleetState, within: Duration) -> anyhow::Res
     let until = Instant::now() + within;
     loop {
         let rows = fleet::status(state).await;
-        if let Some(l) = rows
-            .iter()
-            .filter(|r| r.alive && r.role.as_deref() == Some("leader"))
-            .max_by_key(|r| r.token.unwrap_or(i64::MIN))
-        {
+        if let Some(l) = fleet::leader_row(&rows) {
             return Ok((l.id.clone(), l.token.unwrap_or(0)));
         }
         if Instant::now() > until {

@@ -235,31 +235,13 @@ pub fn failover_vs_ttl(
         .label("bound: TTL + 200 ms")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.5)));
     for (i, (name, pts)) in series.iter().enumerate() {
-        let color = color_for(name, i);
-        let mut pts = pts.clone();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|p| (p.0, p.1)),
-                color.stroke_width(2),
-            ))
-            .map_err(err)?
-            .label(format!("{name} (median; × = max)"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
-            )
-            .map_err(err)?;
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|p| Cross::new((p.0, p.2), 5, color.stroke_width(2))),
-            )
-            .map_err(err)?;
+        let pts: Vec<(f64, f64, Option<f64>)> = pts.iter().map(|p| (p.0, p.1, Some(p.2))).collect();
+        draw_points(
+            &mut chart,
+            &format!("{name} (median; × = max)"),
+            color_for(name, i),
+            pts,
+        )?;
     }
     chart
         .configure_series_labels()
@@ -357,31 +339,7 @@ pub fn lines(
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.5)));
     }
     for (i, (name, pts)) in series.iter().enumerate() {
-        let color = color_for(name, i);
-        let mut pts = pts.clone();
-        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|p| (p.0, p.1)),
-                color.stroke_width(2),
-            ))
-            .map_err(err)?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
-            )
-            .map_err(err)?;
-        chart
-            .draw_series(
-                pts.iter()
-                    .filter_map(|p| Some(Cross::new((p.0, p.2?), 5, color.stroke_width(2)))),
-            )
-            .map_err(err)?;
+        draw_points(&mut chart, name, color_for(name, i), pts.clone())?;
     }
     chart
         .configure_series_labels()
@@ -391,6 +349,43 @@ pub fn lines(
         .draw()
         .map_err(err)?;
     root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One series on any x/y axes (linear or log): a line with dots through `(x, y)` sorted by x,
+/// labelled `label` in the legend, and `y2` (e.g. a maximum beside a median) as a cross.
+fn draw_points<'a, DB, X, Y>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, Y>>,
+    label: &str,
+    color: RGBColor,
+    mut pts: Vec<(f64, f64, Option<f64>)>,
+) -> anyhow::Result<()>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    chart
+        .draw_series(LineSeries::new(
+            pts.iter().map(|p| (p.0, p.1)),
+            color.stroke_width(2),
+        ))
+        .map_err(err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    chart
+        .draw_series(
+            pts.iter()
+                .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
+        )
+        .map_err(err)?;
+    chart
+        .draw_series(
+            pts.iter()
+                .filter_map(|p| Some(Cross::new((p.0, p.2?), 5, color.stroke_width(2)))),
+        )
+        .map_err(err)?;
     Ok(())
 }
 

@@ -26,6 +26,7 @@ use crate::fleet::client::NodeClient;
 use crate::fleet::servers::pid_alive;
 use crate::fleet::{self, FleetSpec, FleetState};
 use crate::load::{self, LoadReport, LoadSpec, Outcome};
+use crate::unix_ms;
 use baton::backends::BackendKind;
 use baton::config::{Fencing, NodeConfig};
 
@@ -160,13 +161,6 @@ pub struct Series {
     pub client: Vec<(u64, u64, u64, u64)>,
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// The node config the run uses: `config/<backend>.toml` with the TTL override (renewal at TTL/3,
 /// retries below that) and the spec's raft election timeout.
 pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig> {
@@ -267,8 +261,8 @@ fn start_read_probes(
 /// down restarted from zero).
 #[derive(Default)]
 pub(crate) struct RequestMeter {
-    pub(crate) last: BTreeMap<(String, String), f64>,
-    pub(crate) total: BTreeMap<String, f64>,
+    last: BTreeMap<(String, String), f64>,
+    total: BTreeMap<String, f64>,
 }
 
 impl RequestMeter {
@@ -309,6 +303,23 @@ impl RequestMeter {
 
     pub(crate) fn baseline(&mut self) {
         self.total.clear();
+    }
+
+    /// Requests by `op`, summed over nodes, since the last [`RequestMeter::baseline`].
+    pub(crate) fn total(&self) -> &BTreeMap<String, f64> {
+        &self.total
+    }
+
+    /// Everything one node process (`id`, `pid`) had counted at the last scrape, all ops together.
+    pub(crate) fn node_count(&self, id: &str, pid: u32) -> f64 {
+        let key = format!("{id}#{pid}");
+        self.last
+            .iter()
+            .filter(|((node, _), _)| *node == key)
+            .map(|(_, v)| v)
+            .sum::<f64>()
+            // An empty f64 sum is -0.0.
+            + 0.0
     }
 }
 

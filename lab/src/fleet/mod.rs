@@ -542,6 +542,14 @@ pub struct NodeRow {
     pub leader: Option<String>,
 }
 
+/// The leader among status rows: a live node answering `role = leader`, the highest token if
+/// two do (a deposed leader may not know yet).
+pub fn leader_row(rows: &[NodeRow]) -> Option<&NodeRow> {
+    rows.iter()
+        .filter(|r| r.alive && r.role.as_deref() == Some("leader"))
+        .max_by_key(|r| r.token.unwrap_or(i64::MIN))
+}
+
 pub async fn status(state: &FleetState) -> Vec<NodeRow> {
     let client = client::NodeClient::new(Duration::from_secs(2));
     let mut rows = Vec::new();
