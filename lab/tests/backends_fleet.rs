@@ -370,15 +370,25 @@ async fn redis_restart_without_persistence_regressed_token_is_refused_and_record
 
     // The refused node says why, in its log (at the fleet's RUST_LOG=warn): the fence's refusal
     // with both tokens, then the demotion.
-    let log = strip_ansi(&std::fs::read_to_string(fleet.node(&rej_holder).log).unwrap());
-    let why = log
-        .lines()
-        .find(|l| {
-            l.contains("fenced write rejected by the resource")
-                && l.contains(&format!(" token={rej_token} "))
-                && l.contains(&format!(" max_token={before} "))
-        })
-        .unwrap_or_else(|| panic!("{rej_holder}'s log does not say why it was refused:\n{log}"));
+    // The row commits before the node's log line is written: give the line a few seconds.
+    let wanted = |l: &str| {
+        l.contains("fenced write rejected by the resource")
+            && l.contains(&format!(" token={rej_token} "))
+            && l.contains(&format!(" max_token={before} "))
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    let (why, log) = loop {
+        let log = strip_ansi(&std::fs::read_to_string(fleet.node(&rej_holder).log).unwrap());
+        if let Some(l) = log.lines().find(|l| wanted(l)) {
+            break (Some(l.to_owned()), log);
+        }
+        if Instant::now() > until {
+            break (None, log);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let why =
+        why.unwrap_or_else(|| panic!("{rej_holder}'s log does not say why it was refused:\n{log}"));
     eprintln!("{rej_holder} logged: {why}");
 
     // Safety: nothing was issued under a regressed token, and seq never went back.
