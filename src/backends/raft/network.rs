@@ -312,7 +312,13 @@ impl RaftPeerRpc {
             "vote" => {
                 let req: VoteRequest<TypeConfig> = decode(&body)?;
                 check_term(&req.vote)?;
-                encode(&raft.vote(req).await.map_err(failed)?)
+                let resp = raft.vote(req).await.map_err(failed)?;
+                // A vote just granted is a leader about to start: like openraft's own timer,
+                // do not stand against it for another lease (see [`super::prompt`]).
+                if resp.vote_granted {
+                    self.contact.heard_now();
+                }
+                encode(&resp)
             }
             "pre_vote" => {
                 let req: VoteRequest<TypeConfig> = decode(&body)?;
