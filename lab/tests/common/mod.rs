@@ -149,12 +149,31 @@ impl Fleet {
             if id != not && token > above {
                 return (id, addr, token);
             }
-            assert!(
-                Instant::now() < until,
-                "no new leader (other than {not}, token > {above}) within {within:?}"
-            );
+            if Instant::now() >= until {
+                let rows = baton_lab::fleet::status(&self.state()).await;
+                panic!(
+                    "no new leader (other than {not}, token > {above}) within {within:?}: \
+                     {rows:?}\n{}",
+                    self.log_tails(40)
+                );
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The last `lines` lines of every node's log, for a failure message.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for n in &self.state().nodes {
+            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {} ({}) ---\n", n.id, n.log.display()));
+            for l in &all[all.len().saturating_sub(lines)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// Superuser connection to the fenced resource.

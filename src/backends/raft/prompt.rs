@@ -109,6 +109,12 @@ pub(crate) async fn prompt_elections(
         if !running {
             return; // raft died: nothing to prompt
         }
+        if state == ServerState::Leader {
+            // A leader hears nobody, so without this its silence would count from its last
+            // follower days: on handing leadership over (`resign`) it would stand at once against
+            // the successor it just named. Its silence starts when it stops leading.
+            contact.heard_now();
+        }
         if state != ServerState::Follower {
             attempts = 0;
             continue;
