@@ -264,6 +264,11 @@ pub struct HttpConfig {
     /// A leader whose accept loop fails (e.g. out of descriptors) for this long steps down:
     /// it cannot serve its clients, and its followers would otherwise keep following it.
     pub accept_failure_stepdown_ms: u64,
+    /// The nice value of the thread that serves clients (0..=19; higher yields more). Above the
+    /// node's own threads by default, so when clients saturate the machine the kernel runs this
+    /// node's heartbeats, renewals and watchdog, and its peers' (in this or another process),
+    /// before more client requests: overload slows clients down instead of moving leadership.
+    pub thread_nice: i32,
     /// PEM certificate chain to serve HTTPS with (feature `tls`); with `tls_key_file`, the
     /// server speaks HTTPS only. The TLS handshake must complete within `header_read_timeout_ms`.
     pub tls_cert_file: Option<PathBuf>,
@@ -280,6 +285,7 @@ impl Default for HttpConfig {
             max_body_bytes: 1024,
             request_timeout_ms: 60_000,
             accept_failure_stepdown_ms: 5_000,
+            thread_nice: 5,
             tls_cert_file: None,
             tls_key_file: None,
         }
@@ -324,6 +330,12 @@ impl HttpConfig {
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > 1024 * 1024 {
             return bad("max_body_bytes must be in 1..=1048576".into());
+        }
+        if !(0..=19).contains(&self.thread_nice) {
+            return bad(format!(
+                "thread_nice must be in 0..=19 (a client thread never runs above the node's own), got {}",
+                self.thread_nice
+            ));
         }
         Ok(())
     }
@@ -868,6 +880,15 @@ mod tests {
     #[test]
     fn default_timing_is_valid() {
         NodeConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn the_client_thread_may_only_yield() {
+        let mut c = NodeConfig::default();
+        for (nice, ok) in [(-1, false), (0, true), (5, true), (19, true), (20, false)] {
+            c.http.thread_nice = nice;
+            assert_eq!(c.validate().is_ok(), ok, "thread_nice = {nice}");
+        }
     }
 
     #[test]

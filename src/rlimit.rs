@@ -2,6 +2,9 @@
 //! all draw on RLIMIT_NOFILE, whose soft limit is often 1,024 while the hard limit allows far
 //! more: the node raises the soft limit to the hard one at start-up, and sizes its client
 //! connection cap from the result.
+//!
+//! Also the client thread's scheduling priority ([`nice_this_thread`]): what the kernel runs
+//! first when the machine is saturated.
 
 /// RLIMIT_NOFILE as the node runs with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,5 +74,36 @@ mod tests {
         assert!(l.soft <= l.hard);
         // Raising is always allowed up to the hard limit for an unprivileged process.
         assert_eq!(l.soft, l.hard);
+    }
+}
+
+/// Sets the calling thread's nice value (Linux: `setpriority` on a thread id applies to that
+/// thread alone). Best effort: a refusal is logged, and the thread runs at the process's
+/// priority. Raising a nice value never needs privileges.
+pub fn nice_this_thread(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: gettid has no preconditions; setpriority only reads its arguments.
+    let tid = unsafe { libc::gettid() };
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) } != 0 {
+        tracing::warn!(nice, error = %std::io::Error::last_os_error(), "could not lower the client thread's priority");
+    }
+}
+
+#[cfg(test)]
+mod nice_tests {
+    #[test]
+    fn nice_applies_to_the_calling_thread_only() {
+        let me = || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
+        let before = me();
+        let inside = std::thread::spawn(move || {
+            super::nice_this_thread(7);
+            unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, (before + 7).min(19));
+        assert_eq!(me(), before, "the spawning thread keeps its priority");
     }
 }

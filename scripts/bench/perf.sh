@@ -7,6 +7,8 @@
 #                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
+#   scripts/bench/perf.sh ab OLD NEW [ROUNDS]  # two builds side by side: a fleet each, up together,
+#                                      # wrk on OLD /next, NEW /next and NEW /healthz in turn
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -68,9 +70,52 @@ ratio() {
   python3 scripts/bench/summarize.py ratio "$log"
 }
 
+# The raft leader's HTTP address in the fleet at $1, once there is one.
+leader_of() {
+  local bin=$1 dir=$2 leader=""
+  for _ in $(seq 1 100); do
+    leader=$("$bin" fleet status --dir "$dir" --json | python3 -c \
+      'import json,sys; print(next((r["http_addr"] for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))')
+    [ -n "$leader" ] && { echo "$leader"; return; }
+    sleep 0.2
+  done
+  echo "no leader in $dir" >&2
+  exit 1
+}
+
+ab() {
+  local old=$1 new=$2 rounds=${3:-3}
+  local a=state/bench/ab-old b=state/bench/ab-new
+  for d in "$a" "$b"; do "$BATON" fleet down --dir "$d" >/dev/null 2>&1 || true; rm -rf "$d"; done
+  "$old" fleet up 3 --backend raft --dir "$a" >/dev/null
+  "$new" fleet up 3 --backend raft --dir "$b" >/dev/null
+  trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+  local la lb
+  la=$(leader_of "$old" "$a")
+  lb=$(leader_of "$new" "$b")
+  local log="$OUT/wrk-ab.txt"
+  {
+    echo "# ab: old=$old ($("$old" --version 2>/dev/null || true)) new=$new; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo)"
+    echo "# both fleets up throughout (the idle one is the other's neighbour)"
+  } | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for what in "old next $la" "new next $lb" "new healthz $lb"; do
+      set -- $what
+      local url="http://$3/$2" script=()
+      [ "$2" = next ] && script=(-s scripts/bench/post-next.lua)
+      echo "## round $round: $1 wrk -t1 -c256 -d15s ${script[*]} $url" | tee -a "$log"
+      wrk -t1 -c256 -d15s --latency "${script[@]}" "$url" | tee -a "$log"
+    done
+  done
+  "$old" check --dir "$a" | tee -a "$log"
+  "$new" check --dir "$b" | tee -a "$log"
+  python3 scripts/bench/summarize.py ab "$log"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
+  ab) shift; ab "$@" ;;
   *) sed -n 2,13p "$0"; exit 2 ;;
 esac

@@ -3,6 +3,7 @@
 
   summarize.py next FILE.json...   one row per `baton bench next` report
   summarize.py ratio wrk-ratio.txt GET /healthz vs POST /next requests/s, and their ratio
+  summarize.py ab wrk-ab.txt       old vs new POST /next (and new GET /healthz), per round and median
 """
 import json
 import re
@@ -43,6 +44,37 @@ def ratio(path):
           f"(runs {rates['next']}); ratio {n / h:.2f}")
 
 
+def ab(path):
+    """A run with any non-2xx reply (leadership moved, say) is shown and left out of the medians."""
+    text = open(path).read()
+    runs = {}
+    for block in text.split("## round ")[1:]:
+        head = block.splitlines()[0]
+        side = head.split(": ")[1].split()[0]
+        what = "healthz" if "/healthz" in head else "next"
+        m = re.search(r"Requests/sec:\s+([\d.]+)", block)
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", block)
+        bad = int(non2xx.group(1)) if non2xx else 0
+        runs.setdefault((side, what), []).append((float(m.group(1)) if m else 0.0, bad))
+
+    def cell(run):
+        rate, bad = run
+        return f"{rate:,.0f}" if not bad else f"~~{rate:,.0f}~~ ({bad:,} non-2xx)"
+
+    def ok(side, what):
+        return [r for r, bad in runs[(side, what)] if not bad]
+
+    old, new, h = runs[("old", "next")], runs[("new", "next")], runs[("new", "healthz")]
+    print("| round | old /next | new /next | new /healthz | new:old | new /next : /healthz |")
+    print("|---|---|---|---|---|---|")
+    for i, (o, n, hz) in enumerate(zip(old, new, h), 1):
+        no = f"{n[0] / o[0]:.2f}" if not (o[1] or n[1]) else "–"
+        nh = f"{n[0] / hz[0]:.2f}" if not (n[1] or hz[1]) else "–"
+        print(f"| {i} | {cell(o)} | {cell(n)} | {cell(hz)} | {no} | {nh} |")
+    mo, mn, mh = (statistics.median(ok(*k)) for k in [("old", "next"), ("new", "next"), ("new", "healthz")])
+    print(f"| median of valid runs | {mo:,.0f} | {mn:,.0f} | {mh:,.0f} | {mn / mo:.2f} | {mn / mh:.2f} |")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         print(__doc__)
@@ -51,3 +83,5 @@ if __name__ == "__main__":
         next_rows(sys.argv[2:])
     elif sys.argv[1] == "ratio":
         ratio(sys.argv[2])
+    elif sys.argv[1] == "ab":
+        ab(sys.argv[2])

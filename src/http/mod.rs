@@ -142,9 +142,11 @@ pub(crate) fn spawn_server(
         .thread_name("baton-http")
         .build()?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let nice = app.limits.thread_nice;
     std::thread::Builder::new()
         .name("baton-http".into())
         .spawn(move || {
+            crate::rlimit::nice_this_thread(nice);
             rt.block_on(async move {
                 match TcpListener::from_std(listener) {
                     Ok(listener) => serve(listener, app, shutdown).await,

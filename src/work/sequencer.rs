@@ -7,13 +7,20 @@
 //!
 //! The actor never awaits PostgreSQL in `handle()`: claims and commits run in spawned tasks that
 //! report back with a message.
+//!
+//! Requests do not reach the actor one message each. Callers append to the term's [`Intake`] (a
+//! short mutex) and only the first caller after the actor last looked sends it a message; the
+//! actor takes the whole intake when it starts a commit. At saturation that is one actor message
+//! and one wake-up of the node's runtime per group commit instead of one per ID: the request
+//! path's cost was mostly that hop (issue 14, FINDINGS §11).
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
+use tokio::sync::oneshot;
 
 use crate::backends::FenceToken;
 use crate::leadership::Leadership;
@@ -43,11 +50,8 @@ pub enum NextError {
 
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub enum SequencerMsg {
-    /// A client wants `n` IDs.
-    Next {
-        n: u32,
-        reply: RpcReplyPort<Result<IdBlock, NextError>>,
-    },
+    /// Requests are waiting in the intake (sent by the first caller after the actor last took it).
+    Arrived,
     /// The claim task finished: the last committed seq, or why not.
     Claimed(Result<i64, FenceError>),
     /// A group commit finished (the task already answered its clients).
@@ -56,10 +60,87 @@ pub enum SequencerMsg {
     Checkpoint(RpcReplyPort<()>),
 }
 
+type Reply = oneshot::Sender<Result<IdBlock, NextError>>;
+
 struct Pending {
     n: u32,
-    reply: RpcReplyPort<Result<IdBlock, NextError>>,
+    reply: Reply,
     arrived: Instant,
+}
+
+/// The requests waiting for this term's next group commit. Callers on any runtime append; the
+/// actor alone takes. `actor_due` is the hand-off rule: true while the actor is bound to look
+/// again on its own (a message is on its way, a claim or commit is in flight and will end in
+/// [`SequencerState::start_commit`]), so appending needs no message; the append that finds it
+/// false sets it and sends one.
+#[derive(Default)]
+pub struct Intake(Mutex<IntakeState>);
+
+#[derive(Default)]
+struct IntakeState {
+    waiting: Vec<Pending>,
+    actor_due: bool,
+    /// Set by checkpoint and stop: every later append is answered "demoting" at once.
+    closed: bool,
+}
+
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+enum Appended {
+    /// Queued; the caller must send the actor [`SequencerMsg::Arrived`].
+    NotifyActor,
+    /// Queued; the actor will look on its own.
+    Queued,
+    /// Not queued: this term's sequencer is stopping.
+    Closed,
+}
+
+impl Intake {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IntakeState> {
+        // A panic while holding this lock leaves a Vec and two flags: still consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    fn append(&self, p: Pending) -> Appended {
+        let mut g = self.lock();
+        if g.closed {
+            drop(p);
+            return Appended::Closed;
+        }
+        g.waiting.push(p);
+        if g.actor_due {
+            Appended::Queued
+        } else {
+            g.actor_due = true;
+            Appended::NotifyActor
+        }
+    }
+
+    /// The oldest waiting requests, up to `max_ids` IDs (always at least one request). The actor
+    /// stays due while any are left: it comes back for them when this commit ends.
+    fn take(&self, max_ids: usize) -> (Vec<Pending>, usize) {
+        let mut g = self.lock();
+        let (mut take, mut ids) = (0, 0usize);
+        while take < g.waiting.len() && (take == 0 || ids + g.waiting[take].n as usize <= max_ids) {
+            ids += g.waiting[take].n as usize;
+            take += 1;
+        }
+        let batch: Vec<Pending> = g.waiting.drain(..take).collect();
+        g.actor_due = !g.waiting.is_empty();
+        (batch, ids)
+    }
+
+    /// Closes the intake and answers everything still waiting with "demoting".
+    fn close(&self) {
+        let waiting = {
+            let mut g = self.lock();
+            g.closed = true;
+            std::mem::take(&mut g.waiting)
+        };
+        for p in waiting {
+            let _ = p.reply.send(Err(NextError::Demoting));
+        }
+    }
 }
 
 pub struct SequencerState {
@@ -67,7 +148,7 @@ pub struct SequencerState {
     max_batch_ids: usize,
     /// The next seq to hand out; `None` until the claim succeeds.
     next_seq: Option<i64>,
-    queue: Vec<Pending>,
+    intake: Arc<Intake>,
     commit_in_flight: bool,
     draining: Option<Vec<RpcReplyPort<()>>>,
 }
@@ -78,12 +159,12 @@ pub struct Sequencer;
 impl Actor for Sequencer {
     type Msg = SequencerMsg;
     type State = SequencerState;
-    type Arguments = (WorkContext, usize);
+    type Arguments = (WorkContext, usize, Arc<Intake>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (ctx, max_batch_ids): Self::Arguments,
+        (ctx, max_batch_ids, intake): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let (fence, token) = (ctx.fence.clone(), ctx.token);
         tokio::spawn(async move {
@@ -95,7 +176,7 @@ impl Actor for Sequencer {
             ctx,
             max_batch_ids,
             next_seq: None,
-            queue: Vec::new(),
+            intake,
             commit_in_flight: false,
             draining: None,
         })
@@ -106,9 +187,7 @@ impl Actor for Sequencer {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        for p in state.queue.drain(..) {
-            let _ = p.reply.send(Err(NextError::Demoting));
-        }
+        state.intake.close();
         state
             .ctx
             .trace
@@ -123,18 +202,7 @@ impl Actor for Sequencer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SequencerMsg::Next { n, reply } => {
-                if state.draining.is_some() {
-                    let _ = reply.send(Err(NextError::Demoting));
-                    return Ok(());
-                }
-                state.queue.push(Pending {
-                    n,
-                    reply,
-                    arrived: Instant::now(),
-                });
-                state.start_commit(&myself);
-            }
+            SequencerMsg::Arrived => state.start_commit(&myself),
             SequencerMsg::Claimed(Ok(last_seq)) => {
                 state.ctx.trace.step(
                     "sequencer",
@@ -177,9 +245,7 @@ impl Actor for Sequencer {
             }
             SequencerMsg::Checkpoint(reply) => {
                 // Every issued ID is already durable; quiescing is all a checkpoint needs here.
-                for p in state.queue.drain(..) {
-                    let _ = p.reply.send(Err(NextError::Demoting));
-                }
+                state.intake.close();
                 if state.commit_in_flight {
                     state.draining.get_or_insert_with(Vec::new).push(reply);
                 } else {
@@ -196,18 +262,13 @@ impl SequencerState {
     /// Takes the waiting requests (up to the batch bound) and commits them in one fenced call.
     fn start_commit(&mut self, myself: &ActorRef<SequencerMsg>) {
         let Some(next) = self.next_seq else { return };
-        if self.commit_in_flight || self.queue.is_empty() || self.draining.is_some() {
+        if self.commit_in_flight || self.draining.is_some() {
             return;
         }
-        let mut take = 0;
-        let mut ids = 0usize;
-        while take < self.queue.len()
-            && (take == 0 || ids + self.queue[take].n as usize <= self.max_batch_ids)
-        {
-            ids += self.queue[take].n as usize;
-            take += 1;
+        let (batch, ids) = self.intake.take(self.max_batch_ids);
+        if batch.is_empty() {
+            return;
         }
-        let batch: Vec<Pending> = self.queue.drain(..take).collect();
         let (lo, hi) = (next, next + ids as i64 - 1);
         // Burned whatever happens to the commit: an ambiguous failure must never lead to reuse.
         self.next_seq = Some(hi + 1);
@@ -258,17 +319,24 @@ async fn commit_batch(
     let _ = me.cast(SequencerMsg::Committed { fenced_out });
 }
 
+/// This term's sequencer as callers reach it: its intake, and the actor to wake.
+#[derive(Clone)]
+struct Running {
+    actor: ActorRef<SequencerMsg>,
+    intake: Arc<Intake>,
+}
+
 /// Where the HTTP layer finds the current term's sequencer (empty while not leading).
 #[derive(Clone, Default)]
-pub struct SequencerHandle(Arc<RwLock<Option<ActorRef<SequencerMsg>>>>);
+pub struct SequencerHandle(Arc<RwLock<Option<Running>>>);
 
 // Read by the HTTP layer's POST /next; without the `http` feature nothing calls these.
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 impl SequencerHandle {
-    pub fn get(&self) -> Option<ActorRef<SequencerMsg>> {
+    fn get(&self) -> Option<Running> {
         self.0.read().ok().and_then(|g| g.clone())
     }
-    fn set(&self, r: Option<ActorRef<SequencerMsg>>) {
+    fn set(&self, r: Option<Running>) {
         if let Ok(mut g) = self.0.write() {
             *g = r;
         }
@@ -276,14 +344,28 @@ impl SequencerHandle {
 
     /// Asks the running sequencer for `n` IDs.
     pub async fn next(&self, n: u32, timeout: Duration) -> Result<IdBlock, NextCallError> {
-        let actor = self.get().ok_or(NextCallError::NotRunning)?;
-        match actor
-            .call(|reply| SequencerMsg::Next { n, reply }, Some(timeout))
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(NextCallError::Next),
-            Ok(ractor::rpc::CallResult::Timeout) => Err(NextCallError::Timeout),
-            Ok(ractor::rpc::CallResult::SenderError) | Err(_) => Err(NextCallError::NotRunning),
+        let running = self.get().ok_or(NextCallError::NotRunning)?;
+        let (reply, answer) = oneshot::channel();
+        let pending = Pending {
+            n,
+            reply,
+            arrived: Instant::now(),
+        };
+        match running.intake.append(pending) {
+            Appended::Closed => return Err(NextCallError::Next(NextError::Demoting)),
+            Appended::Queued => {}
+            Appended::NotifyActor => {
+                if running.actor.cast(SequencerMsg::Arrived).is_err() {
+                    // The actor is gone (its post_stop closes the intake too): nobody will take
+                    // what waits, so answer it all now rather than at the timeout.
+                    running.intake.close();
+                }
+            }
+        }
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(r)) => r.map_err(NextCallError::Next),
+            Ok(Err(_)) => Err(NextCallError::NotRunning),
+            Err(_) => Err(NextCallError::Timeout),
         }
     }
 }
@@ -318,13 +400,18 @@ impl LeaderWork for SequencerWork {
 
     async fn start(&self, ctx: WorkContext) -> Result<Box<dyn RunningWork>, WorkError> {
         let sup = ctx.supervisor.clone();
-        let (actor, _) = Actor::spawn_linked(None, Sequencer, (ctx, self.max_batch_ids), sup)
+        let intake = Arc::new(Intake::default());
+        let args = (ctx, self.max_batch_ids, intake.clone());
+        let (actor, _) = Actor::spawn_linked(None, Sequencer, args, sup)
             .await
             .map_err(|e| WorkError::Start {
                 work: "sequencer",
                 reason: e.to_string(),
             })?;
-        self.handle.set(Some(actor.clone()));
+        self.handle.set(Some(Running {
+            actor: actor.clone(),
+            intake,
+        }));
         Ok(Box::new(RunningSequencer {
             actor,
             handle: self.handle.clone(),
@@ -356,5 +443,69 @@ impl RunningWork for RunningSequencer {
                 reason: "in-flight commit did not finish in 5 s".into(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(n: u32) -> (Pending, oneshot::Receiver<Result<IdBlock, NextError>>) {
+        let (reply, rx) = oneshot::channel();
+        let p = Pending {
+            n,
+            reply,
+            arrived: Instant::now(),
+        };
+        (p, rx)
+    }
+
+    #[test]
+    fn only_the_first_append_after_a_take_wakes_the_actor() {
+        let intake = Intake::default();
+        let (a, _ra) = pending(1);
+        let (b, _rb) = pending(1);
+        assert!(matches!(intake.append(a), Appended::NotifyActor));
+        assert!(matches!(intake.append(b), Appended::Queued));
+        let (batch, ids) = intake.take(100);
+        assert_eq!((batch.len(), ids), (2, 2));
+        // Taken whole: the actor will not look again by itself, so the next append must wake it.
+        let (c, _rc) = pending(1);
+        assert!(matches!(intake.append(c), Appended::NotifyActor));
+    }
+
+    #[test]
+    fn a_take_bounded_by_the_batch_leaves_the_actor_due_for_the_rest() {
+        let intake = Intake::default();
+        let mut rxs = Vec::new();
+        for n in [3, 3, 3] {
+            let (p, rx) = pending(n);
+            rxs.push(rx);
+            let _ = intake.append(p);
+        }
+        let (batch, ids) = intake.take(6);
+        assert_eq!((batch.len(), ids), (2, 6));
+        // One request is left: the actor comes back for it when this commit ends, so appends
+        // meanwhile send no message.
+        let (d, _rd) = pending(1);
+        assert!(matches!(intake.append(d), Appended::Queued));
+        let (batch, ids) = intake.take(6);
+        assert_eq!((batch.len(), ids), (2, 4));
+        // A single request above the bound still goes alone rather than waiting forever.
+        let (big, _rbig) = pending(50);
+        let _ = intake.append(big);
+        assert_eq!(intake.take(6).1, 50);
+    }
+
+    #[test]
+    fn closing_answers_the_waiting_and_refuses_later_appends() {
+        let intake = Intake::default();
+        let (a, mut ra) = pending(1);
+        let _ = intake.append(a);
+        intake.close();
+        assert!(matches!(ra.try_recv(), Ok(Err(NextError::Demoting))));
+        let (b, _rb) = pending(1);
+        assert!(matches!(intake.append(b), Appended::Closed));
+        assert!(intake.take(10).0.is_empty());
     }
 }
