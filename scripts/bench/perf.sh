@@ -9,6 +9,9 @@
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #   scripts/bench/perf.sh ab OLD NEW [ROUNDS]  # two builds side by side: a fleet each, up together,
 #                                      # wrk on OLD /next, NEW /next and NEW /healthz in turn
+#   scripts/bench/perf.sh starve OLD NEW [SECONDS] [ROUNDS]  # a fleet of each build, both leaders
+#                                      # flooded at once (wrk GET /healthz, POST /next); counts
+#                                      # each fleet's leadership changes (terms) per round
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -112,10 +115,43 @@ ab() {
   python3 scripts/bench/summarize.py ab "$log"
 }
 
+# The current raft term of the fleet at $2 (its leader's token), or 0.
+term_of() {
+  "$1" fleet status --dir "$2" --json | python3 -c \
+    'import json,sys; print(max([r.get("token") or 0 for r in json.load(sys.stdin)] or [0]))'
+}
+
+starve() {
+  local old=$1 new=$2 secs=${3:-60} rounds=${4:-2}
+  local a=state/bench/starve-old b=state/bench/starve-new
+  for d in "$a" "$b"; do "$BATON" fleet down --dir "$d" >/dev/null 2>&1 || true; rm -rf "$d"; done
+  "$old" fleet up 3 --backend raft --dir "$a" >/dev/null
+  "$new" fleet up 3 --backend raft --dir "$b" >/dev/null
+  trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+  local log="$OUT/starve.txt"
+  echo "# starve: old=$old new=$new; ${secs}s rounds; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo)" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for what in healthz next; do
+      local la lb ta tb script=()
+      la=$(leader_of "$old" "$a"); lb=$(leader_of "$new" "$b")
+      ta=$(term_of "$old" "$a"); tb=$(term_of "$new" "$b")
+      [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
+      wrk -t1 -c256 -d"${secs}s" "${script[@]}" "http://$la/$what" >"$OUT/starve-old-$round-$what.txt" &
+      wrk -t1 -c256 -d"${secs}s" "${script[@]}" "http://$lb/$what" >"$OUT/starve-new-$round-$what.txt"
+      wait
+      sleep 2
+      echo "round $round $what: old term $ta -> $(term_of "$old" "$a") ($(grep -oP 'Requests/sec:\s+\K[\d.]+' "$OUT/starve-old-$round-$what.txt") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$OUT/starve-old-$round-$what.txt" || echo 0) non-2xx); new term $tb -> $(term_of "$new" "$b") ($(grep -oP 'Requests/sec:\s+\K[\d.]+' "$OUT/starve-new-$round-$what.txt") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$OUT/starve-new-$round-$what.txt" || echo 0) non-2xx)" | tee -a "$log"
+    done
+  done
+  "$old" check --dir "$a" | tee -a "$log"
+  "$new" check --dir "$b" | tee -a "$log"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;
+  starve) shift; starve "$@" ;;
   *) sed -n 2,13p "$0"; exit 2 ;;
 esac
