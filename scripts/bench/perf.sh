@@ -12,6 +12,9 @@
 #   scripts/bench/perf.sh starve OLD NEW [SECONDS] [ROUNDS]  # a fleet of each build, both leaders
 #                                      # flooded at once (wrk GET /healthz, POST /next); counts
 #                                      # each fleet's leadership changes (terms) per round
+#   scripts/bench/perf.sh split [RATE] [SECONDS] [NEIGHBOUR%]  # where a request's time goes: the
+#                                      # client's view (baton load) beside the leader's own
+#                                      # histograms (sequencer wait+commit, commit alone)
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -147,11 +150,28 @@ starve() {
   "$new" check --dir "$b" | tee -a "$log"
 }
 
+split() {
+  local rate=${1:-15000} secs=${2:-20} neighbour=${3:-0} dir=state/bench/split
+  "$BATON" fleet down --dir "$dir" >/dev/null 2>&1 || true
+  rm -rf "$dir"
+  # FLEET_CONFIG: another base node config (e.g. one [http] setting changed) for a control run.
+  "$BATON" fleet up 3 --backend raft --dir "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"} >/dev/null
+  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true; pkill -f "stress-ng --cpu 2" || true' EXIT
+  local leader tag="raft-$((rate / 1000))k-${secs}s-n$neighbour${TAG:+-$TAG}"
+  leader=$(leader_of "$BATON" "$dir")
+  curl -s "http://$leader/metrics" >"$OUT/split-$tag-before.prom"
+  [ "$neighbour" -gt 0 ] && { stress-ng --cpu 2 --cpu-load "$neighbour" --timeout "$((secs + 5))s" >/dev/null 2>&1 & }
+  "$BATON" load --dir "$dir" --rate "$rate" --duration "${secs}s" --connections 256 --json >"$OUT/split-$tag-client.json"
+  curl -s "http://$leader/metrics" >"$OUT/split-$tag-after.prom"
+  python3 scripts/bench/summarize.py split "$OUT/split-$tag"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;
   starve) shift; starve "$@" ;;
+  split) shift; split "$@" ;;
   *) sed -n 2,13p "$0"; exit 2 ;;
 esac

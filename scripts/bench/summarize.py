@@ -4,6 +4,7 @@
   summarize.py next FILE.json...   one row per `baton bench next` report
   summarize.py ratio wrk-ratio.txt GET /healthz vs POST /next requests/s, and their ratio
   summarize.py ab wrk-ab.txt       old vs new POST /next (and new GET /healthz), per round and median
+  summarize.py split PREFIX         client latency beside the leader's own histograms (perf.sh split)
 """
 import json
 import re
@@ -75,6 +76,44 @@ def ab(path):
     print(f"| median of valid runs | {mo:,.0f} | {mn:,.0f} | {mh:,.0f} | {mn / mo:.2f} | {mn / mh:.2f} |")
 
 
+def buckets(path, name):
+    """{le: count} of one Prometheus histogram in a text exposition."""
+    out = {}
+    for line in open(path):
+        m = re.match(name + r'_bucket\{[^}]*le="([^"]+)"\} (\S+)', line)
+        if m:
+            out[float(m.group(1))] = float(m.group(2))
+    return out
+
+
+def bucket_quantile(before, after, q):
+    """The upper bound of the bucket holding quantile q of the observations between two scrapes."""
+    les = sorted(after)
+    delta = [(le, after[le] - before.get(le, 0.0)) for le in les]
+    total = delta[-1][1]
+    for le, c in delta:
+        if total and c >= q * total:
+            return le, total
+    return float("inf"), total
+
+
+def split(prefix):
+    client = json.load(open(prefix + "-client.json"))
+    lat, svc = client["latency_ms"], client["service_ms"]
+    print(f"client (baton load, {client['ok_rate']:.0f} IDs/s ok, {client['rejected'] + client['unknown']} errors, "
+          f"tokens {client['tokens']}): from schedule p50 {lat['p50']} ms, p99 {lat['p99']} ms, "
+          f"p99.9 {lat['p999']} ms; service (sent -> answered) p50 {svc['p50']} ms, p99 {svc['p99']} ms, "
+          f"p99.9 {svc['p999']} ms")
+    for name, what in [("baton_next_request_duration_seconds", "leader: intake -> answer (wait + commit)"),
+                       ("baton_sequencer_commit_duration_seconds", "leader: one group commit")]:
+        b, a = buckets(prefix + "-before.prom", name), buckets(prefix + "-after.prom", name)
+        cells = []
+        for q in (0.5, 0.99, 0.999):
+            le, total = bucket_quantile(b, a, q)
+            cells.append(f"p{q * 100:g} <= {le * 1000:g} ms")
+        print(f"{what}: {', '.join(cells)} ({total:.0f} observations)")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         print(__doc__)
@@ -85,3 +124,5 @@ if __name__ == "__main__":
         ratio(sys.argv[2])
     elif sys.argv[1] == "ab":
         ab(sys.argv[2])
+    elif sys.argv[1] == "split":
+        split(sys.argv[2])
