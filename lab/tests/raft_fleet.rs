@@ -58,7 +58,7 @@ fn leaders_acting(text: &str) -> f64 {
 /// Several samples of the whole fleet: exactly one node says leader (always the same one, with
 /// the same token), all others follow it and redirect `/next` to it, and `leaders_acting` sums to 1.
 async fn assert_exactly_one_leader(fleet: &Fleet, n: usize) {
-    let (leader, addr, token) = fleet.leader(SETTLE).await;
+    let (leader, addr, token) = fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
     assert!(token > 0);
     assert_eq!(fleet.state().nodes.len(), n);
     for _ in 0..8 {

@@ -130,6 +130,33 @@ impl Fleet {
         }
     }
 
+    /// Like [`Fleet::leader`], but only once the same leader has held the same term for `hold`:
+    /// for tests whose subject is a settled fleet, not its first second (a raft leader elected
+    /// while its peers are still starting can miss its first renewal on a loaded machine and
+    /// hand over, which is the lease doing its job, not a second leader).
+    pub async fn settled_leader(&self, within: Duration, hold: Duration) -> (String, String, i64) {
+        let until = Instant::now() + within;
+        let mut seen = self.leader(within).await;
+        loop {
+            tokio::time::sleep(hold).await;
+            let now = self
+                .leader(
+                    until
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(200)),
+                )
+                .await;
+            if (now.0.as_str(), now.2) == (seen.0.as_str(), seen.2) {
+                return now;
+            }
+            assert!(
+                Instant::now() < until,
+                "leadership did not settle within {within:?}: last {seen:?} then {now:?}"
+            );
+            seen = now;
+        }
+    }
+
     /// Like [`Fleet::leader`] but for a leader other than `not`, with a higher token than `above`.
     pub async fn new_leader(
         &self,
