@@ -63,20 +63,6 @@ pub fn raise_nofile_soft_limit() -> Result<NofileLimit, RlimitError> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn soft_limit_ends_at_the_hard_limit_where_allowed() {
-        let l = raise_nofile_soft_limit().unwrap();
-        assert!(l.soft >= l.soft_before);
-        assert!(l.soft <= l.hard);
-        // Raising is always allowed up to the hard limit for an unprivileged process.
-        assert_eq!(l.soft, l.hard);
-    }
-}
-
 /// Sets the calling thread's nice value (Linux: `setpriority` on a thread id applies to that
 /// thread alone). Best effort: a refusal is logged, and the thread runs at the process's
 /// priority. Raising a nice value never needs privileges.
@@ -92,18 +78,35 @@ pub fn nice_this_thread(nice: i32) {
 }
 
 #[cfg(test)]
-mod nice_tests {
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soft_limit_ends_at_the_hard_limit_where_allowed() {
+        let l = raise_nofile_soft_limit().unwrap();
+        assert!(l.soft >= l.soft_before);
+        assert!(l.soft <= l.hard);
+        // Raising is always allowed up to the hard limit for an unprivileged process.
+        assert_eq!(l.soft, l.hard);
+    }
+
     #[test]
     fn nice_applies_to_the_calling_thread_only() {
-        let me = || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
-        let before = me();
-        let inside = std::thread::spawn(move || {
-            super::nice_this_thread(7);
+        fn this_threads_nice() -> i32 {
             unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+        }
+        let before = this_threads_nice();
+        let inside = std::thread::spawn(|| {
+            nice_this_thread(7);
+            this_threads_nice()
         })
         .join()
         .unwrap();
         assert_eq!(inside, (before + 7).min(19));
-        assert_eq!(me(), before, "the spawning thread keeps its priority");
+        assert_eq!(
+            this_threads_nice(),
+            before,
+            "the spawning thread keeps its priority"
+        );
     }
 }

@@ -25,6 +25,48 @@ OUT=${OUT:-experiments/results/bench-next}
 mkdir -p "$OUT"
 [ -x "$BATON" ] || { echo "build first: cargo build --release --bin baton" >&2; exit 2; }
 
+# The raft leader's HTTP address in the fleet at $2 (run with binary $1), once there is one.
+leader_of() {
+  local bin=$1 dir=$2 leader=""
+  for _ in $(seq 1 100); do
+    leader=$("$bin" fleet status --dir "$dir" --json | python3 -c \
+      'import json,sys; print(next((r["http_addr"] for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))')
+    [ -n "$leader" ] && { echo "$leader"; return; }
+    sleep 0.2
+  done
+  echo "no leader in $dir" >&2
+  exit 1
+}
+
+# The current raft term of the fleet at $2 (its leader's token), or 0.
+term_of() {
+  "$1" fleet status --dir "$2" --json | python3 -c \
+    'import json,sys; print(max([r.get("token") or 0 for r in json.load(sys.stdin)] or [0]))'
+}
+
+# A new 3-node raft fleet of binary $1 in dir $2 (whatever was there is taken down and removed);
+# further arguments go to `fleet up`.
+fresh_fleet() {
+  local bin=$1 dir=$2
+  shift 2
+  "$bin" fleet down --dir "$dir" >/dev/null 2>&1 || true
+  rm -rf "$dir"
+  "$bin" fleet up 3 --backend raft --dir "$dir" "$@" >/dev/null
+}
+
+# Fleets of two builds side by side: $1 in $3, $2 in $4, both taken down on exit.
+two_fleets() {
+  local old=$1 new=$2 a=$3 b=$4
+  fresh_fleet "$old" "$a"
+  fresh_fleet "$new" "$b"
+  trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+}
+
+# "R req/s, N non-2xx" from one wrk output file.
+wrk_result() {
+  echo "$(grep -oP 'Requests/sec:\s+\K[\d.]+' "$1") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$1" || echo 0) non-2xx"
+}
+
 neighbour() {
   local rate=${1:-50000} duration=${2:-60s}
   for i in 1 2 3 4 5; do
@@ -45,19 +87,10 @@ saturation() {
 }
 
 ratio() {
-  local dir=state/bench/wrk
-  "$BATON" fleet down --dir "$dir" >/dev/null 2>&1 || true
-  rm -rf "$dir"
-  "$BATON" fleet up 3 --backend raft --dir "$dir" >/dev/null
+  local dir=state/bench/wrk leader
+  fresh_fleet "$BATON" "$dir"
   trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
-  local leader=""
-  for _ in $(seq 1 100); do
-    leader=$("$BATON" fleet status --dir "$dir" --json | python3 -c \
-      'import json,sys; print(next((r["http_addr"] for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))')
-    [ -n "$leader" ] && break
-    sleep 0.2
-  done
-  [ -n "$leader" ] || { echo "no leader" >&2; exit 1; }
+  leader=$(leader_of "$BATON" "$dir")
   local log="$OUT/wrk-ratio.txt"
   : >"$log"
   # Alternate the two, twice each, so a neighbour's drift hits both alike.
@@ -76,26 +109,10 @@ ratio() {
   python3 scripts/bench/summarize.py ratio "$log"
 }
 
-# The raft leader's HTTP address in the fleet at $1, once there is one.
-leader_of() {
-  local bin=$1 dir=$2 leader=""
-  for _ in $(seq 1 100); do
-    leader=$("$bin" fleet status --dir "$dir" --json | python3 -c \
-      'import json,sys; print(next((r["http_addr"] for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))')
-    [ -n "$leader" ] && { echo "$leader"; return; }
-    sleep 0.2
-  done
-  echo "no leader in $dir" >&2
-  exit 1
-}
-
 ab() {
   local old=$1 new=$2 rounds=${3:-3}
   local a=state/bench/ab-old b=state/bench/ab-new
-  for d in "$a" "$b"; do "$BATON" fleet down --dir "$d" >/dev/null 2>&1 || true; rm -rf "$d"; done
-  "$old" fleet up 3 --backend raft --dir "$a" >/dev/null
-  "$new" fleet up 3 --backend raft --dir "$b" >/dev/null
-  trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+  two_fleets "$old" "$new" "$a" "$b"
   local la lb
   la=$(leader_of "$old" "$a")
   lb=$(leader_of "$new" "$b")
@@ -118,19 +135,10 @@ ab() {
   python3 scripts/bench/summarize.py ab "$log"
 }
 
-# The current raft term of the fleet at $2 (its leader's token), or 0.
-term_of() {
-  "$1" fleet status --dir "$2" --json | python3 -c \
-    'import json,sys; print(max([r.get("token") or 0 for r in json.load(sys.stdin)] or [0]))'
-}
-
 starve() {
   local old=$1 new=$2 secs=${3:-60} rounds=${4:-2}
   local a=state/bench/starve-old b=state/bench/starve-new
-  for d in "$a" "$b"; do "$BATON" fleet down --dir "$d" >/dev/null 2>&1 || true; rm -rf "$d"; done
-  "$old" fleet up 3 --backend raft --dir "$a" >/dev/null
-  "$new" fleet up 3 --backend raft --dir "$b" >/dev/null
-  trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+  two_fleets "$old" "$new" "$a" "$b"
   local log="$OUT/starve.txt"
   echo "# starve: old=$old new=$new; ${secs}s rounds; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo)" | tee "$log"
   for round in $(seq 1 "$rounds"); do
@@ -143,7 +151,7 @@ starve() {
       wrk -t1 -c256 -d"${secs}s" "${script[@]}" "http://$lb/$what" >"$OUT/starve-new-$round-$what.txt"
       wait
       sleep 2
-      echo "round $round $what: old term $ta -> $(term_of "$old" "$a") ($(grep -oP 'Requests/sec:\s+\K[\d.]+' "$OUT/starve-old-$round-$what.txt") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$OUT/starve-old-$round-$what.txt" || echo 0) non-2xx); new term $tb -> $(term_of "$new" "$b") ($(grep -oP 'Requests/sec:\s+\K[\d.]+' "$OUT/starve-new-$round-$what.txt") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$OUT/starve-new-$round-$what.txt" || echo 0) non-2xx)" | tee -a "$log"
+      echo "round $round $what: old term $ta -> $(term_of "$old" "$a") ($(wrk_result "$OUT/starve-old-$round-$what.txt")); new term $tb -> $(term_of "$new" "$b") ($(wrk_result "$OUT/starve-new-$round-$what.txt"))" | tee -a "$log"
     done
   done
   "$old" check --dir "$a" | tee -a "$log"
@@ -152,14 +160,13 @@ starve() {
 
 split() {
   local rate=${1:-15000} secs=${2:-20} neighbour=${3:-0} dir=state/bench/split
-  "$BATON" fleet down --dir "$dir" >/dev/null 2>&1 || true
-  rm -rf "$dir"
   # FLEET_CONFIG: another base node config (e.g. one [http] setting changed) for a control run.
-  "$BATON" fleet up 3 --backend raft --dir "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"} >/dev/null
-  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true; pkill -f "stress-ng --cpu 2" || true' EXIT
+  fresh_fleet "$BATON" "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"}
+  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
   local leader tag="raft-$((rate / 1000))k-${secs}s-n$neighbour${TAG:+-$TAG}"
   leader=$(leader_of "$BATON" "$dir")
   curl -s "http://$leader/metrics" >"$OUT/split-$tag-before.prom"
+  # The neighbour ends by itself (--timeout) just after the measured window.
   [ "$neighbour" -gt 0 ] && { stress-ng --cpu 2 --cpu-load "$neighbour" --timeout "$((secs + 5))s" >/dev/null 2>&1 & }
   "$BATON" load --dir "$dir" --rate "$rate" --duration "${secs}s" --connections 256 --json >"$OUT/split-$tag-client.json"
   curl -s "http://$leader/metrics" >"$OUT/split-$tag-after.prom"

@@ -11,8 +11,7 @@
 //! Requests do not reach the actor one message each. Callers append to the term's [`Intake`] (a
 //! short mutex) and only the first caller after the actor last looked sends it a message; the
 //! actor takes the whole intake when it starts a commit. At saturation that is one actor message
-//! and one wake-up of the node's runtime per group commit instead of one per ID: the request
-//! path's cost was mostly that hop (issue 14, FINDINGS §11).
+//! and one wake-up of the node's runtime per group commit instead of one per ID.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -104,7 +103,6 @@ impl Intake {
     fn append(&self, p: Pending) -> Appended {
         let mut g = self.lock();
         if g.closed {
-            drop(p);
             return Appended::Closed;
         }
         g.waiting.push(p);

@@ -32,6 +32,13 @@ pub fn baton(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// What is left of a deadline, but at least 200 ms: enough for one more look at the fleet.
+fn time_left(until: Instant) -> Duration {
+    until
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(200))
+}
+
 impl Fleet {
     /// `baton fleet up N --backend etcd` in a fresh temp dir, plus `extra` flags.
     pub fn up(nodes: usize, extra: &[&str]) -> Fleet {
@@ -139,20 +146,16 @@ impl Fleet {
         let mut seen = self.leader(within).await;
         loop {
             tokio::time::sleep(hold).await;
-            let now = self
-                .leader(
-                    until
-                        .saturating_duration_since(Instant::now())
-                        .max(Duration::from_millis(200)),
-                )
-                .await;
+            let now = self.leader(time_left(until)).await;
             if (now.0.as_str(), now.2) == (seen.0.as_str(), seen.2) {
                 return now;
             }
-            assert!(
-                Instant::now() < until,
-                "leadership did not settle within {within:?}: last {seen:?} then {now:?}"
-            );
+            if Instant::now() >= until {
+                panic!(
+                    "leadership did not settle within {within:?}: last {seen:?} then {now:?}\n{}",
+                    self.log_tails(40)
+                );
+            }
             seen = now;
         }
     }
@@ -166,13 +169,7 @@ impl Fleet {
     ) -> (String, String, i64) {
         let until = Instant::now() + within;
         loop {
-            let (id, addr, token) = self
-                .leader(
-                    until
-                        .saturating_duration_since(Instant::now())
-                        .max(Duration::from_millis(200)),
-                )
-                .await;
+            let (id, addr, token) = self.leader(time_left(until)).await;
             if id != not && token > above {
                 return (id, addr, token);
             }

@@ -66,8 +66,8 @@
 //! `L + election_timeout` (a fresh draw in `[min, max)`), ~`L + min·4/3` for the first of two
 //! followers, which measured 535 ms median with `150-300`. [`prompt`] has each follower stand
 //! (pre-vote first) as soon as its own `L` has run out, which leaves `L` − half a heartbeat +
-//! a few ms of jitter + the claim through the fence: 272 ms median, 299 ms p99 with `150-250`
-//! (see experiments/FINDINGS.md §1). Lowering `L` further lowers failover but shortens nothing else:
+//! a few ms of jitter + the claim through the fence: 270–280 ms median with `150-250` (the
+//! measured runs are in experiments/FINDINGS.md §1). Lowering `L` further lowers failover but shortens nothing else:
 //! the lease a leader may act on is capped by `election_timeout_min`, not by `L`.
 //!
 //! # Where raft differs from the lease backends

@@ -272,12 +272,8 @@ BEGIN
     IF NOT accepted THEN
         RETURN;
     END IF;
-    IF v_last IS NULL THEN
-        INSERT INTO baton.sequence (name, last_seq, owner_token) VALUES (p_resource, p_seq_hi, p_token)
-            ON CONFLICT (name) DO UPDATE SET last_seq = EXCLUDED.last_seq, owner_token = EXCLUDED.owner_token;
-    ELSE
-        UPDATE baton.sequence s SET last_seq = p_seq_hi, owner_token = p_token WHERE s.name = p_resource;
-    END IF;
+    INSERT INTO baton.sequence (name, last_seq, owner_token) VALUES (p_resource, p_seq_hi, p_token)
+        ON CONFLICT (name) DO UPDATE SET last_seq = EXCLUDED.last_seq, owner_token = EXCLUDED.owner_token;
     INSERT INTO baton.fence_log (resource, token, holder, op, seq_lo, seq_hi)
     VALUES (p_resource, p_token, p_holder, 'next', p_seq_lo, p_seq_hi);
 END
