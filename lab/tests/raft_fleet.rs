@@ -356,7 +356,8 @@ async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
     assert_eq!(
         (l3.as_str(), t3),
         (l2.as_str(), t2),
-        "healing {l1} disturbed the new leader"
+        "healing {l1} disturbed the new leader\n{}",
+        fleet.log_tails(60)
     );
     stop_direct.store(true, Ordering::Relaxed);
     let got = load.finish().await;
