@@ -16,12 +16,32 @@ use std::time::{Duration, Instant};
 
 use baton::config::NodeConfig;
 use baton_lab::fleet::client::NodeClient;
-use common::{assert_ledger_monotonic, next_anywhere, Fleet, NextLoad, BATON};
+use common::{assert_ledger_monotonic, config_with, next_anywhere, Fleet, NextLoad, BATON};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
 /// 150-300 ms elections on a 2-core machine, one PostgreSQL per fleet: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A raft fleet for the checks below: config/raft.toml at twice its timing. These tests run debug
+/// builds beside the rest of the suite on 2 cores, where a scheduling stall of 50-100 ms is common;
+/// with the default 150 ms grant that stall costs a term now and then, which is the lease doing its
+/// job but reads as a failed hand-over check. Nothing asserted here depends on the timing (safety
+/// holds at any), and `one_leader_among_three_with_raft_as_the_default_backend` keeps the shipped
+/// defaults; their false-failover rate is measured in release builds (`scripts/bench/perf.sh starve`).
+fn raft_fleet(nodes: usize) -> Fleet {
+    let config = config_with(
+        "raft",
+        &[
+            ("election_timeout_ms", "\"300-500\""),
+            ("lease_ttl_ms", "300"),
+            ("renew_interval_ms", "80"),
+            ("retry_interval_ms", "40"),
+            ("heartbeat_interval_ms", "100"),
+        ],
+    );
+    Fleet::up_with_config("raft", nodes, &config)
+}
 
 /// The client view: seq strictly increasing, tokens never going back.
 fn assert_client_view_monotonic(got: &[(i64, i64)]) {
@@ -144,26 +164,34 @@ async fn one_leader_among_three_with_raft_as_the_default_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_among_five() {
     let _g = SERIAL.lock().await;
-    let fleet = Fleet::up_with("raft", 5, &[]);
+    let fleet = raft_fleet(5);
     assert_exactly_one_leader(&fleet, 5).await;
 }
 
 /// kill -9 of the leader under sequential load: a new leader with a higher term serves, and seq
 /// keeps strictly increasing (client view and ledger); failover is printed from the ledger.
+///
+/// On a loaded 2-core machine the first leader after a kill can miss its first renewal (raft's
+/// grant is 150 ms and only two nodes are left to form a quorum) and hand over again before it
+/// serves an ID. That is the lease working, so the test waits for a settled leader after each kill
+/// and measures each failover to the first term after the killed one that served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
     let _g = SERIAL.lock().await;
-    let fleet = Fleet::up_with("raft", 3, &[]);
-    let (l1, _, t1) = fleet.leader(SETTLE).await;
+    let fleet = raft_fleet(3);
+    let (l1, _, t1) = fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
     let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     let killed_at = Instant::now();
     fleet.kill9(&l1);
-    let (l2, addr2, t2) = fleet.new_leader(&l1, t1, SETTLE).await;
+    let (first, _, _) = fleet.new_leader(&l1, t1, SETTLE).await;
     let observed = killed_at.elapsed();
+    assert_ne!(first, l1);
+    let (l2, addr2, t2) = fleet
+        .settled_leader(SETTLE, Duration::from_millis(700))
+        .await;
     assert!(t2 > t1 && l2 != l1);
-    tokio::time::sleep(Duration::from_millis(700)).await;
     // The killed node comes back with its state and follows; a second kill moves on again.
     fleet.start(&l1);
     let (l3, _, t3) = fleet.leader(SETTLE).await;
@@ -175,14 +203,18 @@ async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     fleet.kill9(&l2);
     let (l4, _, t4) = fleet.new_leader(&l2, t2, SETTLE).await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    fleet
+        .settled_leader(SETTLE, Duration::from_millis(700))
+        .await;
     let got = load.finish().await;
 
     let r = fleet.client.post(&addr2, "/next").await;
     assert!(r.is_err(), "the killed leader answered");
     let tokens: BTreeSet<i64> = got.iter().map(|g| g.0).collect();
+    let served_after = |t: i64| tokens.range(t + 1..).next().copied();
+    let (after1, after2) = (served_after(t1), served_after(t2));
     assert!(
-        tokens.contains(&t1) && tokens.contains(&t2) && tokens.contains(&t4),
+        tokens.contains(&t1) && tokens.contains(&t2) && after2.is_some(),
         "tokens seen {tokens:?}, leaders {l1}:{t1} {l2}:{t2} {l4}:{t4}"
     );
     assert!(got.len() > 50, "too few IDs: {}", got.len());
@@ -190,9 +222,9 @@ async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
 
     let db = fleet.admin_db().await;
     assert_ledger_monotonic(&db, &got).await;
-    let f1 = gap_ms(&db, t1, t2, true).await;
-    let f2 = gap_ms(&db, t2, t4, true).await;
-    eprintln!("raft kill -9 failover (resource clock): {f1:.0} ms, {f2:.0} ms; first observed by status after {observed:?}");
+    let f1 = gap_ms(&db, t1, after1.unwrap(), true).await;
+    let f2 = gap_ms(&db, t2, after2.unwrap(), true).await;
+    eprintln!("raft kill -9 failover (resource clock): {f1:.0} ms, {f2:.0} ms; first observed by status after {observed:?}; tokens that served {tokens:?}");
     for f in [f1, f2] {
         assert!(f > 0.0 && f < 3000.0, "kill -9 failover {f} ms");
     }
@@ -203,7 +235,7 @@ async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_fleet_restart_every_token_after_exceeds_every_token_before() {
     let _g = SERIAL.lock().await;
-    let fleet = Fleet::up_with("raft", 3, &[]);
+    let fleet = raft_fleet(3);
     let db = fleet.admin_db().await;
     let mut hint = None;
     // Two terms before the restart, so "before" is more than one token.
@@ -282,7 +314,7 @@ fn isolate_file(fleet: &Fleet, id: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
     let _g = SERIAL.lock().await;
-    let fleet = Fleet::up_with("raft", 3, &[]);
+    let fleet = raft_fleet(3);
     let (l1, addr1, t1) = fleet.leader(SETTLE).await;
     let load = NextLoad::start(&fleet);
     // A second client talks to the old leader only, all along: it would see any write it still made.
@@ -405,7 +437,7 @@ async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
     let _g = SERIAL.lock().await;
-    let fleet = Fleet::up_with("raft", 3, &[]);
+    let fleet = raft_fleet(3);
     let (mut leader, mut addr, mut token) = fleet.leader(SETTLE).await;
     let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -466,7 +498,7 @@ async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_wiped_disk_rejoins_under_its_old_id() {
     let _g = SERIAL.lock().await;
-    let fleet = Fleet::up_with("raft", 3, &[]);
+    let fleet = raft_fleet(3);
     let (leader, addr, token) = fleet.leader(SETTLE).await;
     // A few hand-overs first, so the follower's matching log index is well past the start.
     let (mut leader, mut addr, mut token) = (leader, addr, token);

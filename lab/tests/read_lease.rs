@@ -14,20 +14,12 @@ use std::time::{Duration, Instant};
 use baton::clock::monotonic_ns;
 use baton_lab::check::{self, load as cload, reads, CheckInput};
 use baton_lab::load::{run, LoadSpec};
-use common::{next_anywhere, repo_path, Fleet};
+use common::{config_with, next_anywhere, Fleet};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
 /// One raft fleet at a time on this 2-core machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A base config: config/raft.toml with `extra` top-level keys, in `dir`.
-fn raft_config(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
-    let base = std::fs::read_to_string(repo_path("config/raft.toml")).unwrap();
-    let path = dir.join("raft-read.toml");
-    std::fs::write(&path, format!("{extra}\n{base}")).unwrap();
-    path
-}
 
 /// `POST /next` through whoever leads, retried while the new term's work is starting.
 async fn next_retry(
@@ -155,10 +147,9 @@ async fn read_modes_on_the_leader_409_on_followers_400_on_bad_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_read_outside_its_window_falls_back_to_quorum() {
     let _g = SERIAL.lock().await;
-    let cfg_dir = tempfile::tempdir().unwrap();
     // raft.toml: 150 ms lease, 1% + 20 ms margin -> 128.5 ms usable; 128 ms more for reads.
-    let cfg = raft_config(cfg_dir.path(), "read_lease_margin_ms = 128");
-    let fleet = Fleet::up_with("raft", 3, &["--config", cfg.to_str().unwrap()]);
+    let config = config_with("raft", &[("read_lease_margin_ms", "128")]);
+    let fleet = Fleet::up_with_config("raft", 3, &config);
     let (_, addr, token) = fleet.leader(SETTLE).await;
     let nodes = fleet.state().nodes;
     let mut hint = Some(addr.clone());

@@ -86,6 +86,15 @@ impl Fleet {
         fleet
     }
 
+    /// Like [`Fleet::up_with`], with `config` (a whole TOML text) as every node's base config,
+    /// written into the fleet's own temp dir.
+    pub fn up_with_config(backend: &str, nodes: usize, config: &str) -> Fleet {
+        let cfg_dir = tempfile::tempdir().expect("tempdir");
+        let path = cfg_dir.path().join(format!("{backend}.toml"));
+        std::fs::write(&path, config).expect("write config");
+        Fleet::up_with(backend, nodes, &["--config", path.to_str().unwrap()])
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -380,4 +389,24 @@ impl NextLoad {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.task.await.unwrap()
     }
+}
+
+/// A shipped config (`config/NAME.toml`) with some top-level keys set to other values (`key`,
+/// TOML value); a key the file lacks goes first, before any table.
+pub fn config_with(name: &str, set: &[(&str, &str)]) -> String {
+    let base = std::fs::read_to_string(repo_path(&format!("config/{name}.toml"))).unwrap();
+    let mut missing: Vec<String> = Vec::new();
+    let mut lines: Vec<String> = base.lines().map(str::to_owned).collect();
+    for (key, value) in set {
+        let at = lines.iter().position(|l| {
+            l.split_once('=')
+                .is_some_and(|(k, _)| k.trim() == *key && !l.starts_with('#'))
+        });
+        match at {
+            Some(i) => lines[i] = format!("{key} = {value}"),
+            None => missing.push(format!("{key} = {value}")),
+        }
+    }
+    missing.extend(lines);
+    missing.join("\n") + "\n"
 }
