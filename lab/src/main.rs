@@ -412,8 +412,10 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                     n.election
                 );
             }
-            let rows = wait_for_leader(&state, Duration::from_secs(30)).await;
-            fleet::print_status(&rows);
+            if let Err(e) = fleet::current_leader(&state, Duration::from_secs(30)).await {
+                eprintln!("{e:#}");
+            }
+            fleet::print_status(&fleet::status(&state).await);
             if foreground {
                 run_foreground(&state, run_for.map(Duration::from_millis)).await;
                 state.down();
@@ -453,10 +455,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
 
 async fn fleet_stepdown(state: &FleetState, to: Option<String>) -> anyhow::Result<()> {
     let rows = fleet::status(state).await;
-    let leader = rows
-        .iter()
-        .find(|r| r.role.as_deref() == Some("leader"))
-        .context("no node says it leads")?;
+    let leader = fleet::leader_row(&rows).context("no node says it leads")?;
     let path = match &to {
         Some(t) => format!("/stepdown?to={t}"),
         None => "/stepdown".to_owned(),
@@ -477,27 +476,10 @@ async fn fleet_stepdown(state: &FleetState, to: Option<String>) -> anyhow::Resul
     Ok(())
 }
 
-async fn wait_for_leader(state: &FleetState, within: Duration) -> Vec<fleet::NodeRow> {
-    let until = tokio::time::Instant::now() + within;
-    loop {
-        let rows = fleet::status(state).await;
-        if rows.iter().any(|r| r.role.as_deref() == Some("leader"))
-            || tokio::time::Instant::now() > until
-        {
-            return rows;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Takes a few IDs from the leader, then prints every leadership change until Ctrl-C.
 async fn run_foreground(state: &FleetState, run_for: Option<Duration>) {
     let client = fleet::client::NodeClient::new(Duration::from_secs(2));
-    for r in fleet::status(state)
-        .await
-        .iter()
-        .filter(|r| r.role.as_deref() == Some("leader"))
-    {
+    if let Some(r) = fleet::leader_row(&fleet::status(state).await) {
         for _ in 0..3 {
             if let Ok(reply) = client.post(&r.http_addr, "/next").await {
                 println!(
@@ -526,10 +508,7 @@ async fn run_foreground(state: &FleetState, run_for: Option<Duration>) {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
         let rows = fleet::status(state).await;
-        let now = rows
-            .iter()
-            .find(|r| r.role.as_deref() == Some("leader"))
-            .map(|r| (r.id.clone(), r.token.unwrap_or(0)));
+        let now = fleet::leader_row(&rows).map(|r| (r.id.clone(), r.token.unwrap_or(0)));
         if now != last {
             match &now {
                 Some((id, tok)) => println!("leader: {id} (token {tok})"),

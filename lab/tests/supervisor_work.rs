@@ -14,7 +14,7 @@ use baton::backends::BackendKind;
 use baton::config::NodeConfig;
 use baton::node::NodeBuilder;
 use baton::work::{LeaderWork, RunningWork, WorkContext, WorkError};
-use baton_lab::fleet::servers::{free_ports, PgServer};
+use baton_lab::fleet::servers::PgServer;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 
 /// An actor that does nothing until it is stopped.
@@ -98,9 +98,8 @@ fn work(name: &'static str, ends_at_once: bool, start_delay_ms: u64) -> Arc<Test
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_work_that_ends_while_its_term_starts_demotes_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_ports(1).unwrap()[0];
     let root = dir.path().join("pg");
-    let pg = tokio::task::spawn_blocking(move || PgServer::start(&root, port))
+    let pg = tokio::task::spawn_blocking(move || PgServer::start_on_free_port(&root))
         .await
         .unwrap()
         .expect("start a private PostgreSQL");

@@ -141,7 +141,7 @@ pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
 
 async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextReport> {
     let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
-    wait_for_leader(state).await?;
+    fleet::current_leader(state, Duration::from_secs(30)).await?;
     let spec = |secs: u64| LoadSpec {
         connections: args.connections,
         ..LoadSpec::new(targets.clone(), args.rate, Duration::from_millis(secs))
@@ -237,21 +237,6 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         config: redacted_config(state),
         machine: machine_info(),
     })
-}
-
-async fn wait_for_leader(state: &FleetState) -> anyhow::Result<()> {
-    let until = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < until {
-        if fleet::status(state)
-            .await
-            .iter()
-            .any(|r| r.role.as_deref() == Some("leader"))
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(anyhow!("no leader within 30 s"))
 }
 
 /// The token and holder the fence row holds now (the current leader's).

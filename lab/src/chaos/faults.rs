@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
 use crate::fleet::client::NodeClient;
 use crate::fleet::servers::{pid_alive, stop_pid};
-use crate::fleet::{FleetNode, FleetState};
+use crate::fleet::{current_leader, FleetNode, FleetState};
 use baton::backends::BackendKind;
 use baton::clock::monotonic_ns;
 
@@ -34,37 +34,6 @@ pub struct FaultReport {
 const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
 /// How long to wait for a leader to exist before a fault on "the leader".
 const FIND_LEADER_WITHIN: Duration = Duration::from_secs(15);
-
-/// The current leader: the live node that says `leader` with the highest token. Nodes are asked
-/// concurrently (a paused or cut-off node must not delay the answer).
-pub async fn current_leader(
-    state: &FleetState,
-    within: Duration,
-) -> anyhow::Result<(FleetNode, i64)> {
-    let client = NodeClient::new(Duration::from_millis(800));
-    let until = tokio::time::Instant::now() + within;
-    loop {
-        let asks = state.nodes.iter().filter(|n| pid_alive(n.pid)).map(|n| {
-            let client = client.clone();
-            async move {
-                let st = client.get(&n.http_addr, "/status").await.ok()?.json();
-                (st["role"] == "leader").then(|| (n, st["fence_token"].as_i64().unwrap_or(0)))
-            }
-        });
-        let best = futures::future::join_all(asks)
-            .await
-            .into_iter()
-            .flatten()
-            .max_by_key(|(_, t)| *t);
-        if let Some((n, t)) = best {
-            return Ok((n.clone(), t));
-        }
-        if tokio::time::Instant::now() > until {
-            bail!("no node reports itself leader (waited {within:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// `kill -9` of the current leader; returns its id once the process is gone.
 pub async fn kill_leader(state: &FleetState) -> anyhow::Result<String> {

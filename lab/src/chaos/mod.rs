@@ -30,9 +30,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 pub use faults::{
-    current_leader, heal_all, kill_leader, kill_leader_report, partition_leader,
-    partition_leader_from, partition_node, pause_leader, pause_node, skew_node, skew_node_report,
-    CutTarget, FaultReport,
+    heal_all, kill_leader, kill_leader_report, partition_leader, partition_leader_from,
+    partition_node, pause_leader, pause_node, skew_node, skew_node_report, CutTarget, FaultReport,
 };
 pub use netns::NetnsFleet;
 

@@ -81,21 +81,6 @@ pub fn schedule(
     out
 }
 
-/// The node that leads now (the highest token among those that say so), waiting up to `within`.
-pub async fn current_leader(state: &FleetState, within: Duration) -> anyhow::Result<(String, i64)> {
-    let until = Instant::now() + within;
-    loop {
-        let rows = fleet::status(state).await;
-        if let Some(l) = fleet::leader_row(&rows) {
-            return Ok((l.id.clone(), l.token.unwrap_or(0)));
-        }
-        if Instant::now() > until {
-            bail!("no node leads after {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn proc_state(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
@@ -118,8 +103,8 @@ pub async fn kill_leader(
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let (node, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
-    let pid = snapshot.node(&node)?.pid;
+    let (leader, token) = fleet::current_leader(&snapshot, Duration::from_secs(15)).await?;
+    let (node, pid) = (leader.id, leader.pid);
     let applied = monotonic_ns();
     snapshot.kill_node(&node)?;
     let until = Instant::now() + Duration::from_secs(5);
@@ -172,8 +157,8 @@ pub async fn pause_leader(
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let (node, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
-    let pid = snapshot.node(&node)?.pid;
+    let (leader, token) = fleet::current_leader(&snapshot, Duration::from_secs(15)).await?;
+    let (node, pid) = (leader.id, leader.pid);
     let applied = monotonic_ns();
     // SAFETY: kill(2) on a pid this fleet started.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
@@ -256,8 +241,8 @@ pub async fn stepdown_leader_to(
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let client = snapshot.admin_client(Duration::from_secs(40));
     for _ in 0..5 {
-        let (node, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
-        let leader = snapshot.node(&node)?.clone();
+        let (leader, token) = fleet::current_leader(&snapshot, Duration::from_secs(15)).await?;
+        let node = leader.id.clone();
         let successor = pick.and_then(|k| {
             let others: Vec<&fleet::FleetNode> = snapshot
                 .nodes
@@ -326,7 +311,7 @@ pub async fn partition_leader_from(
         other => bail!("{} is not a partition", other.as_str()),
     };
     let snapshot = state.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let (_, token) = current_leader(&snapshot, Duration::from_secs(15)).await?;
+    let (_, token) = fleet::current_leader(&snapshot, Duration::from_secs(15)).await?;
     let r = crate::chaos::partition_leader_from(&snapshot, target, length).await?;
     Ok(FaultRecord {
         kind,

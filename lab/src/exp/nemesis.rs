@@ -36,7 +36,7 @@ use super::faults::{self, FaultRecord};
 use super::spec::{FaultKind, NemesisCfg, Span};
 use crate::fleet::client::NodeClient;
 use crate::fleet::servers::{pid_alive, stop_pid, PgServer};
-use crate::fleet::FleetState;
+use crate::fleet::{self, FleetState};
 use baton::backends::BackendKind;
 use baton::clock::monotonic_ns;
 
@@ -222,7 +222,8 @@ async fn kill_node(
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
     let snap = snapshot(state);
-    let (leader, token) = faults::current_leader(&snap, Duration::from_secs(15)).await?;
+    let (leader, token) = fleet::current_leader(&snap, Duration::from_secs(15)).await?;
+    let leader = leader.id;
     let target = if step.kind == FaultKind::KillFollower {
         let followers: Vec<&crate::fleet::FleetNode> = snap
             .nodes
@@ -265,8 +266,8 @@ async fn kill_stepping_down(
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
     let snap = snapshot(state);
-    let (leader, token) = faults::current_leader(&snap, Duration::from_secs(15)).await?;
-    let node = snap.node(&leader)?.clone();
+    let (node, token) = fleet::current_leader(&snap, Duration::from_secs(15)).await?;
+    let leader = node.id.clone();
     let client = snap.admin_client(Duration::from_secs(10));
     let req = {
         let (client, node) = (client.clone(), node.clone());
@@ -394,7 +395,7 @@ pub async fn restart_all_under_faketime(
         rates.push(seen);
         // One restart at a time, each with a leader behind it: the run starts from a settled
         // fleet, and a fleet that cannot elect under this clock says so at the step that broke it.
-        faults::current_leader(&snapshot(state), Duration::from_secs(30))
+        fleet::current_leader(&snapshot(state), Duration::from_secs(30))
             .await
             .with_context(|| format!("no leader after restarting {} under libfaketime", node.id))?;
     }
@@ -415,10 +416,10 @@ async fn clock_rate(
         bail!("no live node");
     }
     let node = live[(step.pick % live.len() as u64) as usize].clone();
-    let token = faults::current_leader(&snap, Duration::from_secs(15))
+    let token = fleet::current_leader(&snap, Duration::from_secs(15))
         .await
         .ok()
-        .filter(|(l, _)| *l == node.id)
+        .filter(|(l, _)| l.id == node.id)
         .map(|(_, t)| t);
     let env = faketime_env(step.rate);
     let applied = restart_with_env(state, &node.id, &env).await?;

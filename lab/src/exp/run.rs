@@ -332,8 +332,9 @@ fn node_addrs(state: &FleetState) -> Vec<(String, String)> {
 }
 
 async fn wait_leader(state: &FleetState, within: Duration) -> anyhow::Result<(String, i64)> {
-    faults::current_leader(state, within)
+    fleet::current_leader(state, within)
         .await
+        .map(|(node, token)| (node.id, token))
         .context("waiting for the fleet's first leader")
 }
 

@@ -552,33 +552,54 @@ pub fn leader_row(rows: &[NodeRow]) -> Option<&NodeRow> {
 
 pub async fn status(state: &FleetState) -> Vec<NodeRow> {
     let client = client::NodeClient::new(Duration::from_secs(2));
-    let mut rows = Vec::new();
-    for n in &state.nodes {
-        let alive = pid_alive(n.pid);
-        let st = if alive {
-            client
-                .get(&n.http_addr, "/status")
-                .await
-                .ok()
-                .map(|r| r.json())
-        } else {
-            None
-        };
-        rows.push(NodeRow {
-            id: n.id.clone(),
-            pid: n.pid,
-            alive,
-            http_addr: n.http_addr.clone(),
-            role: st
-                .as_ref()
-                .and_then(|s| s["role"].as_str().map(str::to_owned)),
-            token: st.as_ref().and_then(|s| s["fence_token"].as_i64()),
-            leader: st
-                .as_ref()
-                .and_then(|s| s["leader"]["node_id"].as_str().map(str::to_owned)),
-        });
+    // Asked all at once: a paused or cut-off node costs one timeout, not one per node.
+    let asks = state.nodes.iter().map(|n| {
+        let client = client.clone();
+        async move {
+            let alive = pid_alive(n.pid);
+            let st = match alive {
+                true => client
+                    .get(&n.http_addr, "/status")
+                    .await
+                    .ok()
+                    .map(|r| r.json()),
+                false => None,
+            };
+            NodeRow {
+                id: n.id.clone(),
+                pid: n.pid,
+                alive,
+                http_addr: n.http_addr.clone(),
+                role: st
+                    .as_ref()
+                    .and_then(|s| s["role"].as_str().map(str::to_owned)),
+                token: st.as_ref().and_then(|s| s["fence_token"].as_i64()),
+                leader: st
+                    .as_ref()
+                    .and_then(|s| s["leader"]["node_id"].as_str().map(str::to_owned)),
+            }
+        }
+    });
+    futures::future::join_all(asks).await
+}
+
+/// The node that leads now ([`leader_row`] of [`status`]), asked every 50 ms until `within` has
+/// passed; with its token.
+pub async fn current_leader(
+    state: &FleetState,
+    within: Duration,
+) -> anyhow::Result<(FleetNode, i64)> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let rows = status(state).await;
+        if let Some(l) = leader_row(&rows) {
+            return Ok((state.node(&l.id)?.clone(), l.token.unwrap_or(0)));
+        }
+        if tokio::time::Instant::now() > until {
+            bail!("no node reports itself leader (waited {within:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    rows
 }
 
 pub fn print_status(rows: &[NodeRow]) {

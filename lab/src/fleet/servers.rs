@@ -319,6 +319,28 @@ impl PgServer {
         PgServer::start_on(root, port, &[])
     }
 
+    /// [`PgServer::start`] on a free loopback port. A port picked free can be taken again before
+    /// the server binds it (by any client's outgoing connection, from the same ephemeral range),
+    /// so a start that failed on "Address already in use" is tried again on another port.
+    pub fn start_on_free_port(root: &Path) -> Result<PgServer, ServerError> {
+        let mut tries = 0;
+        loop {
+            let port = free_ports(1).map_err(|e| ServerError::Io("free port".into(), e))?[0];
+            match PgServer::start(root, port) {
+                Err(ServerError::Failed { what, detail })
+                    if detail.contains("Address already in use") && tries < 3 =>
+                {
+                    tries += 1;
+                    tracing::warn!(
+                        port,
+                        "{what}: port taken before PostgreSQL bound it; another port"
+                    );
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// [`PgServer::start`], also listening on `extra_listen` (a `--netns` fleet's bridge
     /// addresses), with trust auth for clients on each one's /24 (our namespaces).
     pub fn start_on(
@@ -421,13 +443,18 @@ impl PgServer {
             .output()
             .map_err(io("pg_ctl start"))?;
         if !out.status.success() {
+            // The log says why (a port taken, a lock file, memory); the caller's temp dir may be
+            // gone by the time anyone reads it, so its tail goes into the error.
+            let tail = fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(12).collect();
             return Err(ServerError::Failed {
                 what: "pg_ctl start".into(),
                 detail: format!(
-                    "{}{} (log: {})",
+                    "{}{} (log: {}, last lines:\n{})",
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr),
-                    log.display()
+                    log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 ),
             });
         }
@@ -841,9 +868,9 @@ impl ScratchPg {
     /// Starts, migrates and provisions it.
     pub async fn start() -> anyhow::Result<ScratchPg> {
         let dir = tempfile::tempdir()?;
-        let port = free_ports(1)?[0];
         let root = dir.path().join("pg");
-        let server = tokio::task::spawn_blocking(move || PgServer::start(&root, port)).await??;
+        let server =
+            tokio::task::spawn_blocking(move || PgServer::start_on_free_port(&root)).await??;
         let pg = ScratchPg { server, dir };
         baton::work::fence::migrate(&pg.server.admin_url(), Some(true)).await?;
         baton::backends::pg_lease::provision(&pg.server.admin_url()).await?;
