@@ -35,6 +35,7 @@ need_unless_files postgresql-client  /usr/bin/psql
 need_unless_files faketime           '/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1' /usr/bin/faketime
 need_unless_files stress-ng          /usr/bin/stress-ng                # a reproducible neighbour for benchmarks
 need_unless_files wrk                /usr/bin/wrk                      # closed-loop HTTP baseline
+need_unless_files linux-perf         /usr/bin/perf                     # FINDINGS' profiles (perf record -a -g)
 need_unless_files openssl            /usr/bin/openssl
 need_unless_files procps             /usr/bin/pgrep
 need_unless_files python3            /usr/bin/python3

@@ -15,6 +15,8 @@
 #   scripts/bench/perf.sh split [RATE] [SECONDS] [NEIGHBOUR%]  # where a request's time goes: the
 #                                      # client's view (baton load) beside the leader's own
 #                                      # histograms (sequencer wait+commit, commit alone)
+#   scripts/bench/perf.sh profile [ROUNDS]  # CPU per request by thread/process (perf record -a),
+#                                      # wrk on GET /healthz then POST /next, same leader, in turn
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -173,6 +175,40 @@ split() {
   python3 scripts/bench/summarize.py split "$OUT/split-$tag"
 }
 
+# Where the CPU goes per request: the whole machine sampled (`perf record -a`, no call graphs, so
+# the sampling costs little) for 6 s in the middle of a 12 s wrk run on /healthz, then on /next,
+# against the same leader; summarize.py divides each thread's share by the run's rate.
+profile() {
+  local rounds=${1:-2} dir=state/bench/profile leader
+  fresh_fleet "$BATON" "$dir"
+  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  leader=$(leader_of "$BATON" "$dir")
+  local base="$OUT/profile"
+  for round in $(seq 1 "$rounds"); do
+    for what in healthz next; do
+      local script=() tag="$base-$round-$what"
+      [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
+      wrk -t1 -c256 -d12s "${script[@]}" "http://$leader/$what" >"$tag-wrk.txt" &
+      sleep 3
+      perf record -F 499 -a -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+      wait
+      perf report -i "$tag.data" --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' >"$tag-comm.txt"
+      rm -f "$tag.data"
+    done
+  done
+  # One more /next run with call graphs: what PostgreSQL's share is spent on (inclusive).
+  wrk -t1 -c256 -d12s -s scripts/bench/post-next.lua "http://$leader/next" >"$base-pg-wrk.txt" &
+  sleep 3
+  perf record -F 999 -a -g -o "$base-pg.data" -- sleep 6 >/dev/null 2>&1
+  wait
+  perf report -i "$base-pg.data" --comm postgres --children --sort sym --stdio -g none 2>/dev/null |
+    grep -E '^ +[0-9]' | grep -v '0x0000' | awk 'NR <= 40' >"$base-pg-callers.txt"
+  rm -f "$base-pg.data"
+  curl -s "http://$leader/metrics" | grep -E '^baton_(sequencer_commit|next_request)_duration_seconds_count' >"$base-counts.txt"
+  "$BATON" check --dir "$dir" | tee "$base-check.txt"
+  python3 scripts/bench/summarize.py profile "$base" "$rounds"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
@@ -180,5 +216,6 @@ case "${1:-}" in
   ab) shift; ab "$@" ;;
   starve) shift; starve "$@" ;;
   split) shift; split "$@" ;;
-  *) sed -n 2,13p "$0"; exit 2 ;;
+  profile) shift; profile "$@" ;;
+  *) sed -n 2,20p "$0"; exit 2 ;;
 esac

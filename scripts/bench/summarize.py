@@ -7,6 +7,7 @@
   summarize.py split PREFIX         client latency beside the leader's own histograms (perf.sh split)
 """
 import json
+import os
 import re
 import statistics
 import sys
@@ -114,6 +115,36 @@ def split(prefix):
         print(f"{what}: {', '.join(cells)} ({total:.0f} observations)")
 
 
+# Threads and processes `perf.sh profile` reports apart; everything else is "other".
+PROFILE_GROUPS = [("baton-http", "leader's HTTP thread"), ("wrk", "load generator (wrk)"),
+                  ("postgres", "PostgreSQL"), ("tokio-rt-worker", "nodes' runtimes (actors, PG client, raft)"),
+                  ("swapper", "idle")]
+
+
+def profile_round(tag):
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", open(tag + "-wrk.txt").read()).group(1))
+    shares = {}
+    for line in open(tag + "-comm.txt"):
+        pct, comm = line.split(None, 1)
+        comm = comm.strip()
+        key = next((g for g, _ in PROFILE_GROUPS if comm == g), "other")
+        shares[key] = shares.get(key, 0.0) + float(pct.rstrip("%"))
+    return rate, shares
+
+
+def profile(prefix, rounds):
+    # A share of the whole machine (2 cores = 200 core-%) divided by the rate: CPU per request.
+    print("| round | what | req/s | " + " | ".join(f"{d} µs/req" for _, d in PROFILE_GROUPS[:-1]) + " | other µs/req | idle % |")
+    print("|---" * (len(PROFILE_GROUPS) + 4) + "|")
+    cores = os.cpu_count()
+    for r in range(1, int(rounds) + 1):
+        for what in ("healthz", "next"):
+            rate, shares = profile_round(f"{prefix}-{r}-{what}")
+            us = lambda k: shares.get(k, 0.0) / 100 * cores / rate * 1e6
+            cells = [f"{us(g):.1f}" for g, _ in PROFILE_GROUPS[:-1]] + [f"{us('other'):.1f}"]
+            print(f"| {r} | {what} | {rate:.0f} | " + " | ".join(cells) + f" | {shares.get('swapper', 0.0):.1f} |")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         print(__doc__)
@@ -126,3 +157,5 @@ if __name__ == "__main__":
         ab(sys.argv[2])
     elif sys.argv[1] == "split":
         split(sys.argv[2])
+    elif sys.argv[1] == "profile":
+        profile(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else 2)
