@@ -18,7 +18,7 @@ use baton::config::{NodeConfig, PeerSpec, Secret};
 use baton::work::child::live_member;
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::redis_server::RedisServer;
-use baton_lab::fleet::servers::{free_ports, EtcdCluster, PgServer, ScratchPg};
+use baton_lab::fleet::servers::{free_ports, log_tail, EtcdCluster, PgServer, ScratchPg};
 use baton_lab::fleet::zk_server::ZkEnsemble;
 use serde_json::Value;
 
@@ -301,12 +301,6 @@ async fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
-/// The last 30 lines of a log.
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(30)..].join("\n")
-}
-
 /// `key=value` from a trace line's detail.
 fn detail(v: &Value, key: &str) -> Option<i64> {
     let d = v["detail"].as_str()?;
@@ -359,7 +353,7 @@ async fn wait_leader_child(pg: &Pg, nodes: &[RunNode], above: i64) -> (usize, i6
             if Instant::now() > until {
                 let logs: Vec<String> = nodes
                     .iter()
-                    .map(|n| format!("== {}\n{}", n.id, tail(&n.log_text())))
+                    .map(|n| format!("== {}\n{}", n.id, log_tail(&n.log, 30)))
                     .collect();
                 panic!(
                     "no program with a token above {above} within 90 s:\n{}",

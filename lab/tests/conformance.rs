@@ -20,7 +20,7 @@ use baton::backends::{
 use baton::config::{NodeConfig, ResourceConfig};
 use baton::work::fence::{self, Fence, FenceError};
 use baton_lab::fleet::redis_server::RedisServer;
-use baton_lab::fleet::servers::{free_ports, EtcdCluster, PgServer};
+use baton_lab::fleet::servers::{free_ports, log_tail, EtcdCluster, PgServer};
 use baton_lab::fleet::zk_server::ZkEnsemble;
 
 /// etcd leases are whole seconds, and at least 1.5 × the election timeout (1 s here).
@@ -259,10 +259,11 @@ async fn zk_unreachable_beyond_the_grant_surfaces_as_lease_lost() {
             .members
             .iter()
             .map(|m| {
-                let log = std::fs::read_to_string(zk.log(m.id)).unwrap_or_default();
-                let last: Vec<&str> = log.lines().rev().take(15).collect();
-                let last: Vec<&str> = last.into_iter().rev().collect();
-                format!("--- zk{} log, last lines:\n{}", m.id, last.join("\n"))
+                format!(
+                    "--- zk{} log, last lines:\n{}",
+                    m.id,
+                    log_tail(&zk.log(m.id), 15)
+                )
             })
             .collect();
         panic!(

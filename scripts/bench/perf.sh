@@ -175,9 +175,21 @@ split() {
   python3 scripts/bench/summarize.py split "$OUT/split-$tag"
 }
 
-# Where the CPU goes per request: the whole machine sampled (`perf record -a`, no call graphs, so
-# the sampling costs little) for 6 s in the middle of a 12 s wrk run on /healthz, then on /next,
-# against the same leader; summarize.py divides each thread's share by the run's rate.
+# Samples the whole machine into $1.data for 6 s in the middle of a 12 s wrk run on the leader
+# $2's /$3 (wrk's report in $1-wrk.txt); further arguments go to `perf record`.
+sample_under_wrk() {
+  local tag=$1 leader=$2 what=$3 script=()
+  shift 3
+  [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
+  wrk -t1 -c256 -d12s "${script[@]}" "http://$leader/$what" >"$tag-wrk.txt" &
+  sleep 3
+  perf record -a "$@" -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+  wait
+}
+
+# Where the CPU goes per request: the whole machine sampled (no call graphs, so the sampling
+# costs little) on /healthz, then on /next, against the same leader; summarize.py divides each
+# thread's share by the run's rate. Then one /next run with call graphs for PostgreSQL's share.
 profile() {
   local rounds=${1:-2} dir=state/bench/profile leader
   fresh_fleet "$BATON" "$dir"
@@ -186,21 +198,13 @@ profile() {
   local base="$OUT/profile"
   for round in $(seq 1 "$rounds"); do
     for what in healthz next; do
-      local script=() tag="$base-$round-$what"
-      [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
-      wrk -t1 -c256 -d12s "${script[@]}" "http://$leader/$what" >"$tag-wrk.txt" &
-      sleep 3
-      perf record -F 499 -a -o "$tag.data" -- sleep 6 >/dev/null 2>&1
-      wait
+      local tag="$base-$round-$what"
+      sample_under_wrk "$tag" "$leader" "$what" -F 499
       perf report -i "$tag.data" --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' >"$tag-comm.txt"
       rm -f "$tag.data"
     done
   done
-  # One more /next run with call graphs: what PostgreSQL's share is spent on (inclusive).
-  wrk -t1 -c256 -d12s -s scripts/bench/post-next.lua "http://$leader/next" >"$base-pg-wrk.txt" &
-  sleep 3
-  perf record -F 999 -a -g -o "$base-pg.data" -- sleep 6 >/dev/null 2>&1
-  wait
+  sample_under_wrk "$base-pg" "$leader" next -F 999 -g
   perf report -i "$base-pg.data" --comm postgres --children --sort sym --stdio -g none 2>/dev/null |
     grep -E '^ +[0-9]' | grep -v '0x0000' | awk 'NR <= 40' >"$base-pg-callers.txt"
   rm -f "$base-pg.data"

@@ -5,6 +5,7 @@
   summarize.py ratio wrk-ratio.txt GET /healthz vs POST /next requests/s, and their ratio
   summarize.py ab wrk-ab.txt       old vs new POST /next (and new GET /healthz), per round and median
   summarize.py split PREFIX         client latency beside the leader's own histograms (perf.sh split)
+  summarize.py profile PREFIX [ROUNDS]  CPU per request by thread, /healthz vs /next (perf.sh profile)
 """
 import json
 import os

@@ -557,13 +557,11 @@ pub async fn status(state: &FleetState) -> Vec<NodeRow> {
         let client = client.clone();
         async move {
             let alive = pid_alive(n.pid);
-            let st = match alive {
-                true => client
-                    .get(&n.http_addr, "/status")
-                    .await
-                    .ok()
-                    .map(|r| r.json()),
-                false => None,
+            let st = if alive {
+                let reply = client.get(&n.http_addr, "/status").await;
+                reply.ok().map(|r| r.json())
+            } else {
+                None
             };
             NodeRow {
                 id: n.id.clone(),

@@ -36,6 +36,14 @@ pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
         .collect()
 }
 
+/// The last `lines` lines of the file at `path` (empty if unreadable): a server's or a node's
+/// log, for an error message that outlives the temp dir it was in.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
 /// Starts `cmd` in its own session (so a terminal's Ctrl-C reaches only us, and we stop it by pid),
 /// output appended to `log`. Returns the pid.
 pub fn spawn_detached(cmd: &mut Command, log: &Path) -> Result<u32, ServerError> {
@@ -445,8 +453,6 @@ impl PgServer {
         if !out.status.success() {
             // The log says why (a port taken, a lock file, memory); the caller's temp dir may be
             // gone by the time anyone reads it, so its tail goes into the error.
-            let tail = fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(12).collect();
             return Err(ServerError::Failed {
                 what: "pg_ctl start".into(),
                 detail: format!(
@@ -454,7 +460,7 @@ impl PgServer {
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr),
                     log.display(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    log_tail(&log, 12)
                 ),
             });
         }

@@ -198,13 +198,8 @@ impl Fleet {
     pub fn log_tails(&self, lines: usize) -> String {
         let mut out = String::new();
         for n in &self.state().nodes {
-            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            out.push_str(&format!("--- {} ({}) ---\n", n.id, n.log.display()));
-            for l in &all[all.len().saturating_sub(lines)..] {
-                out.push_str(l);
-                out.push('\n');
-            }
+            let tail = baton_lab::fleet::servers::log_tail(&n.log, lines);
+            out.push_str(&format!("--- {} ({}) ---\n{tail}\n", n.id, n.log.display()));
         }
         out
     }
@@ -391,8 +386,9 @@ impl NextLoad {
     }
 }
 
-/// A shipped config (`config/NAME.toml`) with some top-level keys set to other values (`key`,
-/// TOML value); a key the file lacks goes first, before any table.
+/// A shipped config (`config/NAME.toml`) with some keys set to other values (`key`, TOML value):
+/// the file's line that sets `key` (in whichever table) is replaced; a key the file lacks goes
+/// first, as a top-level key.
 pub fn config_with(name: &str, set: &[(&str, &str)]) -> String {
     let base = std::fs::read_to_string(repo_path(&format!("config/{name}.toml"))).unwrap();
     let mut missing: Vec<String> = Vec::new();
