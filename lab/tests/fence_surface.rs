@@ -67,6 +67,10 @@ async fn application_role_abuse_is_refused_or_bounded() {
     let (ok, _, reason) = seq_commit(&app, 6, "n0", 101, 110).await;
     assert!(!ok);
     assert_eq!(reason.as_deref(), Some("stale-token"));
+    // The current token under another holder's name: refused as a holder mismatch.
+    let (ok, _, reason) = seq_commit(&app, 7, "n9", 101, 110).await;
+    assert!(!ok);
+    assert_eq!(reason.as_deref(), Some("holder-mismatch"));
     let last: i64 = admin
         .query_one(
             "SELECT last_seq FROM baton.sequence WHERE name = 'seq'",
@@ -76,8 +80,35 @@ async fn application_role_abuse_is_refused_or_bounded() {
         .unwrap()
         .get(0);
     assert_eq!(last, 100, "no refused call moved the sequence");
+    let refused: Vec<String> = admin
+        .query(
+            "SELECT reason FROM baton.fence_rejections WHERE op = 'next' ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            "seq-advance-too-large",
+            "seq-not-forward",
+            "stale-token",
+            "holder-mismatch"
+        ],
+        "each refusal is recorded once, with its reason"
+    );
     // The legitimate leader carries on.
     assert_eq!(seq_commit(&app, 7, "n1", 101, 200).await.0, true);
+    // An owner deleted the fence row: seq_commit re-creates it (as every entry point does)
+    // rather than failing, and the leader's token then moves it as any new term's would.
+    admin
+        .execute("DELETE FROM baton.fenced_resource", &[])
+        .await
+        .unwrap();
+    assert_eq!(seq_commit(&app, 7, "n1", 201, 210).await.0, true);
 
     // Tokens that are not terms (a wrapped conversion) and oversized names: an error, no change.
     for bad in [
@@ -85,6 +116,8 @@ async fn application_role_abuse_is_refused_or_bounded() {
         "SELECT * FROM baton.seq_claim('seq', 0, 'n1')",
         "SELECT * FROM baton.fence_assert('seq', -9223372036854775808, 'n1')",
         "SELECT * FROM baton.seq_commit('seq', 7, 'n1', -10, -5)",
+        "SELECT * FROM baton.seq_commit('seq', 0, 'n1', 211, 220)",
+        "SELECT * FROM baton.seq_commit('', 7, 'n1', 211, 220)",
     ] {
         let err = app.query(bad, &[]).await.expect_err(bad);
         assert_eq!(err.code().map(|c| c.code()), Some("22023"), "{bad}: {err}");
@@ -284,6 +317,21 @@ async fn the_holder_is_the_authenticated_node_role() {
         .unwrap()
         .get(0);
     assert!(ok, "n1's role claims as n1");
+    // seq_commit restates the holder rule (the hot path calls no helper): the same refusal.
+    let as_n2 = n1
+        .query("SELECT * FROM baton.seq_commit('seq', 5, 'n2', 1, 10)", &[])
+        .await
+        .expect_err("n1's role committing as n2");
+    assert_eq!(as_n2.code().map(|c| c.code()), Some("42501"), "{as_n2}");
+    let ok: bool = n1
+        .query_one(
+            "SELECT accepted FROM baton.seq_commit('seq', 5, 'n1', 1, 10)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(ok, "n1's role commits as n1");
     // The role's session timeouts are its own (role settings do not inherit).
     let idle: String = n1
         .query_one("SHOW idle_in_transaction_session_timeout", &[])
@@ -307,6 +355,14 @@ async fn the_holder_is_the_authenticated_node_role() {
         .query("SELECT * FROM baton.seq_claim('seq', 7, 'anyone')", &[])
         .await
         .expect_err("the shared role once per-node roles are required");
+    assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{err}");
+    let err = shared
+        .query(
+            "SELECT * FROM baton.seq_commit('seq', 6, 'anyone', 11, 20)",
+            &[],
+        )
+        .await
+        .expect_err("the shared role committing once per-node roles are required");
     assert_eq!(err.code().map(|c| c.code()), Some("42501"), "{err}");
     let bad =
         baton::work::fence::provision_node_role(&pg.server.admin_url(), "n1\"; DROP", "x").await;

@@ -34,7 +34,7 @@ use crate::elector::Elector;
 use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
-use crate::work::sequencer::SequencerHandle;
+use crate::work::sequencer::{AnswerHome, SequencerHandle};
 use crate::work::Fence;
 use slots::{Admission, Slots};
 
@@ -80,6 +80,9 @@ pub(crate) struct HttpApp {
     /// by [`connection_cap`].
     pub max_connections: usize,
     pub trace: ActorTrace,
+    /// The runtime [`serve`] runs on, where the sequencer delivers `POST /next`'s answers a
+    /// batch at a time (set when serving starts).
+    pub answer_home: std::sync::OnceLock<AnswerHome>,
     /// Set when the server speaks HTTPS only (`[http] tls_cert_file`).
     #[cfg(feature = "tls")]
     pub tls: Option<tokio_rustls::TlsAcceptor>,
@@ -166,6 +169,8 @@ pub(crate) async fn serve(
     app: Arc<HttpApp>,
     shutdown: impl Future<Output = ()>,
 ) {
+    // Correct on any runtime; the first server of this app names its own.
+    let _ = app.answer_home.set(AnswerHome::current());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Slots::new(app.max_connections));
     let mut health = AcceptHealth::new(app.limits.accept_failure_stepdown());

@@ -321,7 +321,10 @@ async fn next(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> R
     if !app.shared.is_leading() {
         return not_leader(app);
     }
-    let res = app.sequencer.next(n, NEXT_TIMEOUT).await;
+    let res = app
+        .sequencer
+        .next(n, NEXT_TIMEOUT, app.answer_home.get().cloned())
+        .await;
     match res {
         Ok(block) if n == 1 => json_resp(
             StatusCode::OK,

@@ -12,6 +12,12 @@
 //! short mutex) and only the first caller after the actor last looked sends it a message; the
 //! actor takes the whole intake when it starts a commit. At saturation that is one actor message
 //! and one wake-up of the node's runtime per group commit instead of one per ID.
+//!
+//! The way back is batched too. A caller on another runtime (the HTTP server's thread) names its
+//! [`AnswerHome`]; the commit hands each home its answers in one spawned task, which completes the
+//! callers' reply channels there. Waking a task from outside its runtime costs an `eventfd`
+//! write each time (tokio's remote unpark), so per batch that is one such wake-up per home
+//! instead of one per request.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -59,12 +65,59 @@ pub enum SequencerMsg {
     Checkpoint(RpcReplyPort<()>),
 }
 
-type Reply = oneshot::Sender<Result<IdBlock, NextError>>;
+type Answer = Result<IdBlock, NextError>;
+type Reply = oneshot::Sender<Answer>;
 
 struct Pending {
     n: u32,
     reply: Reply,
     arrived: Instant,
+    /// Where the answer is delivered; `None`: sent straight from the commit task.
+    home: Option<AnswerHome>,
+}
+
+/// A runtime that callers of [`SequencerHandle::next`] wait on, named so a group commit can
+/// deliver all of that runtime's answers with one task spawned there (see the module docs).
+/// Identity is the `Arc`: callers of one runtime share one home.
+#[derive(Clone)]
+pub(crate) struct AnswerHome(Arc<tokio::runtime::Handle>);
+
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+impl AnswerHome {
+    /// The runtime this is called on.
+    pub(crate) fn current() -> Self {
+        Self(Arc::new(tokio::runtime::Handle::current()))
+    }
+
+    fn same(&self, other: &AnswerHome) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Delivers a batch's answers: each caller without a home at once, the rest grouped by home and
+/// sent from one task on that home's runtime, where completing a reply channel wakes its caller
+/// without a syscall.
+fn deliver(answers: Vec<(Reply, Answer, Option<AnswerHome>)>) {
+    let mut by_home: Vec<(AnswerHome, Vec<(Reply, Answer)>)> = Vec::new();
+    for (reply, answer, home) in answers {
+        let Some(home) = home else {
+            let _ = reply.send(answer);
+            continue;
+        };
+        match by_home.iter_mut().find(|(h, _)| h.same(&home)) {
+            Some((_, group)) => group.push((reply, answer)),
+            None => by_home.push((home, vec![(reply, answer)])),
+        }
+    }
+    for (home, group) in by_home {
+        // If that runtime has shut down the task is dropped with the senders in it, and each
+        // caller sees its channel closed ("not running"): its connection is going away anyway.
+        home.0.spawn(async move {
+            for (reply, answer) in group {
+                let _ = reply.send(answer);
+            }
+        });
+    }
 }
 
 /// The requests waiting for this term's next group commit. Callers on any runtime append; the
@@ -299,6 +352,7 @@ async fn commit_batch(
     let mut seq = lo;
     // One registry lookup per batch, not per ID.
     let next_seconds = metrics::histogram!(m::NEXT_SECONDS);
+    let mut answers = Vec::with_capacity(batch.len());
     for p in batch {
         let answer = match &res {
             Ok(()) => Ok(IdBlock {
@@ -311,8 +365,9 @@ async fn commit_batch(
         };
         seq += p.n as i64;
         next_seconds.record(p.arrived.elapsed().as_secs_f64());
-        let _ = p.reply.send(answer);
+        answers.push((p.reply, answer, p.home));
     }
+    deliver(answers);
     if let Err(e @ FenceError::Rejected { .. }) = &res {
         fenced_out = Some(e.to_string());
     }
@@ -342,14 +397,22 @@ impl SequencerHandle {
         }
     }
 
-    /// Asks the running sequencer for `n` IDs.
-    pub async fn next(&self, n: u32, timeout: Duration) -> Result<IdBlock, NextCallError> {
+    /// Asks the running sequencer for `n` IDs. The answer is delivered on `home` (the caller's
+    /// own runtime) together with the rest of its batch's answers there, or, without one,
+    /// straight from the commit.
+    pub async fn next(
+        &self,
+        n: u32,
+        timeout: Duration,
+        home: Option<AnswerHome>,
+    ) -> Result<IdBlock, NextCallError> {
         let running = self.get().ok_or(NextCallError::NotRunning)?;
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             n,
             reply,
             arrived: Instant::now(),
+            home,
         };
         match running.intake.append(pending) {
             Appended::Closed => return Err(NextCallError::Next(NextError::Demoting)),
@@ -456,8 +519,52 @@ mod tests {
             n,
             reply,
             arrived: Instant::now(),
+            home: None,
         };
         (p, rx)
+    }
+
+    fn id(seq: i64) -> Answer {
+        Ok(IdBlock {
+            token: FenceToken(1),
+            first: seq,
+            last: seq,
+        })
+    }
+
+    #[test]
+    fn answers_with_a_home_are_delivered_there_the_rest_at_once() {
+        // A runtime nobody drives yet: what is delivered through it stays undelivered until it runs.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let home = AnswerHome(Arc::new(rt.handle().clone()));
+        let (a, mut ra) = pending(1);
+        let (b, mut rb) = pending(1);
+        let (c, mut rc) = pending(1);
+        deliver(vec![
+            (a.reply, id(1), Some(home.clone())),
+            (b.reply, id(2), None),
+            (c.reply, id(3), Some(home.clone())),
+        ]);
+        assert!(matches!(rb.try_recv(), Ok(Ok(IdBlock { first: 2, .. }))));
+        assert!(ra.try_recv().is_err(), "delivered before its home ran");
+        assert!(rc.try_recv().is_err(), "delivered before its home ran");
+        rt.block_on(async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert!(matches!(ra.try_recv(), Ok(Ok(IdBlock { first: 1, .. }))));
+        assert!(matches!(rc.try_recv(), Ok(Ok(IdBlock { first: 3, .. }))));
+        // A home whose runtime is gone drops its answers: the callers see the channel closed.
+        let (d, mut rd) = pending(1);
+        drop(rt);
+        deliver(vec![(d.reply, id(4), Some(home))]);
+        assert!(matches!(
+            rd.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
     }
 
     #[test]
