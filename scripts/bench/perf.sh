@@ -17,6 +17,9 @@
 #                                      # histograms (sequencer wait+commit, commit alone)
 #   scripts/bench/perf.sh profile [ROUNDS]  # CPU per request by thread/process (perf record -a),
 #                                      # wrk on GET /healthz then POST /next, same leader, in turn
+#   scripts/bench/perf.sh gen [RATE]   # the open-loop generator's own cost: `baton load` at RATE
+#                                      # (default 30k) for 12 s, the machine sampled for 6 s; the
+#                                      # generator's threads summed apart from the nodes' (TAG= names the run)
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -213,6 +216,23 @@ profile() {
   python3 scripts/bench/summarize.py profile "$base" "$rounds"
 }
 
+gen() {
+  local rate=${1:-30000} dir=state/bench/gen
+  fresh_fleet "$BATON" "$dir"
+  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  leader_of "$BATON" "$dir" >/dev/null
+  local tag="$OUT/gen-$((rate / 1000))k${TAG:+-$TAG}" pid
+  "$BATON" load --dir "$dir" --rate "$rate" --duration 12s --connections 256 --json >"$tag.json" &
+  pid=$!
+  sleep 4
+  ls "/proc/$pid/task" >"$tag-tids.txt"
+  perf record -F 499 -a -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+  wait "$pid"
+  perf report -i "$tag.data" --sort pid --stdio 2>/dev/null | grep -E '^ +[0-9]' >"$tag-threads.txt"
+  rm -f "$tag.data"
+  python3 scripts/bench/summarize.py gen "$tag"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
@@ -221,5 +241,6 @@ case "${1:-}" in
   starve) shift; starve "$@" ;;
   split) shift; split "$@" ;;
   profile) shift; profile "$@" ;;
+  gen) shift; gen "$@" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;
 esac

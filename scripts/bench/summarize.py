@@ -6,6 +6,7 @@
   summarize.py ab wrk-ab.txt       old vs new POST /next (and new GET /healthz), per round and median
   summarize.py split PREFIX         client latency beside the leader's own histograms (perf.sh split)
   summarize.py profile PREFIX [ROUNDS]  CPU per request by thread, /healthz vs /next (perf.sh profile)
+  summarize.py gen PREFIX          the open-loop generator's rate, latency and CPU per request (perf.sh gen)
 """
 import json
 import os
@@ -146,6 +147,27 @@ def profile(prefix, rounds):
             print(f"| {r} | {what} | {rate:.0f} | " + " | ".join(cells) + f" | {shares.get('swapper', 0.0):.1f} |")
 
 
+def gen(prefix):
+    # perf's `--sort pid` rows are threads ("TID:comm"); the generator's are the ones listed
+    # in /proc/PID/task during the run, whatever their names.
+    report = json.load(open(prefix + ".json"))
+    rate = report["achieved_rate"]
+    tids = {line.strip() for line in open(prefix + "-tids.txt") if line.strip()}
+    shares = {}
+    for line in open(prefix + "-threads.txt"):
+        pct, who = line.split(None, 1)
+        tid, _, comm = who.strip().partition(":")
+        key = "generator" if tid in tids else {"baton-http": "http", "postgres": "postgres",
+                                               "swapper": "idle"}.get(comm.strip(), "other")
+        shares[key] = shares.get(key, 0.0) + float(pct.rstrip("%"))
+    us = lambda k: shares.get(k, 0.0) / 100 * os.cpu_count() / rate * 1e6
+    print(f"{os.path.basename(prefix)}: offered {report['offered_rate']:.0f}/s, achieved {rate:.0f}/s, "
+          f"p50 {report['latency_ms']['p50']:.2f} ms, p99 {report['latency_ms']['p99']:.2f} ms from schedule, "
+          f"service p99 {report['service_ms']['p99']:.2f} ms; CPU per request: generator {us('generator'):.1f} µs, "
+          f"leader's HTTP thread {us('http'):.1f}, PostgreSQL {us('postgres'):.1f}, other {us('other'):.1f}; "
+          f"idle {shares.get('idle', 0.0):.1f}%")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         print(__doc__)
@@ -158,5 +180,7 @@ if __name__ == "__main__":
         ab(sys.argv[2])
     elif sys.argv[1] == "split":
         split(sys.argv[2])
+    elif sys.argv[1] == "gen":
+        gen(sys.argv[2])
     elif sys.argv[1] == "profile":
         profile(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else 2)

@@ -22,9 +22,13 @@ pub struct LeaderTracker {
     /// A background sweep is running.
     sweeping: AtomicBool,
     client: NodeClient,
+    /// The runtime the tracker was made on: background sweeps run there, not on a load
+    /// thread's runtime, which may finish (and drop its tasks) before the others.
+    home: tokio::runtime::Handle,
 }
 
 impl LeaderTracker {
+    /// Must be called inside a tokio runtime (the one background sweeps will run on).
     pub fn new(targets: Vec<String>, status_timeout: Duration) -> LeaderTracker {
         LeaderTracker {
             targets,
@@ -33,6 +37,7 @@ impl LeaderTracker {
             refreshing: tokio::sync::Mutex::new(None),
             sweeping: AtomicBool::new(false),
             client: NodeClient::new(status_timeout),
+            home: tokio::runtime::Handle::current(),
         }
     }
 
@@ -70,7 +75,7 @@ impl LeaderTracker {
             return;
         }
         let me = self.clone();
-        tokio::spawn(async move {
+        self.home.spawn(async move {
             me.refresh(seen_generation).await;
             me.sweeping.store(false, Ordering::Release);
         });

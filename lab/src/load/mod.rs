@@ -9,6 +9,15 @@
 //!
 //! The core is [`run`]: a target list, a rate and a duration in; every request's record
 //! ([`Op`]) and the histograms out. `baton load` and benchmarks are thin wrappers around it.
+//!
+//! The workers run on `threads` threads of their own (default one), each a single-threaded
+//! runtime that owns its share of the connections, hyper's connection tasks included, so a
+//! request's task and its connection's task trade their two channel messages on one thread
+//! instead of waking each other across the caller's worker threads. The generator shares the
+//! machine with the server it measures, so what it spends is taken from the server: at 30k
+//! requests/s it costs 18.6–19.3 us of CPU per request this way against 19.2–21.8 on the
+//! caller's runtime (`scripts/bench/perf.sh gen`, FINDINGS §11.3). The leader tracker's
+//! `/status` sweeps stay on the caller's runtime.
 
 pub mod conn;
 pub mod leader;
@@ -63,6 +72,10 @@ pub struct LoadSpec {
     /// `?mode=` of those reads (`lease`, `quorum`, `resource`), taken in turn by read slot;
     /// empty: the node's default.
     pub read_modes: Vec<String>,
+    /// Threads the workers run on (each its own single-threaded runtime; at most one per
+    /// connection). One costs ~19 us of CPU per request on this project's 2-core machines, so it
+    /// tops out around 50k requests/s; more only pays where there are cores to spare.
+    pub threads: usize,
 }
 
 impl LoadSpec {
@@ -78,6 +91,7 @@ impl LoadSpec {
             stop: None,
             read_fraction: 0.0,
             read_modes: Vec::new(),
+            threads: 1,
         }
     }
 
@@ -107,6 +121,9 @@ impl LoadSpec {
         }
         if self.connections == 0 {
             bail!("load needs at least one connection");
+        }
+        if self.threads == 0 {
+            bail!("load needs at least one thread");
         }
         if !(0.0..=1.0).contains(&self.read_fraction) {
             bail!("read fraction must be in [0, 1]");
@@ -374,21 +391,26 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     ));
     // Find the leader before the clock starts, so the first slots are not all redirects.
     leader.refresh(leader.generation()).await;
-    // Open every connection before the clock starts too: opening hundreds of them inside the
-    // measured window put a ~100 ms connect storm into the first slots' latency. A connection
-    // that fails here is simply opened (and its failure recorded) by its first request.
-    let opened = futures::future::join_all((0..spec.connections).map(|w| {
-        let addr = leader.current(w);
-        async move { Conn::open(&addr, Duration::from_secs(2)).await.ok() }
-    }))
-    .await;
-    // Likewise each worker's record buffer, so no slot waits on a reallocation. (Histograms are
-    // built from the records afterwards: per-connection HDR histograms, ~180 MB at 256
-    // connections, faulted in after t0 made the first slots tens of ms late.)
+    // Each shard opens its connections before the clock starts: opening hundreds of them inside
+    // the measured window put a ~100 ms connect storm into the first slots' latency. A
+    // connection that fails here is simply opened (and its failure recorded) by its first
+    // request. Each worker's record buffer is reserved up front too, so no slot waits on a
+    // reallocation. (Histograms are built from the records afterwards: per-connection HDR
+    // histograms, ~180 MB at 256 connections, faulted in after t0 made the first slots tens of
+    // ms late.)
     let per_worker_ops = (total as usize / spec.connections.max(1)) * 5 / 4 + 16;
-    let outs: Vec<WorkerOut> = (0..spec.connections)
-        .map(|_| WorkerOut::with_capacity(per_worker_ops))
-        .collect();
+    let threads = spec.threads.clamp(1, spec.connections);
+    let mut shards = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let workers: Vec<(u32, String)> = (t..spec.connections)
+            .step_by(threads)
+            .map(|w| (w as u32, leader.current(w)))
+            .collect();
+        shards.push(Shard::spawn(workers, per_worker_ops)?);
+    }
+    for shard in &mut shards {
+        shard.opened().await?;
+    }
     // Read the ns clock first: the Instant read after it is no earlier, so no slot is sent
     // before its recorded `sched_ns`.
     let t0_ns = monotonic_ns() + 1_000_000;
@@ -402,20 +424,18 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
         t0,
         t0_ns,
     });
-    let workers: Vec<_> = opened
-        .into_iter()
-        .zip(outs)
-        .enumerate()
-        .map(|(w, (conn, out))| tokio::spawn(worker(shared.clone(), w as u32, conn, out)))
-        .collect();
+    for shard in &mut shards {
+        shard.start(shared.clone());
+    }
     let mut ops = Vec::with_capacity(total as usize);
     let mut unsent = 0;
     let mut latency_us = new_histogram();
     let mut service_us = new_histogram();
-    for w in workers {
-        let out = w.await.context("load worker panicked")?;
-        ops.extend(out.ops);
-        unsent += out.unsent;
+    for shard in shards {
+        for out in shard.finished().await? {
+            ops.extend(out.ops);
+            unsent += out.unsent;
+        }
     }
     ops.sort_by_key(|o| o.id);
     for op in ops.iter().filter(|o| o.outcome == Outcome::Ok) {
@@ -432,6 +452,82 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
         latency_us,
         service_us,
     })
+}
+
+/// One load thread: a single-threaded runtime with its workers and their connections. It opens
+/// its connections, says so, waits for the common start, runs its workers and hands back their
+/// records.
+struct Shard {
+    opened: Option<tokio::sync::oneshot::Receiver<()>>,
+    start: Option<tokio::sync::oneshot::Sender<Arc<Shared>>>,
+    done: tokio::sync::oneshot::Receiver<anyhow::Result<Vec<WorkerOut>>>,
+}
+
+impl Shard {
+    /// `workers`: each worker's number and the address its connection opens to.
+    fn spawn(workers: Vec<(u32, String)>, per_worker_ops: usize) -> anyhow::Result<Shard> {
+        use tokio::sync::oneshot;
+        let (opened_tx, opened) = oneshot::channel();
+        let (start, start_rx) = oneshot::channel::<Arc<Shared>>();
+        let (done_tx, done) = oneshot::channel();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("building a load thread's runtime")?;
+        std::thread::Builder::new()
+            .name("baton-load".into())
+            .spawn(move || {
+                let outs = rt.block_on(async move {
+                    let conns = futures::future::join_all(workers.iter().map(|(_, addr)| async {
+                        Conn::open(addr, Duration::from_secs(2)).await.ok()
+                    }))
+                    .await;
+                    let _ = opened_tx.send(());
+                    // The caller gone (an error elsewhere): nothing to run.
+                    let Ok(sh) = start_rx.await else {
+                        return Ok(Vec::new());
+                    };
+                    let tasks: Vec<_> = workers
+                        .iter()
+                        .zip(conns)
+                        .map(|((w, _), conn)| {
+                            let out = WorkerOut::with_capacity(per_worker_ops);
+                            tokio::spawn(worker(sh.clone(), *w, conn, out))
+                        })
+                        .collect();
+                    let mut outs = Vec::with_capacity(tasks.len());
+                    for t in tasks {
+                        outs.push(t.await.context("load worker panicked")?);
+                    }
+                    Ok(outs)
+                });
+                let _ = done_tx.send(outs);
+            })
+            .context("spawning a load thread")?;
+        Ok(Shard {
+            opened: Some(opened),
+            start: Some(start),
+            done,
+        })
+    }
+
+    async fn opened(&mut self) -> anyhow::Result<()> {
+        if let Some(rx) = self.opened.take() {
+            rx.await
+                .context("a load thread ended before opening its connections")?;
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, shared: Arc<Shared>) {
+        if let Some(tx) = self.start.take() {
+            let _ = tx.send(shared);
+        }
+    }
+
+    async fn finished(self) -> anyhow::Result<Vec<WorkerOut>> {
+        self.done.await.context("a load thread panicked")?
+    }
 }
 
 impl WorkerOut {
@@ -650,6 +746,10 @@ pub struct LoadArgs {
     /// (default: each node's configured mode).
     #[arg(long, value_delimiter = ',')]
     pub read_mode: Vec<String>,
+    /// Threads sending the load (each a single-threaded runtime with its share of the
+    /// connections).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
 }
 
 pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
@@ -663,6 +763,7 @@ pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
     };
     let mut spec = LoadSpec::new(targets, a.rate, Duration::from_millis(a.duration));
     spec.connections = a.connections;
+    spec.threads = a.threads;
     spec.timeout = Duration::from_millis(a.timeout);
     spec.read_fraction = a.read_fraction;
     spec.read_modes = a.read_mode.clone();
@@ -881,5 +982,47 @@ mod tests {
             s.latency_ms.max > 700.0,
             "queueing behind the slow server must show: {s:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn threads_share_the_slots_each_sent_once_on_its_own_runtime() {
+        let node = fake_node(Arc::new(|path, n| match path {
+            "/status" => (
+                200,
+                None,
+                r#"{"role":"leader","fence_token":1}"#.into(),
+                Duration::ZERO,
+            ),
+            _ => (
+                200,
+                None,
+                format!(r#"{{"token":1,"seq":{}}}"#, n + 1),
+                Duration::ZERO,
+            ),
+        }))
+        .await;
+        let mut spec = LoadSpec::new(vec![node], 2000.0, Duration::from_millis(300));
+        spec.connections = 5;
+        spec.threads = 3;
+        let report = run(spec.clone()).await.unwrap();
+        assert_eq!(report.unsent, 0);
+        let ids: Vec<u64> = report.ops.iter().map(|o| o.id).collect();
+        assert_eq!(
+            ids,
+            (0..600).collect::<Vec<_>>(),
+            "every slot once, in order"
+        );
+        assert!(report.ops.iter().all(|o| o.outcome == Outcome::Ok));
+        let mut seqs: Vec<i64> = report.ops.iter().filter_map(|o| o.seq).collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), 600, "each answer recorded once");
+        // Every connection (worker) took part, wherever its thread.
+        let mut conns: Vec<u32> = report.ops.iter().map(|o| o.conn).collect();
+        conns.sort_unstable();
+        conns.dedup();
+        assert_eq!(conns, [0, 1, 2, 3, 4]);
+        spec.threads = 0;
+        assert!(run(spec).await.is_err(), "zero threads is a bad spec");
     }
 }
