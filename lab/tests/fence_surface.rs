@@ -50,7 +50,7 @@ async fn application_role_abuse_is_refused_or_bounded() {
     app.query_one("SELECT * FROM baton.seq_claim('seq', 7, 'n1')", &[])
         .await
         .unwrap();
-    assert_eq!(seq_commit(&app, 7, "n1", 1, 100).await.0, true);
+    assert!(seq_commit(&app, 7, "n1", 1, 100).await.0);
 
     // Using the sequence up in one call (the leader's own token and holder): refused, named.
     let (ok, _, reason) = seq_commit(&app, 7, "n1", 101, 9_223_372_036_854_775_000).await;
@@ -101,14 +101,14 @@ async fn application_role_abuse_is_refused_or_bounded() {
         "each refusal is recorded once, with its reason"
     );
     // The legitimate leader carries on.
-    assert_eq!(seq_commit(&app, 7, "n1", 101, 200).await.0, true);
+    assert!(seq_commit(&app, 7, "n1", 101, 200).await.0);
     // An owner deleted the fence row: seq_commit re-creates it (as every entry point does)
     // rather than failing, and the leader's token then moves it as any new term's would.
     admin
         .execute("DELETE FROM baton.fenced_resource", &[])
         .await
         .unwrap();
-    assert_eq!(seq_commit(&app, 7, "n1", 201, 210).await.0, true);
+    assert!(seq_commit(&app, 7, "n1", 201, 210).await.0);
 
     // Tokens that are not terms (a wrapped conversion) and oversized names: an error, no change.
     for bad in [
