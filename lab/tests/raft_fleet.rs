@@ -173,8 +173,8 @@ async fn one_leader_among_five() {
 ///
 /// On a loaded 2-core machine the first leader after a kill can miss its first renewal (only two
 /// nodes are left to form a quorum; CI saw it with the default 150 ms grant) and hand over again
-/// before it serves an ID. That is the lease working, so the test waits for a settled leader after each kill
-/// and measures each failover to the first term after the killed one that served.
+/// before it serves an ID. That is the lease working, so the test waits for a settled leader
+/// after each kill and measures each failover to the first term after the killed one that served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
     let _g = SERIAL.lock().await;

@@ -859,6 +859,25 @@ mod tests {
         addr
     }
 
+    /// A fake leader (token 1) that answers every `/next` with the next seq after `delay`.
+    async fn fake_leader(delay: Duration) -> String {
+        fake_node(Arc::new(move |path, n| match path {
+            "/status" => (
+                200,
+                None,
+                r#"{"role":"leader","fence_token":1}"#.into(),
+                Duration::ZERO,
+            ),
+            _ => (
+                200,
+                None,
+                format!(r#"{{"token":1,"seq":{}}}"#, n + 1),
+                delay,
+            ),
+        }))
+        .await
+    }
+
     #[tokio::test]
     async fn follows_redirects_and_classifies_every_outcome() {
         let leader = fake_node(Arc::new(|path, n| match (path, n % 4) {
@@ -947,21 +966,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_server_shows_as_latency_from_the_schedule_not_as_a_lower_rate() {
         // 50 ms per answer, one connection, 100 slots/s offered: at most ~20/s can be served.
-        let slow = fake_node(Arc::new(|path, n| match path {
-            "/status" => (
-                200,
-                None,
-                r#"{"role":"leader","fence_token":1}"#.into(),
-                Duration::ZERO,
-            ),
-            _ => (
-                200,
-                None,
-                format!(r#"{{"token":1,"seq":{}}}"#, n + 1),
-                Duration::from_millis(50),
-            ),
-        }))
-        .await;
+        let slow = fake_leader(Duration::from_millis(50)).await;
         let mut spec = LoadSpec::new(vec![slow], 100.0, Duration::from_secs(1));
         spec.connections = 1;
         spec.drain = Duration::from_millis(500);
@@ -986,21 +991,7 @@ mod tests {
 
     #[tokio::test]
     async fn threads_share_the_slots_each_sent_once_on_its_own_runtime() {
-        let node = fake_node(Arc::new(|path, n| match path {
-            "/status" => (
-                200,
-                None,
-                r#"{"role":"leader","fence_token":1}"#.into(),
-                Duration::ZERO,
-            ),
-            _ => (
-                200,
-                None,
-                format!(r#"{{"token":1,"seq":{}}}"#, n + 1),
-                Duration::ZERO,
-            ),
-        }))
-        .await;
+        let node = fake_leader(Duration::ZERO).await;
         let mut spec = LoadSpec::new(vec![node], 2000.0, Duration::from_millis(300));
         spec.connections = 5;
         spec.threads = 3;
