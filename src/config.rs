@@ -243,6 +243,9 @@ impl std::fmt::Debug for Secret {
 /// Shortest admin token accepted: a guessable token is no guard.
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
 
+/// Most client-serving threads `[http] threads` may ask for.
+const MAX_HTTP_THREADS: usize = 64;
+
 /// Bounds on what one client may hold of the node's HTTP server (SPEC §10): a client that
 /// trickles headers or a body, or never sends one, is cut off instead of holding a descriptor.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -269,6 +272,12 @@ pub struct HttpConfig {
     /// node's heartbeats, renewals and watchdog, and its peers' (in this or another process),
     /// before more client requests: overload slows clients down instead of moving leadership.
     pub thread_nice: i32,
+    /// Threads that serve clients, each with its own single-threaded runtime accepting on the
+    /// same listener (they share `max_connections`). 0, the default, means half the cores this
+    /// process may use, at least 1: one thread on a 2-core machine, where a second would take
+    /// the core PostgreSQL and the node's own runtime need; more where there are cores to
+    /// spare, since one thread tops out near 100k requests/s. At most 64.
+    pub threads: usize,
     /// PEM certificate chain to serve HTTPS with (feature `tls`); with `tls_key_file`, the
     /// server speaks HTTPS only. The TLS handshake must complete within `header_read_timeout_ms`.
     pub tls_cert_file: Option<PathBuf>,
@@ -286,6 +295,7 @@ impl Default for HttpConfig {
             request_timeout_ms: 60_000,
             accept_failure_stepdown_ms: 5_000,
             thread_nice: 5,
+            threads: 0,
             tls_cert_file: None,
             tls_key_file: None,
         }
@@ -308,6 +318,15 @@ impl HttpConfig {
     /// [`HttpConfig::accept_failure_stepdown_ms`].
     pub fn accept_failure_stepdown(&self) -> Duration {
         Duration::from_millis(self.accept_failure_stepdown_ms)
+    }
+    /// [`HttpConfig::threads`] resolved against the cores available (`cores`): the setting if
+    /// it is not 0, else half of them, at least 1.
+    pub fn server_threads(&self, cores: usize) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            (cores / 2).max(1)
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -335,6 +354,12 @@ impl HttpConfig {
             return bad(format!(
                 "thread_nice must be in 0..=19 (a client thread never runs above the node's own), got {}",
                 self.thread_nice
+            ));
+        }
+        if self.threads > MAX_HTTP_THREADS {
+            return bad(format!(
+                "threads must be in 0..={MAX_HTTP_THREADS} (0: half the cores), got {}",
+                self.threads
             ));
         }
         Ok(())
@@ -888,6 +913,20 @@ mod tests {
         for (nice, ok) in [(-1, false), (0, true), (5, true), (19, true), (20, false)] {
             c.http.thread_nice = nice;
             assert_eq!(c.validate().is_ok(), ok, "thread_nice = {nice}");
+        }
+    }
+
+    #[test]
+    fn client_threads_default_to_half_the_cores_and_are_bounded() {
+        let mut c = NodeConfig::default();
+        assert_eq!(c.http.server_threads(1), 1);
+        assert_eq!(c.http.server_threads(2), 1);
+        assert_eq!(c.http.server_threads(16), 8);
+        c.http.threads = 3;
+        assert_eq!(c.http.server_threads(16), 3);
+        for (threads, ok) in [(0, true), (1, true), (64, true), (65, false)] {
+            c.http.threads = threads;
+            assert_eq!(c.validate().is_ok(), ok, "threads = {threads}");
         }
     }
 

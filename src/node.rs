@@ -245,7 +245,6 @@ impl NodeBuilder {
                 max_connections: http::connection_cap(cfg.http.max_connections, nofile),
                 limits: cfg.http.clone(),
                 trace: trace.clone(),
-                answer_home: Default::default(),
                 #[cfg(feature = "tls")]
                 tls: http_tls,
             });

@@ -710,3 +710,94 @@ async fn leader_out_of_descriptors_steps_down() {
     assert!(new_token > token);
     eprintln!("new leader {new_leader} (token {new_token})");
 }
+
+/// The name of each thread of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the server has closed `s` (read sees EOF or a reset) within `wait`.
+fn closed_by_server(s: &mut StdTcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            // A 503 or anything else the server wrote before closing: keep reading.
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// `[http] threads = 2`: two client threads accept on the one listener, and `max_connections`
+/// bounds the node, not each thread. 40 connections that never send a request against a cap of
+/// 16: each one past the cap evicts the stalest, so at least 24 are closed by the server, and
+/// at most 16 stay open. (Two caps of 16, one per thread, would leave up to 32 open.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_threads_share_one_connection_cap() {
+    let _g = SERIAL.lock().await;
+    const CAP: usize = 16;
+    const OPENED: usize = 40;
+    let fleet = raft_fleet(
+        None,
+        &format!("[http]\nthreads = 2\nmax_connections = {CAP}\n"),
+    );
+    let (leader, addr, _token) = stable_leader(&fleet).await;
+    let names = thread_names(pid_of(&fleet, &leader));
+    for want in ["baton-http-0", "baton-http-1"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "no {want} thread: {names:?}"
+        );
+    }
+    assert!(
+        !names.iter().any(|n| n == "baton-http-2"),
+        "a third client thread: {names:?}"
+    );
+    let addr2 = addr.clone();
+    let (closed, open) = tokio::task::spawn_blocking(move || {
+        let mut conns: Vec<StdTcpStream> = (0..OPENED)
+            .map(|_| {
+                let s = StdTcpStream::connect(&addr2).unwrap();
+                // One at a time, so every connection is admitted before the next arrives.
+                std::thread::sleep(Duration::from_millis(20));
+                s
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let closed = conns
+            .iter_mut()
+            .map(|s| closed_by_server(s, Duration::from_millis(100)))
+            .filter(|closed| *closed)
+            .count();
+        (closed, OPENED - closed)
+    })
+    .await
+    .unwrap();
+    eprintln!("{OPENED} idle connections against a cap of {CAP} on 2 threads: {closed} closed by the server, {open} open");
+    assert!(
+        closed >= OPENED - CAP && open <= CAP,
+        "{closed} closed, {open} open: the cap of {CAP} was not shared by the threads"
+    );
+    // Requests are served meanwhile, on fresh connections, whichever thread accepts them.
+    for _ in 0..20 {
+        let client = NodeClient::new(Duration::from_secs(3));
+        let r = client.post(&addr, "/next").await.unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+    }
+}

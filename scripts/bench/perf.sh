@@ -7,6 +7,7 @@
 #                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
+#                                      # (CONFIG=file: the fleet's base config)
 #   scripts/bench/perf.sh ab OLD NEW [ROUNDS]  # two builds side by side: a fleet each, up together,
 #                                      # wrk on OLD /next, NEW /next and NEW /healthz in turn
 #   scripts/bench/perf.sh starve OLD NEW [SECONDS] [ROUNDS]  # a fleet of each build, both leaders
@@ -93,7 +94,7 @@ saturation() {
 
 ratio() {
   local dir=state/bench/wrk leader
-  fresh_fleet "$BATON" "$dir"
+  fresh_fleet "$BATON" "$dir" ${CONFIG:+--config "$CONFIG"}
   trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
   leader=$(leader_of "$BATON" "$dir")
   local log="$OUT/wrk-ratio.txt"

@@ -129,7 +129,8 @@ def profile_round(tag):
     for line in open(tag + "-comm.txt"):
         pct, comm = line.split(None, 1)
         comm = comm.strip()
-        key = next((g for g, _ in PROFILE_GROUPS if comm == g), "other")
+        # The client threads are baton-http-0, -1, ...: summed as one group.
+        key = next((g for g, _ in PROFILE_GROUPS if comm == g or comm.startswith(g + "-")), "other")
         shares[key] = shares.get(key, 0.0) + float(pct.rstrip("%"))
     return rate, shares
 
@@ -157,8 +158,9 @@ def gen(prefix):
     for line in open(prefix + "-threads.txt"):
         pct, who = line.split(None, 1)
         tid, _, comm = who.strip().partition(":")
+        comm = "baton-http" if comm.strip().startswith("baton-http-") else comm.strip()
         key = "generator" if tid in tids else {"baton-http": "http", "postgres": "postgres",
-                                               "swapper": "idle"}.get(comm.strip(), "other")
+                                               "swapper": "idle"}.get(comm, "other")
         shares[key] = shares.get(key, 0.0) + float(pct.rstrip("%"))
     us = lambda k: shares.get(k, 0.0) / 100 * os.cpu_count() / rate * 1e6
     print(f"{os.path.basename(prefix)}: offered {report['offered_rate']:.0f}/s, achieved {rate:.0f}/s, "

@@ -80,9 +80,6 @@ pub(crate) struct HttpApp {
     /// by [`connection_cap`].
     pub max_connections: usize,
     pub trace: ActorTrace,
-    /// The runtime [`serve`] runs on, where the sequencer delivers `POST /next`'s answers a
-    /// batch at a time (set when serving starts).
-    pub answer_home: std::sync::OnceLock<AnswerHome>,
     /// Set when the server speaks HTTPS only (`[http] tls_cert_file`).
     #[cfg(feature = "tls")]
     pub tls: Option<tokio_rustls::TlsAcceptor>,
@@ -129,50 +126,95 @@ pub fn connection_cap(configured: usize, nofile_soft_limit: u64) -> usize {
     configured.min(half).max(1)
 }
 
-/// Runs [`serve`] on its own thread and single-threaded runtime, so client traffic (however many
-/// connections, however busy) queues behind other client work only, never in front of the
-/// node's timer-critical tasks (raft heartbeats, lease renewals, the watchdog) on the node's
-/// runtime. The receiver resolves when the server has stopped.
+/// Runs [`serve`] on `[http] threads` threads of its own, each with a single-threaded runtime
+/// accepting on the same listener, so client traffic (however many connections, however busy)
+/// queues behind other client work only, never in front of the node's timer-critical tasks
+/// (raft heartbeats, lease renewals, the watchdog) on the node's runtime. The threads share one
+/// set of connection slots, so `max_connections` bounds the node, not each thread. The receiver
+/// resolves when every thread has stopped.
 pub(crate) fn spawn_server(
     listener: TcpListener,
     app: Arc<HttpApp>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
-    // Moved between runtimes as a std listener: a tokio one is bound to its runtime's reactor.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = app.limits.server_threads(cores);
+    // Moved between runtimes as std listeners: a tokio one is bound to its runtime's reactor.
+    // Each thread gets a duplicate of the one socket; the kernel hands each new connection to
+    // one of the accepts that are waiting.
     let listener = listener.into_std()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("baton-http")
-        .build()?;
+    let mut listeners = Vec::with_capacity(threads);
+    for _ in 1..threads {
+        listeners.push(listener.try_clone()?);
+    }
+    listeners.push(listener);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    let nice = app.limits.thread_nice;
-    std::thread::Builder::new()
-        .name("baton-http".into())
-        .spawn(move || {
-            crate::rlimit::nice_this_thread(nice);
-            rt.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(listener) => serve(listener, app, shutdown).await,
-                    Err(e) => tracing::error!(error = %e, "HTTP listener lost between runtimes"),
-                }
-            });
-            // The runtime drops here, on its own thread (never inside an async context).
-            drop(rt);
-            let _ = done_tx.send(());
-        })?;
+    let last_out = Arc::new(LastOut(std::sync::Mutex::new(Some(done_tx))));
+    // One shutdown for all: the first thread awaits it and tells the others.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut shutdown = Some(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let slots = Arc::new(Slots::new(app.max_connections));
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("baton-http")
+            .build()?;
+        let (app, slots, last_out) = (app.clone(), slots.clone(), last_out.clone());
+        let (first_stop, mut stop_rx) = (shutdown.take(), stop_rx.clone());
+        let nice = app.limits.thread_nice;
+        std::thread::Builder::new()
+            .name(format!("baton-http-{i}"))
+            .spawn(move || {
+                crate::rlimit::nice_this_thread(nice);
+                rt.block_on(async move {
+                    let stop = async move {
+                        match first_stop {
+                            Some(f) => f.await,
+                            None => {
+                                let _ = stop_rx.wait_for(|stopped| *stopped).await;
+                            }
+                        }
+                    };
+                    match TcpListener::from_std(listener) {
+                        Ok(listener) => serve(listener, app, slots, stop).await,
+                        Err(e) => {
+                            tracing::error!(error = %e, "HTTP listener lost between runtimes")
+                        }
+                    }
+                });
+                // The runtime drops here, on its own thread (never inside an async context).
+                drop(rt);
+                drop(last_out);
+            })?;
+    }
     Ok(done_rx)
 }
 
-/// Accepts connections until `shutdown` resolves, then lets in-flight requests finish.
+/// Resolves `spawn_server`'s receiver when the last server thread lets go of it.
+struct LastOut(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+
+impl Drop for LastOut {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.lock().ok().and_then(|mut g| g.take()) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Accepts connections into `slots` until `shutdown` resolves, then lets in-flight requests
+/// finish.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Arc<HttpApp>,
+    slots: Arc<Slots>,
     shutdown: impl Future<Output = ()>,
 ) {
-    // Correct on any runtime; the first server of this app names its own.
-    let _ = app.answer_home.set(AnswerHome::current());
+    // Where the sequencer delivers this thread's `POST /next` answers, a batch at a time.
+    let home = AnswerHome::current();
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let slots = Arc::new(Slots::new(app.max_connections));
     let mut health = AcceptHealth::new(app.limits.accept_failure_stepdown());
     tokio::pin!(shutdown);
     loop {
@@ -186,7 +228,7 @@ pub(crate) async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     health.succeeded();
-                    admit(stream, &slots, &app, &graceful);
+                    admit(stream, &slots, &app, &home, &graceful);
                 }
                 Err(e) => {
                     on_accept_error(&app, &mut health, &e);
@@ -205,6 +247,7 @@ fn admit(
     stream: TcpStream,
     slots: &Arc<Slots>,
     app: &Arc<HttpApp>,
+    home: &AnswerHome,
     graceful: &hyper_util::server::graceful::GracefulShutdown,
 ) {
     let state = match slots.admit() {
@@ -226,11 +269,12 @@ fn admit(
     };
     let _ = stream.set_nodelay(true);
     let (app, slots, watcher) = (app.clone(), slots.clone(), graceful.watcher());
+    let home = home.clone();
     tokio::spawn(async move {
         // Evicted: dropping the connection (or the handshake) closes its socket and frees its
         // descriptor.
         tokio::select! {
-            _ = serve_connection(stream, &app, &state, watcher) => {}
+            _ = serve_connection(stream, &app, &home, &state, watcher) => {}
             _ = state.evicted.notified() => {}
         }
         slots.release(&state);
@@ -242,6 +286,7 @@ fn admit(
 async fn serve_connection(
     stream: TcpStream,
     app: &Arc<HttpApp>,
+    home: &AnswerHome,
     state: &Arc<slots::ConnState>,
     watcher: hyper_util::server::graceful::Watcher,
 ) {
@@ -251,7 +296,7 @@ async fn serve_connection(
         match tokio::time::timeout(bound, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
                 state.progressed();
-                serve_http1(TokioIo::new(tls), app, state, watcher).await;
+                serve_http1(TokioIo::new(tls), app, home, state, watcher).await;
             }
             Ok(Err(e)) => {
                 metrics::counter!(m::HTTP_TLS_HANDSHAKE_FAILURES).increment(1);
@@ -267,24 +312,25 @@ async fn serve_connection(
         }
         return;
     }
-    serve_http1(TokioIo::new(stream), app, state, watcher).await;
+    serve_http1(TokioIo::new(stream), app, home, state, watcher).await;
 }
 
 /// hyper's HTTP/1 on `io`, with every per-connection bound, until the connection ends.
 async fn serve_http1<I>(
     io: I,
     app: &Arc<HttpApp>,
+    home: &AnswerHome,
     state: &Arc<slots::ConnState>,
     watcher: hyper_util::server::graceful::Watcher,
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (svc_app, svc_state) = (app.clone(), state.clone());
+    let (svc_app, svc_state, svc_home) = (app.clone(), state.clone(), home.clone());
     let svc = service_fn(move |req| {
-        let (app, conn) = (svc_app.clone(), svc_state.clone());
+        let (app, conn, home) = (svc_app.clone(), svc_state.clone(), svc_home.clone());
         async move {
             conn.progressed();
-            let resp = routes::bounded_route(&app, &conn, req).await;
+            let resp = routes::bounded_route(&app, &conn, &home, req).await;
             conn.progressed();
             Ok::<_, Infallible>(resp)
         }

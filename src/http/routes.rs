@@ -20,7 +20,7 @@ use crate::config::{lease_read_until, ReadMode};
 use crate::leadership::ReadView;
 use crate::metrics as m;
 use crate::work::scheduler::WORKSET_RESOURCE;
-use crate::work::sequencer::{NextCallError, NextError, SEQUENCE_RESOURCE};
+use crate::work::sequencer::{AnswerHome, NextCallError, NextError, SEQUENCE_RESOURCE};
 
 /// Header naming the leader's HTTP address on a 409.
 pub const LEADER_HEADER: &str = "x-baton-leader";
@@ -58,9 +58,10 @@ fn method_not_allowed(allow: &'static str) -> Resp {
 pub(super) async fn bounded_route(
     app: &HttpApp,
     conn: &Arc<ConnState>,
+    home: &AnswerHome,
     req: Request<Incoming>,
 ) -> Resp {
-    match tokio::time::timeout(app.limits.request_timeout(), route(app, conn, req)).await {
+    match tokio::time::timeout(app.limits.request_timeout(), route(app, conn, home, req)).await {
         Ok(r) => r,
         Err(_) => closing(error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -81,7 +82,12 @@ fn closing(mut r: Resp) -> Resp {
     r
 }
 
-async fn route(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
+async fn route(
+    app: &HttpApp,
+    conn: &Arc<ConnState>,
+    home: &AnswerHome,
+    req: Request<Incoming>,
+) -> Resp {
     let path = req.uri().path().to_owned();
     match (path.as_str(), req.method()) {
         ("/status", &Method::GET) => status(app),
@@ -90,7 +96,7 @@ async fn route(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> 
         ("/healthz", _) => method_not_allowed("GET"),
         ("/metrics", &Method::GET) => metrics(app),
         ("/metrics", _) => method_not_allowed("GET"),
-        ("/next", &Method::POST) => next(app, conn, req).await,
+        ("/next", &Method::POST) => next(app, conn, home, req).await,
         ("/next", _) => method_not_allowed("POST"),
         ("/read", &Method::GET) => read(app, conn, req).await,
         ("/read", _) => method_not_allowed("GET"),
@@ -276,7 +282,12 @@ fn not_leader(app: &HttpApp) -> Resp {
     }
 }
 
-async fn next(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
+async fn next(
+    app: &HttpApp,
+    conn: &Arc<ConnState>,
+    home: &AnswerHome,
+    req: Request<Incoming>,
+) -> Resp {
     let mut n: Option<u32> = None;
     match query_pairs(&req, &["n"]) {
         Ok(pairs) => {
@@ -323,7 +334,7 @@ async fn next(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> R
     }
     let res = app
         .sequencer
-        .next(n, NEXT_TIMEOUT, app.answer_home.get().cloned())
+        .next(n, NEXT_TIMEOUT, Some(home.clone()))
         .await;
     match res {
         Ok(block) if n == 1 => json_resp(
