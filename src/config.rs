@@ -542,6 +542,11 @@ pub struct SequencerConfig {
     pub max_batch_ids: usize,
     /// Largest `?n=` a client may ask for.
     pub max_block: u32,
+    /// Group commits sent and not yet answered at once (1..=8), all on one connection so
+    /// PostgreSQL runs them in order. With 2, the default, a batch can wait in the database's
+    /// socket while the one before it is flushed; one goes behind another only once it carries
+    /// at least as many IDs. 1: each commit waits for the answer to the last.
+    pub commits_in_flight: usize,
 }
 
 impl Default for NodeConfig {
@@ -618,6 +623,7 @@ impl Default for SequencerConfig {
             enabled: true,
             max_batch_ids: 4096,
             max_block: 1000,
+            commits_in_flight: 2,
         }
     }
 }
@@ -787,6 +793,12 @@ impl NodeConfig {
         if self.sequencer.max_batch_ids == 0 || self.sequencer.max_block == 0 {
             return Err(ConfigError::Invalid("sequencer limits must be > 0".into()));
         }
+        if !(1..=8).contains(&self.sequencer.commits_in_flight) {
+            return Err(ConfigError::Invalid(format!(
+                "[sequencer] commits_in_flight must be in 1..=8, got {}",
+                self.sequencer.commits_in_flight
+            )));
+        }
         self.http.validate()?;
         // `POST /stepdown` must outlive the demotion it waits for.
         let stepdown_bound_ms = self.work_stop_timeout_ms.saturating_mul(3) + 2000;
@@ -927,6 +939,15 @@ mod tests {
         for (threads, ok) in [(0, true), (1, true), (64, true), (65, false)] {
             c.http.threads = threads;
             assert_eq!(c.validate().is_ok(), ok, "threads = {threads}");
+        }
+    }
+
+    #[test]
+    fn commits_in_flight_is_bounded() {
+        let mut c = NodeConfig::default();
+        for (n, ok) in [(0, false), (1, true), (2, true), (8, true), (9, false)] {
+            c.sequencer.commits_in_flight = n;
+            assert_eq!(c.validate().is_ok(), ok, "commits_in_flight = {n}");
         }
     }
 

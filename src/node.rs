@@ -44,7 +44,7 @@ use crate::leadership::{Leadership, Status};
 use crate::trace::ActorTrace;
 use crate::work::job::{FnWork, Term};
 use crate::work::scheduler::SchedulerWork;
-use crate::work::sequencer::{SequencerHandle, SequencerWork};
+use crate::work::sequencer::{CommitLimits, SequencerHandle, SequencerWork};
 use crate::work::{Fence, LeaderWork, Registered, SupervisionPolicy};
 
 /// Assembles a node. Register leader work with [`NodeBuilder::with_job`] (a closure) or
@@ -120,7 +120,10 @@ impl NodeBuilder {
             let handle = SequencerHandle::default();
             let work = Arc::new(SequencerWork {
                 handle: handle.clone(),
-                max_batch_ids: self.cfg.sequencer.max_batch_ids,
+                limits: CommitLimits {
+                    max_batch_ids: self.cfg.sequencer.max_batch_ids,
+                    in_flight: self.cfg.sequencer.commits_in_flight,
+                },
             });
             self = self.with_work(work);
             self.sequencer = Some(handle);

@@ -82,7 +82,7 @@ async fn application_role_abuse_is_refused_or_bounded() {
     assert_eq!(last, 100, "no refused call moved the sequence");
     let refused: Vec<String> = admin
         .query(
-            "SELECT reason FROM baton.fence_rejections WHERE op = 'next' ORDER BY id",
+            "SELECT reason FROM baton.fence_rejections WHERE op = 'next' ORDER BY pos",
             &[],
         )
         .await
@@ -367,4 +367,63 @@ async fn the_holder_is_the_authenticated_node_role() {
     let bad =
         baton::work::fence::provision_node_role(&pg.server.admin_url(), "n1\"; DROP", "x").await;
     assert!(bad.is_err(), "a node id that cannot name a role is refused");
+}
+
+/// The sequencer's pipelined group commits (`[sequencer] commits_in_flight`): commits sent on
+/// one `SeqPipe` run in the order they were sent, even when the caller awaits them in the
+/// reverse order, so a later range never reaches the fence row before an earlier one (which
+/// the resource refuses as `seq-not-forward`, ending the term). Sent lazily (on the await), the
+/// reversed awaits below would send the highest range first and every other commit would be
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_commits_run_in_the_order_sent() {
+    use baton::backends::FenceToken;
+    use std::sync::Arc;
+    let pg = private_pg().await;
+    let resource = baton::config::ResourceConfig {
+        database_url: pg.server.app_url(),
+        ..Default::default()
+    };
+    let fence = baton::work::Fence::new(&resource, "n1").unwrap();
+    let token = FenceToken(7);
+    assert_eq!(fence.seq_claim("seq", token).await.unwrap(), 0);
+    let pipe = Arc::new(fence.seq_pipe().await.unwrap());
+    const COMMITS: i64 = 50;
+    let mut sent: Vec<_> = (0..COMMITS)
+        .map(|k| pipe.send_commit("seq", token, k * 10 + 1, k * 10 + 10))
+        .collect();
+    sent.reverse();
+    let outcomes = futures::future::join_all(sent).await;
+    let refused: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| o.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:?}");
+    let admin = connect(&pg.server.admin_url()).await;
+    let logged: Vec<(i64, i64)> = admin
+        .query(
+            "SELECT seq_lo, seq_hi FROM baton.fence_log WHERE op = 'next' ORDER BY pos",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let expected: Vec<(i64, i64)> = (0..COMMITS).map(|k| (k * 10 + 1, k * 10 + 10)).collect();
+    assert_eq!(logged, expected, "committed in another order");
+    let last: i64 = admin
+        .query_one(
+            "SELECT last_seq FROM baton.sequence WHERE name = 'seq'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(last, COMMITS * 10);
+    // A later commit after a refused one still runs: each is its own transaction.
+    let stale = pipe.send_commit("seq", token, 5, 6);
+    let fine = pipe.send_commit("seq", token, COMMITS * 10 + 1, COMMITS * 10 + 1);
+    assert!(stale.await.is_err(), "a range that does not move forward");
+    fine.await.expect("the commit behind a refused one");
 }

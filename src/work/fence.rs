@@ -2,6 +2,7 @@
 //! a stale node can believe anything, it cannot make the resource accept the past. Each protected
 //! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,6 +182,17 @@ impl Fence {
         let client = self.pool.get().await?;
         let stmt = client.prepare_cached(sql).await?;
         let row = client.query_one(&stmt, params).await?;
+        self.judge(resource, op, token, row)
+    }
+
+    /// The row of a fenced function, or its refusal as [`FenceError::Rejected`].
+    fn judge(
+        &self,
+        resource: &str,
+        op: &'static str,
+        token: FenceToken,
+        row: tokio_postgres::Row,
+    ) -> Result<tokio_postgres::Row, FenceError> {
         let verdict = Verdict::from_row(&row);
         if op == "claim" {
             self.count_claim(verdict.accepted);
@@ -228,11 +240,23 @@ impl Fence {
             resource,
             "next",
             token,
-            "SELECT * FROM baton.seq_commit($1, $2, $3, $4, $5)",
+            SEQ_COMMIT_SQL,
             &[&resource, &token.0, &self.holder, &lo, &hi],
         )
         .await
         .map(drop)
+    }
+
+    /// A connection taken from the pool for a run of group commits (see [`SeqPipe`]); it goes
+    /// back to the pool when the last `Arc` of it drops.
+    pub async fn seq_pipe(&self) -> Result<SeqPipe, FenceError> {
+        let client = self.pool.get().await?;
+        let stmt = client.prepare_cached(SEQ_COMMIT_SQL).await?;
+        Ok(SeqPipe {
+            client,
+            stmt,
+            fence: self.clone(),
+        })
     }
 
     /// One ID allocated and committed inside the database, one round trip per ID (the baseline
@@ -300,6 +324,63 @@ impl Fence {
         )
         .await
         .map(drop)
+    }
+}
+
+const SEQ_COMMIT_SQL: &str = "SELECT * FROM baton.seq_commit($1, $2, $3, $4, $5)";
+
+/// One connection kept for consecutive group commits of the sequence, `seq_commit` prepared on
+/// it. Commits sent on one pipe run in PostgreSQL in the order they were sent: tokio-postgres
+/// writes a client's requests in the order their futures are first polled (its documented
+/// rule), [`SeqPipe::send_commit`] polls once before it returns, and one backend executes what
+/// it reads one statement after another. So a second commit can wait in the backend's socket
+/// while the first is being flushed, and the backend goes from one to the next without a round
+/// trip to the node in between, yet the later range never reaches the fence row first (which
+/// the resource would refuse as `seq-not-forward`, ending the term).
+pub struct SeqPipe {
+    client: deadpool_postgres::Object,
+    stmt: tokio_postgres::Statement,
+    fence: Fence,
+}
+
+impl SeqPipe {
+    /// Sends the commit of `[lo, hi]` under `token` before it returns, behind every commit sent
+    /// on this pipe before; what it returns resolves with that commit's outcome. Commits sent
+    /// after a failed one still run (each is its own transaction).
+    pub fn send_commit(
+        self: &Arc<Self>,
+        resource: &'static str,
+        token: FenceToken,
+        lo: i64,
+        hi: i64,
+    ) -> impl Future<Output = Result<(), FenceError>> + Send + 'static {
+        let pipe = self.clone();
+        let mut outcome = Box::pin(async move {
+            let row = pipe
+                .client
+                .query_one(
+                    &pipe.stmt,
+                    &[&resource, &token.0, &pipe.fence.holder, &lo, &hi],
+                )
+                .await?;
+            pipe.fence.judge(resource, "next", token, row).map(drop)
+        });
+        // The first poll encodes the call and hands it to the connection (the statement is
+        // already prepared, so nothing is awaited before that). Nothing is woken by this poll;
+        // the caller's await polls again with its own waker.
+        let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
+        let first = outcome.as_mut().poll(&mut noop);
+        async move {
+            match first {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => outcome.await,
+            }
+        }
+    }
+
+    /// Whether the connection is gone (the next commit needs a new pipe).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
     }
 }
 

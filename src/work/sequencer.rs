@@ -30,7 +30,8 @@ use tokio::sync::oneshot;
 use crate::backends::FenceToken;
 use crate::leadership::Leadership;
 use crate::metrics as m;
-use crate::work::{Fence, FenceError, LeaderWork, RunningWork, WorkContext, WorkError};
+use crate::work::fence::SeqPipe;
+use crate::work::{FenceError, LeaderWork, RunningWork, WorkContext, WorkError};
 
 /// The resource name the sequencer writes under.
 pub const SEQUENCE_RESOURCE: &str = "sequence";
@@ -59,8 +60,14 @@ pub enum SequencerMsg {
     Arrived,
     /// The claim task finished: the last committed seq, or why not.
     Claimed(Result<i64, FenceError>),
-    /// A group commit finished (the task already answered its clients).
-    Committed { fenced_out: Option<String> },
+    /// A group commit finished (the task already answered its clients). `pipe`: the
+    /// connection it took from the pool, for the commits after it; `broken`: it failed for
+    /// want of the database, so the next commit takes a fresh connection.
+    Committed {
+        fenced_out: Option<String>,
+        pipe: Option<Arc<SeqPipe>>,
+        broken: bool,
+    },
     /// Stop taking requests, let the in-flight commit finish, then reply.
     Checkpoint(RpcReplyPort<()>),
 }
@@ -131,7 +138,13 @@ pub struct Intake(Mutex<IntakeState>);
 #[derive(Default)]
 struct IntakeState {
     waiting: Vec<Pending>,
+    /// The IDs `waiting` asks for.
+    waiting_ids: usize,
     actor_due: bool,
+    /// While the actor is due, an append that brings `waiting_ids` to this many wakes it anyway:
+    /// enough has gathered for a commit to go behind the one in flight (see
+    /// [`Intake::take_at_least`]).
+    wake_at_ids: Option<usize>,
     /// Set by checkpoint and stop: every later append is answered "demoting" at once.
     closed: bool,
 }
@@ -158,12 +171,16 @@ impl Intake {
         if g.closed {
             return Appended::Closed;
         }
+        g.waiting_ids += p.n as usize;
         g.waiting.push(p);
-        if g.actor_due {
-            Appended::Queued
-        } else {
+        if !g.actor_due {
             g.actor_due = true;
             Appended::NotifyActor
+        } else if g.wake_at_ids.is_some_and(|at| g.waiting_ids >= at) {
+            g.wake_at_ids = None;
+            Appended::NotifyActor
+        } else {
+            Appended::Queued
         }
     }
 
@@ -177,8 +194,28 @@ impl Intake {
             take += 1;
         }
         let batch: Vec<Pending> = g.waiting.drain(..take).collect();
+        g.waiting_ids -= ids;
         g.actor_due = !g.waiting.is_empty();
+        g.wake_at_ids = None;
         (batch, ids)
+    }
+
+    /// For a commit behind one in flight: [`Intake::take`] once at least `min_ids` IDs wait,
+    /// else nothing, and the append that gets there wakes the actor. (The commit in flight
+    /// brings the actor back in any case, so it stays due.) Sending a small batch behind a
+    /// large one would only split the load into more commits, each costing the database the
+    /// same whatever its size.
+    fn take_at_least(&self, min_ids: usize, max_ids: usize) -> (Vec<Pending>, usize) {
+        {
+            let mut g = self.lock();
+            if g.waiting.is_empty() || g.waiting_ids < min_ids {
+                g.actor_due = true;
+                g.wake_at_ids = Some(min_ids.max(1));
+                return (Vec::new(), 0);
+            }
+        }
+        // Appends between the two locks only add to what is taken.
+        self.take(max_ids)
     }
 
     /// Closes the intake and answers everything still waiting with "demoting".
@@ -186,6 +223,7 @@ impl Intake {
         let waiting = {
             let mut g = self.lock();
             g.closed = true;
+            g.waiting_ids = 0;
             std::mem::take(&mut g.waiting)
         };
         for p in waiting {
@@ -196,12 +234,25 @@ impl Intake {
 
 pub struct SequencerState {
     ctx: WorkContext,
-    max_batch_ids: usize,
+    limits: CommitLimits,
     /// The next seq to hand out; `None` until the claim succeeds.
     next_seq: Option<i64>,
     intake: Arc<Intake>,
-    commit_in_flight: bool,
+    /// Group commits sent and not yet answered (at most `limits.in_flight`).
+    in_flight: usize,
+    /// IDs in the last commit sent: the least a commit sent behind it carries.
+    last_batch_ids: usize,
+    /// The connection commits are sent on while any are in flight (see [`SeqPipe`]); given
+    /// back to the pool when none are.
+    pipe: Option<Arc<SeqPipe>>,
     draining: Option<Vec<RpcReplyPort<()>>>,
+}
+
+/// How the sequencer batches: `[sequencer] max_batch_ids` and `commits_in_flight`.
+#[derive(Clone, Copy, Debug)]
+pub struct CommitLimits {
+    pub max_batch_ids: usize,
+    pub in_flight: usize,
 }
 
 pub struct Sequencer;
@@ -210,12 +261,12 @@ pub struct Sequencer;
 impl Actor for Sequencer {
     type Msg = SequencerMsg;
     type State = SequencerState;
-    type Arguments = (WorkContext, usize, Arc<Intake>);
+    type Arguments = (WorkContext, CommitLimits, Arc<Intake>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (ctx, max_batch_ids, intake): Self::Arguments,
+        (ctx, limits, intake): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let (fence, token) = (ctx.fence.clone(), ctx.token);
         tokio::spawn(async move {
@@ -225,10 +276,12 @@ impl Actor for Sequencer {
         ctx.trace.step("sequencer", "started", Some(ctx.token), "");
         Ok(SequencerState {
             ctx,
-            max_batch_ids,
+            limits,
             next_seq: None,
             intake,
-            commit_in_flight: false,
+            in_flight: 0,
+            last_batch_ids: 0,
+            pipe: None,
             draining: None,
         })
     }
@@ -279,25 +332,40 @@ impl Actor for Sequencer {
                 );
                 myself.stop(Some(format!("sequence claim failed: {e}")));
             }
-            SequencerMsg::Committed { fenced_out } => {
-                state.commit_in_flight = false;
+            SequencerMsg::Committed {
+                fenced_out,
+                pipe,
+                broken,
+            } => {
+                state.in_flight -= 1;
+                if state.pipe.is_none() {
+                    state.pipe = pipe;
+                }
+                if broken || state.pipe.as_ref().is_some_and(|p| p.is_closed()) {
+                    state.pipe = None;
+                }
                 if let Some(why) = fenced_out {
                     myself.stop(Some(why));
                     return Ok(());
                 }
-                if let Some(waiters) = state.draining.take() {
-                    for w in waiters {
-                        let _ = w.send(());
+                if let Some(waiters) = state.draining.as_mut() {
+                    if state.in_flight == 0 {
+                        for w in waiters.drain(..) {
+                            let _ = w.send(());
+                        }
                     }
-                    state.draining = Some(Vec::new());
                     return Ok(());
                 }
                 state.start_commit(&myself);
+                if state.in_flight == 0 {
+                    // Idle: the connection goes back to the pool for the node's other writes.
+                    state.pipe = None;
+                }
             }
             SequencerMsg::Checkpoint(reply) => {
                 // Every issued ID is already durable; quiescing is all a checkpoint needs here.
                 state.intake.close();
-                if state.commit_in_flight {
+                if state.in_flight > 0 {
                     state.draining.get_or_insert_with(Vec::new).push(reply);
                 } else {
                     state.draining.get_or_insert_with(Vec::new);
@@ -310,68 +378,127 @@ impl Actor for Sequencer {
 }
 
 impl SequencerState {
-    /// Takes the waiting requests (up to the batch bound) and commits them in one fenced call.
+    /// Sends the next group commit if one may go: with none in flight, whatever waits (up to
+    /// the batch bound); behind commits in flight (up to `commits_in_flight`, on the same
+    /// connection), only a batch at least as large as the last one sent.
     fn start_commit(&mut self, myself: &ActorRef<SequencerMsg>) {
         let Some(next) = self.next_seq else { return };
-        if self.commit_in_flight || self.draining.is_some() {
+        if self.draining.is_some() {
             return;
         }
-        let (batch, ids) = self.intake.take(self.max_batch_ids);
+        let (batch, ids) = match (self.in_flight, &self.pipe) {
+            (0, _) => self.intake.take(self.limits.max_batch_ids),
+            (n, Some(_)) if n < self.limits.in_flight => self
+                .intake
+                .take_at_least(self.last_batch_ids, self.limits.max_batch_ids),
+            // Full, or the first commit is still taking the connection.
+            _ => return,
+        };
         if batch.is_empty() {
             return;
         }
         let (lo, hi) = (next, next + ids as i64 - 1);
         // Burned whatever happens to the commit: an ambiguous failure must never lead to reuse.
         self.next_seq = Some(hi + 1);
-        self.commit_in_flight = true;
-        let (fence, token, me) = (self.ctx.fence.clone(), self.ctx.token, myself.clone());
-        let leadership = self.ctx.leadership.clone();
-        tokio::spawn(commit_batch(fence, leadership, token, lo, hi, batch, me));
+        self.in_flight += 1;
+        self.last_batch_ids = ids;
+        let token = self.ctx.token;
+        let answer = Answering {
+            leadership: self.ctx.leadership.clone(),
+            token,
+            lo,
+            hi,
+            batch,
+            me: myself.clone(),
+        };
+        match &self.pipe {
+            // Sent here, in the actor, so commits leave in the order their ranges were cut.
+            Some(pipe) => {
+                let outcome = pipe.send_commit(SEQUENCE_RESOURCE, token, lo, hi);
+                tokio::spawn(answer.after(outcome, None));
+            }
+            None => {
+                let fence = self.ctx.fence.clone();
+                tokio::spawn(async move {
+                    match fence.seq_pipe().await {
+                        Ok(pipe) => {
+                            let pipe = Arc::new(pipe);
+                            let outcome = pipe.send_commit(SEQUENCE_RESOURCE, token, lo, hi);
+                            answer.after(outcome, Some(pipe)).await
+                        }
+                        Err(e) => answer.after(async { Err(e) }, None).await,
+                    }
+                });
+            }
+        }
     }
 }
 
-async fn commit_batch(
-    fence: Fence,
+/// One sent group commit's batch, answered when its outcome arrives.
+struct Answering {
     leadership: Arc<Leadership>,
     token: FenceToken,
     lo: i64,
     hi: i64,
     batch: Vec<Pending>,
     me: ActorRef<SequencerMsg>,
-) {
-    let started = Instant::now();
-    let res = fence.seq_commit(SEQUENCE_RESOURCE, token, lo, hi).await;
-    metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
-    metrics::histogram!(m::SEQ_BATCH_IDS).record((hi - lo + 1) as f64);
-    if res.is_ok() {
-        // Published before any client hears of these IDs: a read that starts after an
-        // acknowledgement sees at least that seq (and never an ID still in flight).
-        leadership.set_committed_seq(token, hi);
-    }
-    let mut fenced_out = None;
-    let mut seq = lo;
-    // One registry lookup per batch, not per ID.
-    let next_seconds = metrics::histogram!(m::NEXT_SECONDS);
-    let mut answers = Vec::with_capacity(batch.len());
-    for p in batch {
-        let answer = match &res {
-            Ok(()) => Ok(IdBlock {
-                token,
-                first: seq,
-                last: seq + p.n as i64 - 1,
-            }),
-            Err(e @ FenceError::Rejected { .. }) => Err(NextError::Fenced(e.to_string())),
-            Err(e) => Err(NextError::Unavailable(e.to_string())),
+}
+
+impl Answering {
+    /// Waits for the commit's outcome, answers every caller in the batch, and tells the actor
+    /// (handing it `pipe`, the connection this commit took, if it took one).
+    async fn after(
+        self,
+        outcome: impl std::future::Future<Output = Result<(), FenceError>>,
+        pipe: Option<Arc<SeqPipe>>,
+    ) {
+        let Answering {
+            leadership,
+            token,
+            lo,
+            hi,
+            batch,
+            me,
+        } = self;
+        let started = Instant::now();
+        let res = outcome.await;
+        metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::SEQ_BATCH_IDS).record((hi - lo + 1) as f64);
+        if res.is_ok() {
+            // Published before any client hears of these IDs: a read that starts after an
+            // acknowledgement sees at least that seq (and never an ID still in flight).
+            leadership.set_committed_seq(token, hi);
+        }
+        let mut seq = lo;
+        // One registry lookup per batch, not per ID.
+        let next_seconds = metrics::histogram!(m::NEXT_SECONDS);
+        let mut answers = Vec::with_capacity(batch.len());
+        for p in batch {
+            let answer = match &res {
+                Ok(()) => Ok(IdBlock {
+                    token,
+                    first: seq,
+                    last: seq + p.n as i64 - 1,
+                }),
+                Err(e @ FenceError::Rejected { .. }) => Err(NextError::Fenced(e.to_string())),
+                Err(e) => Err(NextError::Unavailable(e.to_string())),
+            };
+            seq += p.n as i64;
+            next_seconds.record(p.arrived.elapsed().as_secs_f64());
+            answers.push((p.reply, answer, p.home));
+        }
+        deliver(answers);
+        let (fenced_out, broken) = match &res {
+            Ok(()) => (None, false),
+            Err(e @ FenceError::Rejected { .. }) => (Some(e.to_string()), false),
+            Err(_) => (None, true),
         };
-        seq += p.n as i64;
-        next_seconds.record(p.arrived.elapsed().as_secs_f64());
-        answers.push((p.reply, answer, p.home));
+        let _ = me.cast(SequencerMsg::Committed {
+            fenced_out,
+            pipe,
+            broken,
+        });
     }
-    deliver(answers);
-    if let Err(e @ FenceError::Rejected { .. }) = &res {
-        fenced_out = Some(e.to_string());
-    }
-    let _ = me.cast(SequencerMsg::Committed { fenced_out });
 }
 
 /// This term's sequencer as callers reach it: its intake, and the actor to wake.
@@ -447,7 +574,7 @@ pub enum NextCallError {
 /// The sequencer as registered leader work.
 pub struct SequencerWork {
     pub handle: SequencerHandle,
-    pub max_batch_ids: usize,
+    pub limits: CommitLimits,
 }
 
 struct RunningSequencer {
@@ -464,7 +591,7 @@ impl LeaderWork for SequencerWork {
     async fn start(&self, ctx: WorkContext) -> Result<Box<dyn RunningWork>, WorkError> {
         let sup = ctx.supervisor.clone();
         let intake = Arc::new(Intake::default());
-        let args = (ctx, self.max_batch_ids, intake.clone());
+        let args = (ctx, self.limits, intake.clone());
         let (actor, _) = Actor::spawn_linked(None, Sequencer, args, sup)
             .await
             .map_err(|e| WorkError::Start {
@@ -602,6 +729,42 @@ mod tests {
         let (big, _rbig) = pending(50);
         let _ = intake.append(big);
         assert_eq!(intake.take(6).1, 50);
+    }
+
+    #[test]
+    fn a_commit_goes_behind_one_in_flight_only_once_a_full_batch_waits() {
+        let intake = Intake::default();
+        let mut rxs = Vec::new();
+        let mut append = |n| {
+            let (p, rx) = pending(n);
+            rxs.push(rx);
+            intake.append(p)
+        };
+        assert!(matches!(append(5), Appended::NotifyActor));
+        assert_eq!(intake.take(100).1, 5);
+        // A commit of 5 is in flight. 3 waiting IDs are too few to go behind it: nothing is
+        // taken, and no append wakes the actor until 5 wait.
+        assert!(matches!(append(2), Appended::NotifyActor));
+        assert!(matches!(append(1), Appended::Queued));
+        let (batch, ids) = intake.take_at_least(5, 100);
+        assert!(batch.is_empty() && ids == 0);
+        assert!(matches!(append(1), Appended::Queued), "4 of 5");
+        assert!(
+            matches!(append(1), Appended::NotifyActor),
+            "5 of 5 wakes it"
+        );
+        assert!(matches!(append(5), Appended::Queued), "woken once");
+        let (batch, ids) = intake.take_at_least(5, 100);
+        assert_eq!((batch.len(), ids), (5, 10));
+        // A plain take clears the threshold: with the actor due, appends send nothing.
+        assert!(matches!(append(1), Appended::NotifyActor));
+        assert_eq!(intake.take_at_least(2, 100).1, 0);
+        assert_eq!(intake.take(100).1, 1);
+        assert!(matches!(append(9), Appended::NotifyActor));
+        assert!(
+            matches!(append(9), Appended::Queued),
+            "no threshold left over"
+        );
     }
 
     #[test]
