@@ -82,7 +82,7 @@ async fn application_role_abuse_is_refused_or_bounded() {
     assert_eq!(last, 100, "no refused call moved the sequence");
     let refused: Vec<String> = admin
         .query(
-            "SELECT reason FROM baton.fence_rejections WHERE op = 'next' ORDER BY pos",
+            "SELECT reason FROM baton.fence_rejections WHERE op = 'next' ORDER BY id",
             &[],
         )
         .await

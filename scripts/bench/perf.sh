@@ -21,6 +21,8 @@
 #   scripts/bench/perf.sh gen [RATE]   # the open-loop generator's own cost: `baton load` at RATE
 #                                      # (default 30k) for 12 s, the machine sampled for 6 s; the
 #                                      # generator's threads summed apart from the nodes' (TAG= names the run)
+#   scripts/bench/perf.sh pipe [ROUNDS] # [sequencer] commits_in_flight 1 vs 2, two fleets side by
+#                                      # side, wrk on each /next at 8, 32, 256 connections
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -234,6 +236,32 @@ gen() {
   python3 scripts/bench/summarize.py gen "$tag"
 }
 
+# Two raft fleets of the same build up at once, `[sequencer] commits_in_flight` 1 and 2
+# (experiments/bench-configs/raft-commits-in-flight-{1,2}.toml), wrk closed loop on each
+# leader's POST /next in turn at 8, 32 and 256 connections, ROUNDS rounds.
+pipe() {
+  local rounds=${1:-3} a=state/bench/pipe1 b=state/bench/pipe2
+  fresh_fleet "$BATON" "$a" --config experiments/bench-configs/raft-commits-in-flight-1.toml
+  fresh_fleet "$BATON" "$b" --config experiments/bench-configs/raft-commits-in-flight-2.toml
+  trap '"$BATON" fleet down --dir "'"$a"'" >/dev/null 2>&1; "$BATON" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+  local la lb log="$OUT/wrk-pipe.txt"
+  la=$(leader_of "$BATON" "$a")
+  lb=$(leader_of "$BATON" "$b")
+  echo "# pipe: $("$BATON" --version 2>/dev/null || true); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo); both fleets up throughout" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for c in 8 32 256; do
+      for side in "1 $la" "2 $lb"; do
+        set -- $side
+        echo "## round $round: commits_in_flight=$1 wrk -t1 -c$c -d10s --latency -s scripts/bench/post-next.lua http://$2/next" | tee -a "$log"
+        wrk -t1 -c"$c" -d10s --latency -s scripts/bench/post-next.lua "http://$2/next" | tee -a "$log"
+      done
+    done
+  done
+  "$BATON" check --dir "$a" | tail -1 | tee -a "$log"
+  "$BATON" check --dir "$b" | tail -1 | tee -a "$log"
+  python3 scripts/bench/summarize.py pipe "$log"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
@@ -243,5 +271,6 @@ case "${1:-}" in
   split) shift; split "$@" ;;
   profile) shift; profile "$@" ;;
   gen) shift; gen "$@" ;;
+  pipe) shift; pipe "$@" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;
 esac

@@ -79,6 +79,29 @@ def ab(path):
     print(f"| median of valid runs | {mo:,.0f} | {mn:,.0f} | {mh:,.0f} | {mn / mo:.2f} | {mn / mh:.2f} |")
 
 
+def pipe(path):
+    """`perf.sh pipe`: per connection count, each round's /next rate and wrk p99 for
+    commits_in_flight 1 and 2, and the medians."""
+    runs = {}
+    for block in open(path).read().split("## round ")[1:]:
+        head = block.splitlines()[0]
+        side = int(re.search(r"commits_in_flight=(\d+)", head).group(1))
+        conns = int(re.search(r" -c(\d+)", head).group(1))
+        rate = re.search(r"Requests/sec:\s+([\d.]+)", block)
+        p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)", block, re.M)
+        scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+        runs.setdefault((conns, side), []).append(
+            (float(rate.group(1)) if rate else 0.0, float(p99.group(1)) * scale[p99.group(2)] if p99 else float("nan")))
+    print("| connections | in flight 1: IDs/s per round | in flight 2: IDs/s per round | median 1 | median 2 | 2:1 | wrk p99 ms, median 1 / 2 |")
+    print("|---|---|---|---|---|---|---|")
+    for conns in sorted({c for c, _ in runs}):
+        one, two = runs[(conns, 1)], runs[(conns, 2)]
+        m1, m2 = (statistics.median(r for r, _ in x) for x in (one, two))
+        p1, p2 = (statistics.median(p for _, p in x) for x in (one, two))
+        fmt = lambda x: " / ".join(f"{r:,.0f}" for r, _ in x)
+        print(f"| {conns} | {fmt(one)} | {fmt(two)} | {m1:,.0f} | {m2:,.0f} | {m2 / m1:.2f} | {p1:.2f} / {p2:.2f} |")
+
+
 def buckets(path, name):
     """{le: count} of one Prometheus histogram in a text exposition."""
     out = {}
@@ -184,5 +207,7 @@ if __name__ == "__main__":
         split(sys.argv[2])
     elif sys.argv[1] == "gen":
         gen(sys.argv[2])
+    elif sys.argv[1] == "pipe":
+        pipe(sys.argv[2])
     elif sys.argv[1] == "profile":
         profile(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else 2)

@@ -5,6 +5,13 @@
 //! commit is in flight form the next batch, one round trip per batch, no artificial delay. An ID
 //! whose commit failed ambiguously is burned, never reused.
 //!
+//! Up to `[sequencer] commits_in_flight` commits (default 2) are outstanding at once, all sent
+//! on one connection (a [`SeqPipe`]), so PostgreSQL runs them in the order their ranges were cut
+//! and a later range never reaches the fence row first. The next batch can then wait in the
+//! database's socket while the one before it is flushed, instead of a round trip to the node
+//! later. A batch goes behind one in flight only once it carries at least as many IDs, so the
+//! load is not cut into more, smaller commits than one-at-a-time would send.
+//!
 //! The actor never awaits PostgreSQL in `handle()`: claims and commits run in spawned tasks that
 //! report back with a message.
 //!

@@ -56,9 +56,10 @@ pub struct NextArgs {
     #[arg(long, default_value_t = 256)]
     pub connections: usize,
     /// Threads the load generator sends from (one tops out around 50k requests/s on a 2-core
-    /// machine; more only where cores are spare, e.g. a 16-core run).
-    #[arg(long, default_value_t = 1)]
-    pub load_threads: usize,
+    /// machine). Default: half the cores, at least 1 (the node's client threads take the same
+    /// share), so a 16-core run sends from 8.
+    #[arg(long)]
+    pub load_threads: Option<usize>,
     /// Unmeasured warm-up at the same rate first.
     #[arg(long, value_parser = parse_duration_ms, default_value = "5s")]
     pub warmup: u64,
@@ -148,7 +149,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
     fleet::current_leader(state, Duration::from_secs(30)).await?;
     let spec = |secs: u64| LoadSpec {
         connections: args.connections,
-        threads: args.load_threads,
+        threads: args.load_threads.unwrap_or_else(crate::load::default_threads),
         ..LoadSpec::new(targets.clone(), args.rate, Duration::from_millis(secs))
     };
     if args.warmup > 0 {

@@ -747,9 +747,15 @@ pub struct LoadArgs {
     #[arg(long, value_delimiter = ',')]
     pub read_mode: Vec<String>,
     /// Threads sending the load (each a single-threaded runtime with its share of the
-    /// connections).
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
+    /// connections). Default: half the cores, at least 1.
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// The load generator's threads when none are asked for: half the cores, at least 1, leaving
+/// the rest to what is measured (the node's client threads default to the same share).
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
 
 pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
@@ -763,7 +769,7 @@ pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
     };
     let mut spec = LoadSpec::new(targets, a.rate, Duration::from_millis(a.duration));
     spec.connections = a.connections;
-    spec.threads = a.threads;
+    spec.threads = a.threads.unwrap_or_else(default_threads);
     spec.timeout = Duration::from_millis(a.timeout);
     spec.read_fraction = a.read_fraction;
     spec.read_modes = a.read_mode.clone();
