@@ -5,7 +5,7 @@
 //! commit is in flight form the next batch, one round trip per batch, no artificial delay. An ID
 //! whose commit failed ambiguously is burned, never reused.
 //!
-//! Up to `[sequencer] commits_in_flight` commits (default 2) are outstanding at once, all sent
+//! Up to `[sequencer] commits_in_flight` commits (default 1) are outstanding at once, all sent
 //! on one connection (a [`SeqPipe`]), so PostgreSQL runs them in the order their ranges were cut
 //! and a later range never reaches the fence row first. The next batch can then wait in the
 //! database's socket while the one before it is flushed, instead of a round trip to the node

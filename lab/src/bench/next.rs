@@ -149,7 +149,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
     fleet::current_leader(state, Duration::from_secs(30)).await?;
     let spec = |secs: u64| LoadSpec {
         connections: args.connections,
-        threads: args.load_threads.unwrap_or_else(crate::load::default_threads),
+        threads: args
+            .load_threads
+            .unwrap_or_else(crate::load::default_threads),
         ..LoadSpec::new(targets.clone(), args.rate, Duration::from_millis(secs))
     };
     if args.warmup > 0 {
