@@ -121,6 +121,11 @@ pub struct NextReport {
 }
 
 pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
+    // Checked before the fleet starts: the report compares against the baseline, so a run
+    // without one would fail only after the whole measurement.
+    if args.baseline_duration == 0 || args.baseline_connections == 0 {
+        anyhow::bail!("--baseline-duration and --baseline-connections must be > 0: the report compares against the baseline");
+    }
     let dir = args
         .dir
         .clone()
