@@ -42,6 +42,18 @@ async fn seq_commit(
     (r.get(0), r.get(1), r.get(2))
 }
 
+/// The sequence `seq`'s last committed value, as the owner sees it.
+async fn last_seq(admin: &Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT last_seq FROM baton.sequence WHERE name = 'seq'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn application_role_abuse_is_refused_or_bounded() {
     let pg = private_pg().await;
@@ -71,14 +83,7 @@ async fn application_role_abuse_is_refused_or_bounded() {
     let (ok, _, reason) = seq_commit(&app, 7, "n9", 101, 110).await;
     assert!(!ok);
     assert_eq!(reason.as_deref(), Some("holder-mismatch"));
-    let last: i64 = admin
-        .query_one(
-            "SELECT last_seq FROM baton.sequence WHERE name = 'seq'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let last = last_seq(&admin).await;
     assert_eq!(last, 100, "no refused call moved the sequence");
     let refused: Vec<String> = admin
         .query(
@@ -412,14 +417,7 @@ async fn pipelined_commits_run_in_the_order_sent() {
         .collect();
     let expected: Vec<(i64, i64)> = (0..COMMITS).map(|k| (k * 10 + 1, k * 10 + 10)).collect();
     assert_eq!(logged, expected, "committed in another order");
-    let last: i64 = admin
-        .query_one(
-            "SELECT last_seq FROM baton.sequence WHERE name = 'seq'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let last = last_seq(&admin).await;
     assert_eq!(last, COMMITS * 10);
     // A later commit after a refused one still runs: each is its own transaction.
     let stale = pipe.send_commit("seq", token, 5, 6);

@@ -64,9 +64,9 @@ fresh_fleet() {
 
 # Fleets of two builds side by side: $1 in $3, $2 in $4, both taken down on exit.
 two_fleets() {
-  local old=$1 new=$2 a=$3 b=$4
-  fresh_fleet "$old" "$a"
-  fresh_fleet "$new" "$b"
+  local old=$1 new=$2 a=$3 b=$4 config_a=${5:-} config_b=${6:-}
+  fresh_fleet "$old" "$a" ${config_a:+--config "$config_a"}
+  fresh_fleet "$new" "$b" ${config_b:+--config "$config_b"}
   trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
 }
 
@@ -241,9 +241,8 @@ gen() {
 # leader's POST /next in turn at 8, 32 and 256 connections, ROUNDS rounds.
 pipe() {
   local rounds=${1:-3} a=state/bench/pipe1 b=state/bench/pipe2
-  fresh_fleet "$BATON" "$a" --config experiments/bench-configs/raft-commits-in-flight-1.toml
-  fresh_fleet "$BATON" "$b" --config experiments/bench-configs/raft-commits-in-flight-2.toml
-  trap '"$BATON" fleet down --dir "'"$a"'" >/dev/null 2>&1; "$BATON" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
+  two_fleets "$BATON" "$BATON" "$a" "$b" experiments/bench-configs/raft-commits-in-flight-1.toml \
+    experiments/bench-configs/raft-commits-in-flight-2.toml
   local la lb log="$OUT/wrk-pipe.txt"
   la=$(leader_of "$BATON" "$a")
   lb=$(leader_of "$BATON" "$b")

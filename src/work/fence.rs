@@ -228,25 +228,6 @@ impl Fence {
         Ok(row.get(3))
     }
 
-    /// Commits the IDs `[lo, hi]` (one group commit).
-    pub async fn seq_commit(
-        &self,
-        resource: &str,
-        token: FenceToken,
-        lo: i64,
-        hi: i64,
-    ) -> Result<(), FenceError> {
-        self.call(
-            resource,
-            "next",
-            token,
-            SEQ_COMMIT_SQL,
-            &[&resource, &token.0, &self.holder, &lo, &hi],
-        )
-        .await
-        .map(drop)
-    }
-
     /// A connection taken from the pool for a run of group commits (see [`SeqPipe`]); it goes
     /// back to the pool when the last `Arc` of it drops.
     pub async fn seq_pipe(&self) -> Result<SeqPipe, FenceError> {

@@ -372,10 +372,10 @@ impl Actor for Sequencer {
             SequencerMsg::Checkpoint(reply) => {
                 // Every issued ID is already durable; quiescing is all a checkpoint needs here.
                 state.intake.close();
+                let waiters = state.draining.get_or_insert_with(Vec::new);
                 if state.in_flight > 0 {
-                    state.draining.get_or_insert_with(Vec::new).push(reply);
+                    waiters.push(reply);
                 } else {
-                    state.draining.get_or_insert_with(Vec::new);
                     let _ = reply.send(());
                 }
             }
@@ -411,6 +411,7 @@ impl SequencerState {
         self.last_batch_ids = ids;
         let token = self.ctx.token;
         let answer = Answering {
+            sent: Instant::now(),
             leadership: self.ctx.leadership.clone(),
             token,
             lo,
@@ -443,6 +444,8 @@ impl SequencerState {
 
 /// One sent group commit's batch, answered when its outcome arrives.
 struct Answering {
+    /// When the actor sent the commit (or, without a connection yet, started taking one).
+    sent: Instant,
     leadership: Arc<Leadership>,
     token: FenceToken,
     lo: i64,
@@ -460,6 +463,7 @@ impl Answering {
         pipe: Option<Arc<SeqPipe>>,
     ) {
         let Answering {
+            sent,
             leadership,
             token,
             lo,
@@ -467,9 +471,8 @@ impl Answering {
             batch,
             me,
         } = self;
-        let started = Instant::now();
         let res = outcome.await;
-        metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(sent.elapsed().as_secs_f64());
         metrics::histogram!(m::SEQ_BATCH_IDS).record((hi - lo + 1) as f64);
         if res.is_ok() {
             // Published before any client hears of these IDs: a read that starts after an
