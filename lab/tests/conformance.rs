@@ -21,7 +21,7 @@ use baton::config::{NodeConfig, ResourceConfig};
 use baton::work::fence::{self, Fence, FenceError};
 use baton_lab::fleet::redis_server::RedisServer;
 use baton_lab::fleet::servers::{free_ports, log_tail, EtcdCluster, PgServer};
-use baton_lab::fleet::zk_server::ZkEnsemble;
+use baton_lab::fleet::zk_server::{four_letter, ZkEnsemble};
 
 /// etcd leases are whole seconds, and at least 1.5 × the election timeout (1 s here).
 const TTL_MS: u64 = 2000;
@@ -240,8 +240,9 @@ async fn zk_unreachable_beyond_the_grant_surfaces_as_lease_lost() {
     );
     let _ = a.close().await;
     // Resuming the whole ensemble at once means a new ZooKeeper leader election first; on a
-    // loaded 2-core machine that has taken more than 30 s once (CI), so allow 60 and show why.
-    let next = tokio::time::timeout(Duration::from_secs(60), async {
+    // loaded 2-core machine that has taken more than 30 s once (CI), so allow 90 and show why:
+    // each server's own view (`srvr`: its mode, or nothing if it is not serving) and its log.
+    let next = tokio::time::timeout(Duration::from_secs(90), async {
         loop {
             match b.campaign().await {
                 Ok(w) => return w,
@@ -259,15 +260,18 @@ async fn zk_unreachable_beyond_the_grant_surfaces_as_lease_lost() {
             .members
             .iter()
             .map(|m| {
+                let srvr = four_letter(m.client_port, "srvr", Duration::from_secs(2));
                 format!(
-                    "--- zk{} log, last lines:\n{}",
+                    "--- zk{} srvr: {}\n--- zk{} log, last lines:\n{}",
+                    m.id,
+                    srvr.as_deref().unwrap_or("(no answer)"),
                     m.id,
                     log_tail(&zk.log(m.id), 15)
                 )
             })
             .collect();
         panic!(
-            "b did not win within 60 s of the ensemble resuming\n{}",
+            "b did not win within 90 s of the ensemble resuming\n{}",
             tails.join("\n")
         )
     });

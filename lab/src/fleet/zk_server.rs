@@ -194,6 +194,12 @@ impl ZkEnsemble {
             .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
             .arg("-Dorg.slf4j.simpleLogger.showDateTime=true")
             .arg("-Dzookeeper.jmx.log4j.disable=true")
+            // Leader election after the whole ensemble was paused (chaos, the conformance suite's
+            // SIGSTOP test): ZooKeeper doubles the wait between election rounds up to 60 s and
+            // gives each election connection 5 s, so a quorum that stalled once can sit silent
+            // for most of a minute. These ensembles are three servers on loopback; bound both.
+            .arg("-Dzookeeper.fastleader.maxNotificationInterval=2000")
+            .arg("-Dzookeeper.cnxTimeout=2000")
             .arg(format!("-Dzookeeper.log.dir={}", dir.display()))
             .arg("-cp")
             .arg(cp)
