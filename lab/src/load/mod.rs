@@ -10,13 +10,11 @@
 //! The core is [`run`]: a target list, a rate and a duration in; every request's record
 //! ([`Op`]) and the histograms out. `baton load` and benchmarks are thin wrappers around it.
 //!
-//! The workers run on `threads` threads of their own (default one), each a single-threaded
-//! runtime that owns its share of the connections, hyper's connection tasks included, so a
-//! request's task and its connection's task trade their two channel messages on one thread
-//! instead of waking each other across the caller's worker threads. The generator shares the
-//! machine with the server it measures, so what it spends is taken from the server: at 30k
-//! requests/s it costs 18.6–19.3 us of CPU per request this way against 19.2–21.8 on the
-//! caller's runtime (`scripts/bench/perf.sh gen`, FINDINGS §11.3). The leader tracker's
+//! The workers run on `threads` threads of their own (default half the cores), each a
+//! single-threaded runtime that owns its share of the connections, and each worker writes and
+//! reads its own connection ([`conn`]: no client library's connection task in between). The
+//! generator shares the machine with the server it measures, so what it spends is taken from
+//! the server (`scripts/bench/perf.sh gen`, FINDINGS §11.3 and §11.5). The leader tracker's
 //! `/status` sweeps stay on the caller's runtime.
 
 pub mod conn;
@@ -605,7 +603,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         let addr = sh.leader.current(w as usize + id as usize);
         op.node = addr.clone();
         let remaining = deadline.saturating_duration_since(Instant::now());
-        if conn.as_ref().is_none_or(|c| c.addr != addr) {
+        if conn.as_ref().is_none_or(|c| c.addr != addr || c.is_closed()) {
             *conn = None;
             match Conn::open(&addr, remaining).await {
                 Ok(c) => *conn = Some(c),
