@@ -7,7 +7,8 @@
 #                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
-#                                      # (CONFIG=file: the fleet's base config)
+#                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
+#                                      # SECONDS_EACH=20 per run)
 #   scripts/bench/perf.sh ab OLD NEW [ROUNDS]  # two builds side by side: a fleet each, up together,
 #                                      # wrk on OLD /next, NEW /next and NEW /healthz in turn
 #   scripts/bench/perf.sh starve OLD NEW [SECONDS] [ROUNDS]  # a fleet of each build, both leaders
@@ -101,15 +102,17 @@ ratio() {
   leader=$(leader_of "$BATON" "$dir")
   local log="$OUT/wrk-ratio.txt"
   : >"$log"
-  # Alternate the two, twice each, so a neighbour's drift hits both alike.
-  for round in 1 2; do
+  # Alternate the two, twice each (ROUNDS=), so a neighbour's drift hits both alike;
+  # SECONDS_EACH=60 ROUNDS=1 is the "sustained for 60 s".
+  local secs=${SECONDS_EACH:-20}
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     for what in healthz next; do
       if [ "$what" = healthz ]; then
-        echo "## round $round: wrk -t1 -c256 -d20s http://$leader/healthz" | tee -a "$log"
-        wrk -t1 -c256 -d20s --latency "http://$leader/healthz" | tee -a "$log"
+        echo "## round $round: wrk -t1 -c256 -d${secs}s http://$leader/healthz" | tee -a "$log"
+        wrk -t1 -c256 -d"${secs}"s --latency "http://$leader/healthz" | tee -a "$log"
       else
-        echo "## round $round: wrk -t1 -c256 -d20s -s scripts/bench/post-next.lua http://$leader/next" | tee -a "$log"
-        wrk -t1 -c256 -d20s --latency -s scripts/bench/post-next.lua "http://$leader/next" | tee -a "$log"
+        echo "## round $round: wrk -t1 -c256 -d${secs}s -s scripts/bench/post-next.lua http://$leader/next" | tee -a "$log"
+        wrk -t1 -c256 -d"${secs}"s --latency -s scripts/bench/post-next.lua "http://$leader/next" | tee -a "$log"
       fi
     done
   done

@@ -603,7 +603,10 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         let addr = sh.leader.current(w as usize + id as usize);
         op.node = addr.clone();
         let remaining = deadline.saturating_duration_since(Instant::now());
-        if conn.as_ref().is_none_or(|c| c.addr != addr || c.is_closed()) {
+        if conn
+            .as_ref()
+            .is_none_or(|c| c.addr != addr || c.is_closed())
+        {
             *conn = None;
             match Conn::open(&addr, remaining).await {
                 Ok(c) => *conn = Some(c),
