@@ -7,8 +7,9 @@
 //! The exchange is written on the socket by the caller's task itself, not through hyper's client.
 //! The generator shares the machine with the server it measures, and hyper's client hands every
 //! request to a connection task of its own through a channel and back through a oneshot: two
-//! task wake-ups and a channel round trip per request, about half of the generator's CPU per
-//! request (`scripts/bench/perf.sh gen`, FINDINGS §11.5). Here a request is one `write` and its
+//! task wake-ups and a channel round trip per request. Doing without them took a quarter off the
+//! generator's CPU per request (16.0 -> 12.2 us at 40k/s, `scripts/bench/perf.sh gen`, FINDINGS
+//! §11.5). Here a request is one `write` and its
 //! reply is parsed in place with `httparse` (the parser hyper itself uses). Only what a baton
 //! node sends is accepted: a response framed by `Content-Length` (or one that has no body by its
 //! status). Anything else ends the exchange as unknown and the connection is not used again.
