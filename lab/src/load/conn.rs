@@ -89,8 +89,8 @@ impl Conn {
     }
 
     /// One request; the caller drops the connection after anything but a `Reply`.
-    pub async fn exchange(&mut self, method: Method, path: &str, timeout: Duration) -> Exchange {
-        match tokio::time::timeout(timeout, self.send_and_read(&method, path)).await {
+    pub async fn exchange(&mut self, method: &Method, path: &str, timeout: Duration) -> Exchange {
+        match tokio::time::timeout(timeout, self.send_and_read(method, path)).await {
             Ok(x) => x,
             Err(_) => {
                 self.closed = true;
@@ -301,7 +301,7 @@ mod tests {
         ])
         .await;
         let mut c = Conn::open(&addr, T).await.unwrap();
-        match c.exchange(Method::POST, "/next", T).await {
+        match c.exchange(&Method::POST, "/next", T).await {
             Exchange::Reply { status, body, .. } => {
                 assert_eq!(status, StatusCode::OK);
                 assert_eq!(&body[..], b"{\"token\":1,\"seq\":1}\n");
@@ -309,7 +309,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!c.is_closed());
-        match c.exchange(Method::GET, "/read", T).await {
+        match c.exchange(&Method::GET, "/read", T).await {
             Exchange::Reply {
                 status,
                 leader_header,
@@ -323,7 +323,7 @@ mod tests {
         }
         // The server has closed since: the next request is provably not sent.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        match c.exchange(Method::POST, "/next", T).await {
+        match c.exchange(&Method::POST, "/next", T).await {
             Exchange::NotSent(_) => {}
             other => panic!("{other:?}"),
         }
@@ -338,7 +338,7 @@ mod tests {
         .await;
         let mut c = Conn::open(&addr, T).await.unwrap();
         assert!(matches!(
-            c.exchange(Method::POST, "/next", T).await,
+            c.exchange(&Method::POST, "/next", T).await,
             Exchange::Reply { status, .. } if status == StatusCode::REQUEST_TIMEOUT
         ));
         assert!(c.is_closed());
@@ -350,7 +350,7 @@ mod tests {
         let addr = scripted(vec!["HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\n{\"tok"]).await;
         let mut c = Conn::open(&addr, T).await.unwrap();
         assert!(matches!(
-            c.exchange(Method::POST, "/next", T).await,
+            c.exchange(&Method::POST, "/next", T).await,
             Exchange::Unknown(_)
         ));
         assert!(c.is_closed());
@@ -359,7 +359,7 @@ mod tests {
         ])
         .await;
         let mut c = Conn::open(&addr, T).await.unwrap();
-        match c.exchange(Method::POST, "/next", T).await {
+        match c.exchange(&Method::POST, "/next", T).await {
             Exchange::Unknown(why) => assert!(why.contains("transfer-encoding"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -377,7 +377,7 @@ mod tests {
         });
         let mut c = Conn::open(&addr, T).await.unwrap();
         match c
-            .exchange(Method::POST, "/next", Duration::from_millis(100))
+            .exchange(&Method::POST, "/next", Duration::from_millis(100))
             .await
         {
             Exchange::Unknown(why) => assert!(why.contains("timed out"), "{why}"),

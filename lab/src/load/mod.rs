@@ -622,7 +622,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         }
         let c = conn.as_mut().expect("connection just opened");
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match c.exchange(method.clone(), &path, remaining).await {
+        match c.exchange(&method, &path, remaining).await {
             Exchange::Reply {
                 status,
                 leader_header,
