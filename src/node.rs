@@ -123,6 +123,7 @@ impl NodeBuilder {
                 limits: CommitLimits {
                     max_batch_ids: self.cfg.sequencer.max_batch_ids,
                     in_flight: self.cfg.sequencer.commits_in_flight,
+                    min_interval: Duration::from_millis(self.cfg.sequencer.min_commit_interval_ms),
                 },
             });
             self = self.with_work(work);

@@ -120,7 +120,7 @@ retry_interval_ms = 100
 work_stop_timeout_ms = 500
 state_dir = "{state}"
 [resource]
-database_url = "{app}"
+database_url = "{app}?application_name={id}"
 [pg_lease]
 database_url = "{lease}"
 "#,
@@ -165,11 +165,48 @@ fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// Stops (SIGSTOP) every PostgreSQL backend of the node `app` (its `application_name`) while
+/// none is inside a transaction, so no lock of the fence row is held by a stopped backend, and
+/// returns their pids.
+fn stop_idle_backends(pg: &Pg, app: &str) -> Vec<i32> {
+    let signal = |pids: &[i32], sig| {
+        for p in pids {
+            unsafe { libc::kill(*p, sig) };
+        }
+    };
+    for _ in 0..100 {
+        let pids: Vec<i32> = admin_sql(
+            pg,
+            &format!("SELECT pid FROM pg_stat_activity WHERE application_name = '{app}'"),
+        )
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        assert!(!pids.is_empty(), "{app} has no PostgreSQL backend");
+        signal(&pids, libc::SIGSTOP);
+        // A stopped backend's state is the one it last reported: "idle" is between transactions.
+        let busy = admin_sql(
+            pg,
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = '{app}' AND state <> 'idle'"
+            ),
+        )[0]
+        .get::<_, i64>(0);
+        if busy == 0 {
+            return pids;
+        }
+        signal(&pids, libc::SIGCONT);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+    }
+    panic!("{app}'s backends were never all idle at once");
+}
+
 /// The README's library example, run for real: two processes of `fenced_job` on pg-lease. The
-/// leader is paused (SIGSTOP) past its lease; the other takes over and writes under a newer
-/// token; the paused one, resumed, still believes it leads and tries its next write: PostgreSQL
-/// refuses it, records both tokens, and the user's table never shows an older token after a
-/// newer one.
+/// leader is paused (SIGSTOP) past its lease with its next write already sent; the other takes
+/// over and writes under a newer token; the paused one, resumed, carries that write on:
+/// PostgreSQL refuses it, records both tokens, and the user's table never shows an older token
+/// after a newer one.
 #[test]
 fn fenced_job_a_paused_stale_leaders_write_is_refused() {
     let pg = private_pg();
@@ -184,45 +221,58 @@ fn fenced_job_a_paused_stale_leaders_write_is_refused() {
     wait_for("n1's first row", 30, || newest_row(&pg));
     procs.insert("n2", start_fenced_job(&pg, dir.path(), "n2"));
 
-    let mut refused = None;
-    // On resume, the node's overdue watchdog and its job's overdue sleep race: whether the job
-    // writes before demotion begins is up to the scheduler, so pause again until it does.
-    for _cycle in 0..10 {
-        let (leader, token) = wait_for("a row", 30, || newest_row(&pg));
-        let pid = procs[leader.as_str()].0.id() as i32;
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-        // The other node's lease wins once the paused one's lease (1 s) runs out.
-        let (_, newer) = wait_for("a newer term's row", 30, || {
-            newest_row(&pg).filter(|(h, t)| *h != leader && *t > token)
-        });
-        unsafe { libc::kill(pid, libc::SIGCONT) };
-        std::thread::sleep(std::time::Duration::from_secs(2));
+    // A stale leader must be refused however its next write is timed. Resumed from a bare pause,
+    // the node's overdue watchdog usually demotes it before its job's overdue sleep ends, and
+    // then it writes nothing at all (1 pause in 3 wrote here, fewer under load). So the pause
+    // catches the leader with its next write already sent: its PostgreSQL backends (named by
+    // `application_name`) are stopped between two of its transactions, the job's next `begin`
+    // waits on them, and only then is the node paused. Resumed after the takeover, that write
+    // goes on and must be refused.
+    let (stale, token) = wait_for("a row", 30, || newest_row(&pg));
+    let backends = stop_idle_backends(&pg, &stale);
+    // The job writes every 100 ms: its next write is now waiting on a stopped backend.
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let pid = procs[stale.as_str()].0.id() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    // The other node's lease wins once the paused one's lease (1 s) runs out.
+    let (_, newer) = wait_for("a newer term's row", 30, || {
+        newest_row(&pg).filter(|(h, t)| *h != stale && *t > token)
+    });
+    for b in &backends {
+        unsafe { libc::kill(*b, libc::SIGCONT) };
+    }
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let rows = wait_for("the stale write's rejection", 10, || {
         let rows = admin_sql(
             &pg,
             &format!(
                 "SELECT token, max_token FROM baton.fence_rejections
-                  WHERE op = 'user' AND holder = '{leader}' AND token = {token}"
+                  WHERE op = 'user' AND holder = '{stale}' AND token = {token}"
             ),
         );
-        if let Some(r) = rows.first() {
-            let max_token: i64 = r.get(1);
-            assert!(
-                max_token >= newer,
-                "recorded max_token {max_token} < newer term {newer}"
-            );
-            refused = Some((leader, token, max_token));
-            break;
-        }
-    }
-    let (stale, token, max_token) =
-        refused.expect("the resumed stale leader's write was never refused in 10 pauses");
+        (!rows.is_empty()).then_some(rows)
+    });
+    let max_token: i64 = rows[0].get(1);
+    assert!(
+        max_token >= newer,
+        "recorded max_token {max_token} < newer term {newer}"
+    );
     let out = std::fs::read_to_string(dir.path().join(format!("{stale}.out"))).unwrap();
     assert!(
         out.contains(&format!("token {token} refused")),
         "{stale}'s output should show the refusal:\n{out}"
     );
     eprintln!("stale {stale} token {token} refused at max_token {max_token}");
-    // The user's table, in commit order, never goes back to an older token.
+    // The user's table, in commit order, never goes back to an older token, with the new term
+    // writing on after the refusal.
+    wait_for("the new term's rows", 30, || {
+        let n: i64 = admin_sql(
+            &pg,
+            &format!("SELECT count(*) FROM ledger WHERE token = {newer}"),
+        )[0]
+        .get(0);
+        (n >= 10).then_some(())
+    });
     let tokens: Vec<i64> = admin_sql(&pg, "SELECT token FROM ledger ORDER BY id")
         .iter()
         .map(|r| r.get(0))

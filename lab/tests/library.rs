@@ -368,3 +368,84 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
     }
     node.shutdown().await.unwrap();
 }
+
+/// `[sequencer] min_commit_interval_ms`: under a steady trickle of `POST /next`, group commits
+/// start no closer than the interval, so they are few and carry many IDs each, and every request
+/// is still answered with its own ID. (With the interval at 0 the same trickle gives a commit
+/// per request or two: this test then fails on the commit count.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_commit_interval_spaces_group_commits() {
+    use baton_lab::fleet::client::NodeClient;
+    const INTERVAL_MS: u64 = 20;
+    let pg = private_pg().await;
+    let mut cfg = node_config(&pg, "s1");
+    cfg.sequencer.enabled = true;
+    cfg.sequencer.min_commit_interval_ms = INTERVAL_MS;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let node = NodeBuilder::new(cfg)
+        .with_default_work()
+        .serve_http(listener)
+        .start()
+        .await
+        .expect("start the node");
+    wait_leading(&node, Duration::from_secs(20)).await;
+    let client = NodeClient::new(Duration::from_secs(5));
+    // The sequencer claims its range right after the term starts: wait for the first ID.
+    let until = Instant::now() + Duration::from_secs(20);
+    while !client
+        .post(&addr, "/next")
+        .await
+        .is_ok_and(|r| r.status.as_u16() == 200)
+    {
+        assert!(Instant::now() < until, "no ID within 20 s of leading");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let admin = pg.server.admin_url();
+    let commits = |sql_text: &'static str| {
+        let admin = admin.clone();
+        async move { sql(&admin, sql_text).await.unwrap()[0].get::<_, i64>(0) }
+    };
+    let count_sql = "SELECT count(*) FROM baton.fence_log WHERE op = 'next'";
+    let before = commits(count_sql).await;
+
+    // 32 clients, each asking for its next ID 2 ms after its last answer, for 400 ms. Each
+    // waits for a commit, so a commit carries at most 32 IDs.
+    let started = Instant::now();
+    let clients: Vec<_> = (0..32)
+        .map(|_| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                while started.elapsed() < Duration::from_millis(400) {
+                    let r = client.post(&addr, "/next").await.expect("an answer");
+                    assert_eq!(r.status.as_u16(), 200, "{:?}", r.body);
+                    seqs.push(r.json()["seq"].as_i64().expect("a seq"));
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                seqs
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for c in clients {
+        seqs.extend(c.await.unwrap());
+    }
+    let elapsed_ms = started.elapsed().as_millis() as i64;
+    let commits_made = commits(count_sql).await - before;
+    let n = seqs.len();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), n, "every answer its own ID");
+    // Commits start at least INTERVAL_MS apart: at most one per interval, plus the first.
+    let most = elapsed_ms / INTERVAL_MS as i64 + 2;
+    assert!(
+        commits_made <= most,
+        "{commits_made} group commits for {n} requests in {elapsed_ms} ms: more than {most}"
+    );
+    assert!(
+        n as i64 > 4 * commits_made,
+        "{n} requests in {commits_made} commits"
+    );
+    node.shutdown().await.unwrap();
+}

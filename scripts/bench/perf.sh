@@ -24,6 +24,8 @@
 #                                      # generator's threads summed apart from the nodes' (TAG= names the run)
 #   scripts/bench/perf.sh pipe [ROUNDS] # [sequencer] commits_in_flight 1 vs 2, two fleets side by
 #                                      # side, wrk on each /next at 8, 32, 256 connections
+#   scripts/bench/perf.sh linger [RATE] [MS] [ROUNDS]  # [sequencer] min_commit_interval_ms 0 vs MS,
+#                                      # bench next beside the neighbour, alternating (DURATION=30s)
 #
 # Uses the release binary (cargo build --release --bin baton). The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
@@ -264,6 +266,20 @@ pipe() {
   python3 scripts/bench/summarize.py pipe "$log"
 }
 
+# `[sequencer] min_commit_interval_ms` 0 against MS (experiments/bench-configs/
+# raft-min-commit-interval-{0,MS}.toml), `baton bench next` at RATE beside the 15% neighbour,
+# alternating, ROUNDS rounds: what fewer, larger group commits do to the rate carried and the tail.
+linger() {
+  local rate=${1:-50000} ms=${2:-2} rounds=${3:-3} duration=${DURATION:-30s}
+  for round in $(seq 1 "$rounds"); do
+    for interval in 0 "$ms"; do
+      "$BATON" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
+        --config "experiments/bench-configs/raft-min-commit-interval-$interval.toml" \
+        --out "$OUT/linger-$((rate / 1000))k-$duration-interval$interval-run$round.json"
+    done
+  done
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   saturation) saturation ;;
@@ -274,5 +290,6 @@ case "${1:-}" in
   profile) shift; profile "$@" ;;
   gen) shift; gen "$@" ;;
   pipe) shift; pipe "$@" ;;
+  linger) shift; linger "$@" ;;
   *) sed -n 2,20p "$0"; exit 2 ;;
 esac

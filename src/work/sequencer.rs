@@ -2,8 +2,10 @@
 //!
 //! The leader allocates IDs in memory from the `last_seq` it claimed through the fence, and makes
 //! every one durable with a fenced group commit before answering: requests that arrive while a
-//! commit is in flight form the next batch, one round trip per batch, no artificial delay. An ID
-//! whose commit failed ambiguously is burned, never reused.
+//! commit is in flight form the next batch, one round trip per batch. An ID whose commit failed
+//! ambiguously is burned, never reused. `[sequencer] min_commit_interval_ms` (default 0: no
+//! artificial delay) spaces commits sent one after another: under load fewer, larger commits
+//! for at most that much more latency.
 //!
 //! Up to `[sequencer] commits_in_flight` commits (default 1) are outstanding at once, all sent
 //! on one connection (a [`SeqPipe`]), so PostgreSQL runs them in the order their ranges were cut
@@ -77,6 +79,8 @@ pub enum SequencerMsg {
     },
     /// Stop taking requests, let the in-flight commit finish, then reply.
     Checkpoint(RpcReplyPort<()>),
+    /// `[sequencer] min_commit_interval_ms` has passed since the last commit was sent.
+    LingerOver,
 }
 
 type Answer = Result<IdBlock, NextError>;
@@ -225,6 +229,10 @@ impl Intake {
         self.take(max_ids)
     }
 
+    fn has_waiting(&self) -> bool {
+        !self.lock().waiting.is_empty()
+    }
+
     /// Closes the intake and answers everything still waiting with "demoting".
     fn close(&self) {
         let waiting = {
@@ -252,14 +260,23 @@ pub struct SequencerState {
     /// The connection commits are sent on while any are in flight (see [`SeqPipe`]); given
     /// back to the pool when none are.
     pipe: Option<Arc<SeqPipe>>,
+    /// When the last group commit was sent: the next one with none in flight goes no sooner
+    /// than `limits.min_interval` after it.
+    last_sent: Option<Instant>,
+    /// A wake-up for the end of that interval is on its way (at most one at a time).
+    linger_armed: bool,
     draining: Option<Vec<RpcReplyPort<()>>>,
 }
 
-/// How the sequencer batches: `[sequencer] max_batch_ids` and `commits_in_flight`.
+/// How the sequencer batches: `[sequencer] max_batch_ids`, `commits_in_flight` and
+/// `min_commit_interval_ms`.
 #[derive(Clone, Copy, Debug)]
 pub struct CommitLimits {
     pub max_batch_ids: usize,
     pub in_flight: usize,
+    /// The least time between the starts of two group commits sent one after the other (zero:
+    /// the next goes as soon as the last is answered).
+    pub min_interval: Duration,
 }
 
 pub struct Sequencer;
@@ -289,6 +306,8 @@ impl Actor for Sequencer {
             in_flight: 0,
             last_batch_ids: 0,
             pipe: None,
+            last_sent: None,
+            linger_armed: false,
             draining: None,
         })
     }
@@ -314,6 +333,10 @@ impl Actor for Sequencer {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SequencerMsg::Arrived => state.start_commit(&myself),
+            SequencerMsg::LingerOver => {
+                state.linger_armed = false;
+                state.start_commit(&myself);
+            }
             SequencerMsg::Claimed(Ok(last_seq)) => {
                 state.ctx.trace.step(
                     "sequencer",
@@ -393,6 +416,9 @@ impl SequencerState {
         if self.draining.is_some() {
             return;
         }
+        if self.in_flight == 0 && self.lingering(myself) {
+            return;
+        }
         let (batch, ids) = match (self.in_flight, &self.pipe) {
             (0, _) => self.intake.take(self.limits.max_batch_ids),
             (n, Some(_)) if n < self.limits.in_flight => self
@@ -409,9 +435,11 @@ impl SequencerState {
         self.next_seq = Some(hi + 1);
         self.in_flight += 1;
         self.last_batch_ids = ids;
+        let sent = Instant::now();
+        self.last_sent = Some(sent);
         let token = self.ctx.token;
         let answer = Answering {
-            sent: Instant::now(),
+            sent,
             leadership: self.ctx.leadership.clone(),
             token,
             lo,
@@ -439,6 +467,34 @@ impl SequencerState {
                 });
             }
         }
+    }
+
+    /// Whether the next commit must wait for `limits.min_interval` since the last one to pass;
+    /// if so, a [`SequencerMsg::LingerOver`] is (or already was) set to bring the actor back
+    /// then. Meanwhile the intake keeps the actor due, so appends send no messages and all
+    /// gather into that commit: under load, fewer and larger commits, each costing PostgreSQL
+    /// about the same whatever it carries (FINDINGS §11.6), for at most the interval in latency.
+    fn lingering(&mut self, myself: &ActorRef<SequencerMsg>) -> bool {
+        if self.limits.min_interval.is_zero() {
+            return false;
+        }
+        let Some(until) = self.last_sent.map(|t| t + self.limits.min_interval) else {
+            return false;
+        };
+        // With nothing waiting, `take` finds nothing and leaves the actor not due, so the next
+        // append sends `Arrived` and comes back here.
+        if Instant::now() >= until || !self.intake.has_waiting() {
+            return false;
+        }
+        if !self.linger_armed {
+            self.linger_armed = true;
+            let me = myself.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(until.into()).await;
+                let _ = me.cast(SequencerMsg::LingerOver);
+            });
+        }
+        true
     }
 }
 
