@@ -21,7 +21,8 @@
 #                                      # wrk on GET /healthz then POST /next, same leader, in turn
 #   scripts/bench/perf.sh gen [RATE]   # the open-loop generator's own cost: `baton load` at RATE
 #                                      # (default 30k) for 12 s, the machine sampled for 6 s; the
-#                                      # generator's threads summed apart from the nodes' (TAG= names the run)
+#                                      # generator's threads summed apart from the nodes' (TAG= names the
+#                                      # run, FLEET_CONFIG= another base node config)
 #   scripts/bench/perf.sh pipe [ROUNDS] # [sequencer] commits_in_flight 1 vs 2, two fleets side by
 #                                      # side, wrk on each /next at 8, 32, 256 connections
 #   scripts/bench/perf.sh linger [RATE] [MS] [ROUNDS]  # [sequencer] min_commit_interval_ms 0 vs MS,
@@ -226,7 +227,7 @@ profile() {
 
 gen() {
   local rate=${1:-30000} dir=state/bench/gen
-  fresh_fleet "$BATON" "$dir"
+  fresh_fleet "$BATON" "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"}
   trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
   leader_of "$BATON" "$dir" >/dev/null
   local tag="$OUT/gen-$((rate / 1000))k${TAG:+-$TAG}" pid
