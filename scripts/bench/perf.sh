@@ -28,7 +28,8 @@
 #   scripts/bench/perf.sh linger [RATE] [MS] [ROUNDS]  # [sequencer] min_commit_interval_ms 0 vs MS,
 #                                      # bench next beside the neighbour, alternating (DURATION=30s)
 #
-# Uses the release binary (cargo build --release --bin baton). The neighbour is
+# Uses the release binary (cargo build --release --bin baton). ratio, ab and pipe first drive each
+# leader's /next for WARMUP_SECONDS (10), unmeasured. The neighbour is
 # `stress-ng --cpu 2 --cpu-load 15` (about 15% of this 2-core machine), started after the warm-up.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -74,6 +75,12 @@ two_fleets() {
   trap '"'"$old"'" fleet down --dir "'"$a"'" >/dev/null 2>&1; "'"$new"'" fleet down --dir "'"$b"'" >/dev/null 2>&1 || true' EXIT
 }
 
+# Drives the leader at $1 with `POST /next` for WARMUP_SECONDS (10) before anything is measured:
+# the first run on fresh fleets was the slow one, whichever build it hit (FINDINGS §11.6).
+warm_up() {
+  wrk -t1 -c256 -d"${WARMUP_SECONDS:-10}"s -s scripts/bench/post-next.lua "http://$1/next" >/dev/null
+}
+
 # "R req/s, N non-2xx" from one wrk output file.
 wrk_result() {
   echo "$(grep -oP 'Requests/sec:\s+\K[\d.]+' "$1") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$1" || echo 0) non-2xx"
@@ -103,6 +110,7 @@ ratio() {
   fresh_fleet "$BATON" "$dir" ${CONFIG:+--config "$CONFIG"}
   trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
   leader=$(leader_of "$BATON" "$dir")
+  warm_up "$leader"
   local log="$OUT/wrk-ratio.txt"
   : >"$log"
   # Alternate the two, twice each (ROUNDS=), so a neighbour's drift hits both alike;
@@ -130,6 +138,8 @@ ab() {
   local la lb
   la=$(leader_of "$old" "$a")
   lb=$(leader_of "$new" "$b")
+  warm_up "$la"
+  warm_up "$lb"
   local log="$OUT/wrk-ab.txt"
   {
     echo "# ab: old=$old ($("$old" --version 2>/dev/null || true)) new=$new; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo)"
@@ -252,6 +262,8 @@ pipe() {
   local la lb log="$OUT/wrk-pipe.txt"
   la=$(leader_of "$BATON" "$a")
   lb=$(leader_of "$BATON" "$b")
+  warm_up "$la"
+  warm_up "$lb"
   echo "# pipe: $("$BATON" --version 2>/dev/null || true); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo); both fleets up throughout" | tee "$log"
   for round in $(seq 1 "$rounds"); do
     for c in 8 32 256; do
