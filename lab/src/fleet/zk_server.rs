@@ -290,6 +290,16 @@ impl ZkEnsemble {
         Ok(())
     }
 
+    /// Stops every member and starts them all again with their data (a quorum forms only
+    /// with enough of them up); waits until all serve.
+    pub fn restart_all(&mut self) -> Result<(), ServerError> {
+        self.stop();
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        self.wait_serving(Duration::from_secs(60))
+    }
+
     pub fn stop(&self) {
         for i in 0..self.members.len() {
             self.stop_member(i);
