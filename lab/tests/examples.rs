@@ -169,11 +169,6 @@ fn wait_for<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
 /// none is inside a transaction, so no lock of the fence row is held by a stopped backend, and
 /// returns their pids.
 fn stop_idle_backends(pg: &Pg, app: &str) -> Vec<i32> {
-    let signal = |pids: &[i32], sig| {
-        for p in pids {
-            unsafe { libc::kill(*p, sig) };
-        }
-    };
     for _ in 0..100 {
         let pids: Vec<i32> = admin_sql(
             pg,
@@ -200,6 +195,14 @@ fn stop_idle_backends(pg: &Pg, app: &str) -> Vec<i32> {
         std::thread::sleep(std::time::Duration::from_millis(30));
     }
     panic!("{app}'s backends were never all idle at once");
+}
+
+/// Sends `sig` to each of `pids` (processes this test started, or their PostgreSQL backends).
+fn signal(pids: &[i32], sig: i32) {
+    for p in pids {
+        // SAFETY: kill(2) has no memory effects; the pids are ours to signal.
+        unsafe { libc::kill(*p, sig) };
+    }
 }
 
 /// The README's library example, run for real: two processes of `fenced_job` on pg-lease. The
@@ -233,15 +236,14 @@ fn fenced_job_a_paused_stale_leaders_write_is_refused() {
     // The job writes every 100 ms: its next write is now waiting on a stopped backend.
     std::thread::sleep(std::time::Duration::from_millis(400));
     let pid = procs[stale.as_str()].0.id() as i32;
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    signal(&[pid], libc::SIGSTOP);
     // The other node's lease wins once the paused one's lease (1 s) runs out.
     let (_, newer) = wait_for("a newer term's row", 30, || {
         newest_row(&pg).filter(|(h, t)| *h != stale && *t > token)
     });
-    for b in &backends {
-        unsafe { libc::kill(*b, libc::SIGCONT) };
-    }
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    // The backends first, so the write they hold is answered when the node wakes.
+    signal(&backends, libc::SIGCONT);
+    signal(&[pid], libc::SIGCONT);
     let rows = wait_for("the stale write's rejection", 10, || {
         let rows = admin_sql(
             &pg,

@@ -402,12 +402,11 @@ async fn min_commit_interval_spaces_group_commits() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let admin = pg.server.admin_url();
-    let commits = |sql_text: &'static str| {
-        let admin = admin.clone();
-        async move { sql(&admin, sql_text).await.unwrap()[0].get::<_, i64>(0) }
+    let commits = || async {
+        let count = "SELECT count(*) FROM baton.fence_log WHERE op = 'next'";
+        sql(&admin, count).await.unwrap()[0].get::<_, i64>(0)
     };
-    let count_sql = "SELECT count(*) FROM baton.fence_log WHERE op = 'next'";
-    let before = commits(count_sql).await;
+    let before = commits().await;
 
     // 32 clients, each asking for its next ID 2 ms after its last answer, for 400 ms. Each
     // waits for a commit, so a commit carries at most 32 IDs.
@@ -432,7 +431,7 @@ async fn min_commit_interval_spaces_group_commits() {
         seqs.extend(c.await.unwrap());
     }
     let elapsed_ms = started.elapsed().as_millis() as i64;
-    let commits_made = commits(count_sql).await - before;
+    let commits_made = commits().await - before;
     let n = seqs.len();
     seqs.sort_unstable();
     seqs.dedup();
