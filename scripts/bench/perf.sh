@@ -5,6 +5,9 @@
 #
 #   scripts/bench/perf.sh neighbour [RATE] [DURATION]
 #                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
+#                                      # (PLAIN=1: each also runs GET /healthz the same way after it)
+#   scripts/bench/perf.sh sweep [RATES] [DURATION]  # each rate (default "10000 20000 30000 40000",
+#                                      # 30 s) beside the neighbour with --plain-http (ROUND= names it)
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -86,11 +89,21 @@ wrk_result() {
   echo "$(grep -oP 'Requests/sec:\s+\K[\d.]+' "$1") req/s, $(grep -oP 'Non-2xx or 3xx responses: \K\d+' "$1" || echo 0) non-2xx"
 }
 
+# Rates RATES (a quoted list) beside the 15% neighbour, each with --plain-http: at which rate the
+# sequencer's p99 from schedule, and plain HTTP's on the same generator, stay under 20 ms.
+sweep() {
+  local rates=${1:-"10000 20000 30000 40000"} duration=${2:-30s} round=${ROUND:-1}
+  for rate in $rates; do
+    "$BATON" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
+      --plain-http --out "$OUT/sweep-raft-$((rate / 1000))k-$duration-round$round.json"
+  done
+}
+
 neighbour() {
   local rate=${1:-50000} duration=${2:-60s}
   for i in 1 2 3 4 5; do
     "$BATON" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
-      --out "$OUT/neighbour15-raft-$((rate / 1000))k-$duration-run$i.json"
+      ${PLAIN:+--plain-http} --out "$OUT/neighbour15-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json"
   done
 }
 
@@ -295,6 +308,7 @@ linger() {
 
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
+  sweep) shift; sweep "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;

@@ -30,6 +30,27 @@ def next_rows(paths):
     if len(p99s) > 1:
         print(f"\np99 over {len(p99s)} runs: median {statistics.median(p99s):.2f} ms, "
               f"min {min(p99s):.2f}, max {max(p99s):.2f}")
+    plain_rows(paths)
+
+
+def plain_rows(paths):
+    """`--plain-http` runs: the same open loop on GET /healthz beside POST /next."""
+    runs = [(p, json.load(open(p))) for p in paths]
+    runs = [(p, r) for p, r in runs if r.get("plain_http")]
+    if not runs:
+        return
+    print("\n| run | `/next` IDs/s | `/next` p99 ms | `/healthz` req/s | `/healthz` p99 ms | `/healthz` service p99 ms | `/healthz` errors | p99 `/next` : `/healthz` |")
+    print("|---|---|---|---|---|---|---|---|")
+    plain = []
+    for p, r in runs:
+        b, h = r["baton"], r["plain_http"]
+        plain.append(h["p99_ms"])
+        print(f"| {p.rsplit('/', 1)[-1]} | {b['ids_per_s']:.0f} | {b['p99_ms']:.2f} | {h['ids_per_s']:.0f} | "
+              f"**{h['p99_ms']:.2f}** | {h.get('service_p99_ms') or float('nan'):.2f} | {h['errors']} | "
+              f"{r.get('p99_over_plain_http') or float('nan'):.2f} |")
+    if len(plain) > 1:
+        print(f"\nplain HTTP p99 over {len(plain)} runs: median {statistics.median(plain):.2f} ms, "
+              f"min {min(plain):.2f}, max {max(plain):.2f}")
 
 
 def ratio(path):

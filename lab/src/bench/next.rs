@@ -75,6 +75,12 @@ pub struct NextArgs {
     /// and stopped with the load. 0 = none.
     #[arg(long, default_value_t = 0)]
     pub neighbour_cpu_percent: u32,
+    /// After the measured window, the same open loop (rate, connections, duration, threads,
+    /// neighbour) on the leader's `GET /healthz`: the machine's own HTTP limit with this
+    /// generator and server stack, measured in the same run, so the report can say how close
+    /// the fenced, durable path comes to plain HTTP.
+    #[arg(long)]
+    pub plain_http: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -113,6 +119,12 @@ pub struct NextReport {
     pub tokens: Vec<i64>,
     /// `stress-ng --cpu 2 --cpu-load N` beside the measured window (0 = none).
     pub neighbour_cpu_percent: u32,
+    /// `--plain-http`: the same open loop on `GET /healthz` (no ID), beside the same neighbour.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_http: Option<SideReport>,
+    /// `POST /next`'s p99 from schedule over plain HTTP's (1.0 = the sequencer adds no tail).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_over_plain_http: Option<f64>,
     /// `/proc/loadavg` (1, 5, 15 min) when the measured window began and when it ended.
     pub loadavg_start: Option<[f64; 3]>,
     pub loadavg_end: Option<[f64; 3]>,
@@ -178,17 +190,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
     let report = report?;
     let s = report.summary();
     println!("{}", report.render());
-    let baton = SideReport {
-        ids: s.ok as u64,
-        seconds: s.elapsed_s,
-        ids_per_s: s.ok_rate,
-        errors: (s.rejected + s.unknown) as u64 + s.unsent,
-        p50_ms: s.latency_ms.p50,
-        p99_ms: s.latency_ms.p99,
-        p999_ms: s.latency_ms.p999,
-        max_ms: s.latency_ms.max,
-        service_p99_ms: Some(s.service_ms.p99),
-    };
+    let baton = open_loop_side(&s);
     let (leadership_changes, tokens) = terms_since(&db, pos_before).await?;
     let batches = db
         .query_one(
@@ -197,6 +199,25 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
             &[&pos_before],
         )
         .await?;
+
+    let plain_http = if args.plain_http {
+        println!("plain HTTP: GET /healthz, the same open loop and neighbour");
+        let mut probe = spec(args.duration);
+        probe.path = "/healthz".into();
+        probe.probe = true;
+        let neighbour = Neighbour::start(args.neighbour_cpu_percent)?;
+        let report = load::run(probe).await;
+        drop(neighbour);
+        let report = report?;
+        println!("{}", report.render());
+        Some(open_loop_side(&report.summary()))
+    } else {
+        None
+    };
+    let p99_over_plain_http = plain_http
+        .as_ref()
+        .filter(|p| p.p99_ms > 0.0)
+        .map(|p| baton.p99_ms / p.p99_ms);
 
     let baseline = baseline(state, args, &db).await?;
     if baseline.ids == 0 {
@@ -223,6 +244,12 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         "service p99 {:.2} ms; leadership changes during the run {leadership_changes} (tokens {tokens:?}); neighbour {}% CPU",
         s.service_ms.p99, args.neighbour_cpu_percent
     );
+    if let (Some(p), Some(r)) = (&plain_http, p99_over_plain_http) {
+        println!(
+            "plain HTTP {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  service p99 {:.2} ms  errors {}; /next p99 over plain {r:.2}x",
+            p.ids_per_s, p.p50_ms, p.p99_ms, p.service_p99_ms.unwrap_or(0.0), p.errors
+        );
+    }
     println!(
         "ratio {:.1}x; group commits {} (mean {:.1} IDs, max {}); ledger violations {:?}",
         ratio,
@@ -245,11 +272,28 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         leadership_changes,
         tokens,
         neighbour_cpu_percent: args.neighbour_cpu_percent,
+        plain_http,
+        p99_over_plain_http,
         loadavg_start,
         loadavg_end,
         config: redacted_config(state),
         machine: machine_info(),
     })
+}
+
+/// An open-loop run's side of the report (`ids` = requests answered 200).
+fn open_loop_side(s: &load::Summary) -> SideReport {
+    SideReport {
+        ids: s.ok as u64,
+        seconds: s.elapsed_s,
+        ids_per_s: s.ok_rate,
+        errors: (s.rejected + s.unknown) as u64 + s.unsent,
+        p50_ms: s.latency_ms.p50,
+        p99_ms: s.latency_ms.p99,
+        p999_ms: s.latency_ms.p999,
+        max_ms: s.latency_ms.max,
+        service_p99_ms: Some(s.service_ms.p99),
+    }
 }
 
 /// The token and holder the fence row holds now (the current leader's).

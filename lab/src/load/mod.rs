@@ -60,6 +60,11 @@ pub struct LoadSpec {
     pub drain: Duration,
     /// Request path, e.g. `/next`.
     pub path: String,
+    /// Send every slot as `GET {path}` to the believed leader, and count any 200 as ok (no ID,
+    /// no body parsed): with `path` a trivial handler such as `/healthz` this is the same
+    /// generator and server stack without the fenced, durable work, so a run of it beside one
+    /// of `/next` says how close the sequencer comes to the machine's own HTTP limit.
+    pub probe: bool,
     /// Set to end the load before `duration`: no slot is taken after it is set (slots not yet
     /// due are neither sent nor `unsent`). The nemesis sets it once its last fault has healed
     /// and the fleet has settled, instead of idling out the bound.
@@ -86,6 +91,7 @@ impl LoadSpec {
             timeout: Duration::from_secs(2),
             drain: Duration::from_secs(3),
             path: "/next".into(),
+            probe: false,
             stop: None,
             read_fraction: 0.0,
             read_modes: Vec::new(),
@@ -172,7 +178,8 @@ pub struct Op {
     pub attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// `read` for a `GET /read`; absent for `POST /next` (older histories have none).
+    /// `read` for a `GET /read`, `probe` for a [`LoadSpec::probe`] slot (no token or seq, so
+    /// never an ack); absent for `POST /next` (older histories have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// A read's answering mode (`lease`, `quorum`, `resource`).
@@ -480,6 +487,10 @@ impl Shard {
                         Conn::open(addr, Duration::from_secs(2)).await.ok()
                     }))
                     .await;
+                    let outs: Vec<WorkerOut> = workers
+                        .iter()
+                        .map(|_| WorkerOut::with_capacity(per_worker_ops))
+                        .collect();
                     let _ = opened_tx.send(());
                     // The caller gone (an error elsewhere): nothing to run.
                     let Ok(sh) = start_rx.await else {
@@ -488,8 +499,8 @@ impl Shard {
                     let tasks: Vec<_> = workers
                         .iter()
                         .zip(conns)
-                        .map(|((w, _), conn)| {
-                            let out = WorkerOut::with_capacity(per_worker_ops);
+                        .zip(outs)
+                        .map(|(((w, _), conn), out)| {
                             tokio::spawn(worker(sh.clone(), *w, conn, out))
                         })
                         .collect();
@@ -589,8 +600,11 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         mode: None,
         fell_back: None,
     };
-    let is_read = sh.spec.is_read_slot(id);
-    let (method, path) = if is_read {
+    let is_read = !sh.spec.probe && sh.spec.is_read_slot(id);
+    let (method, path) = if sh.spec.probe {
+        op.kind = Some("probe".into());
+        (Method::GET, sh.spec.path.clone())
+    } else if is_read {
         op.kind = Some("read".into());
         (Method::GET, sh.spec.read_path(id))
     } else {
@@ -630,6 +644,15 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
             } => {
                 op.complete_ns = monotonic_ns();
                 op.status = Some(status.as_u16());
+                if sh.spec.probe {
+                    op.outcome = if status == StatusCode::OK {
+                        Outcome::Ok
+                    } else {
+                        op.error = Some(status.as_u16().to_string());
+                        Outcome::Rejected
+                    };
+                    return op;
+                }
                 let v: serde_json::Value =
                     serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
                 if status == StatusCode::OK {
@@ -994,6 +1017,37 @@ mod tests {
             s.latency_ms.max > 700.0,
             "queueing behind the slow server must show: {s:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_probe_gets_its_path_ok_on_any_200_and_issues_no_id() {
+        // /healthz answers 200 with no token or seq; anything else here is a 404.
+        let node = fake_node(Arc::new(|path, _| match path {
+            "/status" => (
+                200,
+                None,
+                r#"{"role":"leader","fence_token":1}"#.into(),
+                Duration::ZERO,
+            ),
+            "/healthz" => (200, None, r#"{"ok":true}"#.into(), Duration::ZERO),
+            _ => (404, None, String::new(), Duration::ZERO),
+        }))
+        .await;
+        let mut spec = LoadSpec::new(vec![node], 500.0, Duration::from_millis(100));
+        spec.path = "/healthz".into();
+        spec.probe = true;
+        let report = run(spec.clone()).await.unwrap();
+        let s = report.summary();
+        assert_eq!(s.ok, 50, "{s:?}");
+        assert!(report.acked().is_empty() && s.tokens.is_empty() && s.reads == 0);
+        assert!(report
+            .ops
+            .iter()
+            .all(|o| o.kind.as_deref() == Some("probe")));
+        // A probe of a path that is not 200 is refused, not ok.
+        spec.path = "/nope".into();
+        let s = run(spec).await.unwrap().summary();
+        assert_eq!((s.ok, s.rejected), (0, 50), "{s:?}");
     }
 
     #[tokio::test]
