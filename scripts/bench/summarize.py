@@ -19,8 +19,8 @@ def next_rows(paths):
     print("| run | backend | offered | neighbour | achieved IDs/s | p50 ms | p99 ms | service p99 ms | errors | leadership changes | mean batch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     p99s = []
-    for p in paths:
-        r = json.load(open(p))
+    runs = [(p, json.load(open(p))) for p in paths]
+    for p, r in runs:
         b = r["baton"]
         p99s.append(b["p99_ms"])
         print(f"| {p.rsplit('/', 1)[-1]} | {r['backend']} | {r['offered_rate']:.0f} | "
@@ -30,12 +30,11 @@ def next_rows(paths):
     if len(p99s) > 1:
         print(f"\np99 over {len(p99s)} runs: median {statistics.median(p99s):.2f} ms, "
               f"min {min(p99s):.2f}, max {max(p99s):.2f}")
-    plain_rows(paths)
+    plain_rows(runs)
 
 
-def plain_rows(paths):
-    """`--plain-http` runs: the same open loop on GET /healthz beside POST /next."""
-    runs = [(p, json.load(open(p))) for p in paths]
+def plain_rows(runs):
+    """`--plain-http` runs (path, report): the same open loop on GET /healthz beside POST /next."""
     runs = [(p, r) for p, r in runs if r.get("plain_http")]
     if not runs:
         return

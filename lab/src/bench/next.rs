@@ -183,13 +183,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         args.rate, args.connections, args.duration
     );
     let loadavg_start = loadavg();
-    let neighbour = Neighbour::start(args.neighbour_cpu_percent)?;
-    let report = load::run(spec(args.duration)).await;
-    drop(neighbour);
+    let report = load_beside_neighbour(spec(args.duration), args.neighbour_cpu_percent).await;
     let loadavg_end = loadavg();
-    let report = report?;
-    let s = report.summary();
-    println!("{}", report.render());
+    let s = report?.summary();
     let baton = open_loop_side(&s);
     let (leadership_changes, tokens) = terms_since(&db, pos_before).await?;
     let batches = db
@@ -205,11 +201,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         let mut probe = spec(args.duration);
         probe.path = "/healthz".into();
         probe.probe = true;
-        let neighbour = Neighbour::start(args.neighbour_cpu_percent)?;
-        let report = load::run(probe).await;
-        drop(neighbour);
-        let report = report?;
-        println!("{}", report.render());
+        let report = load_beside_neighbour(probe, args.neighbour_cpu_percent).await?;
         Some(open_loop_side(&report.summary()))
     } else {
         None
@@ -279,6 +271,20 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         config: redacted_config(state),
         machine: machine_info(),
     })
+}
+
+/// One open-loop run with its own neighbour process beside it (stopped as the run ends, before
+/// anything else is measured); prints the run's summary.
+async fn load_beside_neighbour(
+    spec: LoadSpec,
+    neighbour_cpu_percent: u32,
+) -> anyhow::Result<load::LoadReport> {
+    let neighbour = Neighbour::start(neighbour_cpu_percent)?;
+    let report = load::run(spec).await;
+    drop(neighbour);
+    let report = report?;
+    println!("{}", report.render());
+    Ok(report)
 }
 
 /// An open-loop run's side of the report (`ids` = requests answered 200).
