@@ -509,7 +509,8 @@ impl Default for PgLeaseConfig {
 pub struct ResourceConfig {
     /// The fenced resource, connected to as the application role (which may only call functions).
     pub database_url: String,
-    /// Connections kept to it.
+    /// Connections kept to it for claims, ticks and reads; a node that has run the sequencer
+    /// keeps one more, its own (see `Fence::seq_pipe`).
     pub pool_size: usize,
     /// Server-side bound on each statement, and on waiting for or making a connection.
     pub statement_timeout_ms: u64,

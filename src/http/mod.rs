@@ -162,6 +162,11 @@ pub(crate) fn spawn_server(
             .enable_all()
             .thread_name("baton-http")
             .build()?;
+        if i == 0 {
+            // The sequencer's commit path runs on this thread (see `work::sequencer`); offered
+            // before the thread starts so no term that begins meanwhile runs elsewhere.
+            app.sequencer.offer_commit_runtime(rt.handle().clone());
+        }
         let (app, slots, last_out) = (app.clone(), slots.clone(), last_out.clone());
         let (first_stop, mut stop_rx) = (shutdown.take(), stop_rx.clone());
         let nice = app.limits.thread_nice;

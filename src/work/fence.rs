@@ -94,6 +94,9 @@ impl From<deadpool_postgres::PoolError> for FenceError {
 #[derive(Clone)]
 pub struct Fence {
     pool: Pool,
+    /// The sequencer's own connection (see [`Fence::seq_pipe`]): made by the first pipe taken,
+    /// so its I/O runs on the runtime the sequencer's commits run on.
+    seq_pool: Pool,
     holder: String,
     /// Claims refused in a row (shared by every clone: one count per node).
     refused_claims_in_a_row: Arc<AtomicU64>,
@@ -139,18 +142,24 @@ impl Fence {
         pc.url = Some(cfg.database_url.clone());
         pc.options = Some(format!("-c statement_timeout={}", cfg.statement_timeout_ms));
         let wait = Duration::from_millis(cfg.statement_timeout_ms);
-        pc.pool = Some(PoolSize {
-            max_size: cfg.pool_size.max(1),
+        let size = |max_size: usize| PoolSize {
+            max_size,
             timeouts: Timeouts {
                 wait: Some(wait),
                 create: Some(wait),
                 recycle: Some(wait),
             },
             ..PoolSize::default()
-        });
+        };
+        let mut seq_pc = pc.clone();
+        pc.pool = Some(size(cfg.pool_size.max(1)));
+        seq_pc.pool = Some(size(1));
         let pool = create_pool(pc, cfg.tls_ca_file.as_deref()).map_err(FenceError::Unavailable)?;
+        let seq_pool =
+            create_pool(seq_pc, cfg.tls_ca_file.as_deref()).map_err(FenceError::Unavailable)?;
         Ok(Fence {
             pool,
+            seq_pool,
             holder: holder.to_owned(),
             refused_claims_in_a_row: Arc::default(),
         })
@@ -228,10 +237,13 @@ impl Fence {
         Ok(row.get(3))
     }
 
-    /// A connection taken from the pool for a run of group commits (see [`SeqPipe`]); it goes
-    /// back to the pool when the last `Arc` of it drops.
+    /// A connection for a run of group commits (see [`SeqPipe`]); it goes back when the last
+    /// `Arc` of it drops. It comes from a pool of one of its own, not the shared pool: a pooled
+    /// connection's I/O runs on the runtime that opened it, and this one is opened by the first
+    /// commit, so its I/O runs where the sequencer's commits do (the HTTP thread, see
+    /// `work::sequencer`) instead of waking another thread for every reply.
     pub async fn seq_pipe(&self) -> Result<SeqPipe, FenceError> {
-        let client = self.pool.get().await?;
+        let client = self.seq_pool.get().await?;
         let stmt = client.prepare_cached(SEQ_COMMIT_SQL).await?;
         Ok(SeqPipe {
             client,

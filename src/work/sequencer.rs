@@ -27,6 +27,17 @@
 //! callers' reply channels there. Waking a task from outside its runtime costs an `eventfd`
 //! write each time (tokio's remote unpark), so per batch that is one such wake-up per home
 //! instead of one per request.
+//!
+//! Where it all runs: on the HTTP server's first client thread when there is one (it offers its
+//! runtime, [`SequencerHandle::offer_commit_runtime`]), else on the node's runtime. The actor, its
+//! commit tasks and its database connection's I/O then share the thread that parses the requests
+//! and writes the answers, so a request crosses no thread inside the node: a group commit's
+//! round trip wakes only PostgreSQL's backend and, when the answer comes, this one thread. On the
+//! node's runtime the same path woke a runtime worker from the HTTP thread, the connection's task
+//! and the commit task on whichever workers were free, and the HTTP thread again: each wake-up a
+//! chance to queue behind a neighbour for a scheduler slice (FINDINGS §11.8). Nothing
+//! timer-critical moves: heartbeats, renewals and the watchdog stay on the node's runtime, and a
+//! stopped term is still refused by the fence whatever thread its last commit left from.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -98,17 +109,35 @@ struct Pending {
 /// deliver all of that runtime's answers with one task spawned there (see the module docs).
 /// Identity is the `Arc`: callers of one runtime share one home.
 #[derive(Clone)]
-pub(crate) struct AnswerHome(Arc<tokio::runtime::Handle>);
+pub(crate) struct AnswerHome(Arc<Home>);
+
+struct Home {
+    rt: tokio::runtime::Handle,
+    /// The thread that drives `rt`, if it is a single-threaded runtime: a commit answered on
+    /// that very thread completes the reply channels itself instead of spawning a task.
+    thread: Option<std::thread::ThreadId>,
+}
 
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 impl AnswerHome {
     /// The runtime this is called on.
     pub(crate) fn current() -> Self {
-        Self(Arc::new(tokio::runtime::Handle::current()))
+        let rt = tokio::runtime::Handle::current();
+        let thread = matches!(
+            rt.runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::CurrentThread
+        )
+        .then(|| std::thread::current().id());
+        Self(Arc::new(Home { rt, thread }))
     }
 
     fn same(&self, other: &AnswerHome) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Whether this is running on the home's own thread (so inside its runtime).
+    fn is_here(&self) -> bool {
+        self.0.thread == Some(std::thread::current().id())
     }
 }
 
@@ -128,9 +157,16 @@ fn deliver(answers: Vec<(Reply, Answer, Option<AnswerHome>)>) {
         }
     }
     for (home, group) in by_home {
+        if home.is_here() {
+            // Waking a task of this same runtime only queues it: no task, no syscall.
+            for (reply, answer) in group {
+                let _ = reply.send(answer);
+            }
+            continue;
+        }
         // If that runtime has shut down the task is dropped with the senders in it, and each
         // caller sees its channel closed ("not running"): its connection is going away anyway.
-        home.0.spawn(async move {
+        home.0.rt.spawn(async move {
             for (reply, answer) in group {
                 let _ = reply.send(answer);
             }
@@ -553,7 +589,6 @@ impl Answering {
             next_seconds.record(p.arrived.elapsed().as_secs_f64());
             answers.push((p.reply, answer, p.home));
         }
-        deliver(answers);
         let (fenced_out, broken) = match &res {
             Ok(()) => (None, false),
             Err(e @ FenceError::Rejected { .. }) => (Some(e.to_string()), false),
@@ -564,6 +599,12 @@ impl Answering {
             pipe,
             broken,
         });
+        // The actor first: it sends the next group commit (and the connection's task writes it)
+        // before this thread spends the next millisecond writing this batch's answers, so
+        // PostgreSQL works on the next batch meanwhile instead of waiting for them. Yielding
+        // puts this task behind both (tokio runs a yielded task after those already woken).
+        tokio::task::yield_now().await;
+        deliver(answers);
     }
 }
 
@@ -576,18 +617,30 @@ struct Running {
 
 /// Where the HTTP layer finds the current term's sequencer (empty while not leading).
 #[derive(Clone, Default)]
-pub struct SequencerHandle(Arc<RwLock<Option<Running>>>);
+pub struct SequencerHandle {
+    running: Arc<RwLock<Option<Running>>>,
+    /// The runtime the sequencer's commit path runs on (see [`SequencerHandle::offer_commit_runtime`]).
+    commit_rt: Arc<std::sync::OnceLock<tokio::runtime::Handle>>,
+}
 
 // Read by the HTTP layer's POST /next; without the `http` feature nothing calls these.
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 impl SequencerHandle {
     fn get(&self) -> Option<Running> {
-        self.0.read().ok().and_then(|g| g.clone())
+        self.running.read().ok().and_then(|g| g.clone())
     }
     fn set(&self, r: Option<Running>) {
-        if let Ok(mut g) = self.0.write() {
+        if let Ok(mut g) = self.running.write() {
             *g = r;
         }
+    }
+
+    /// Offers `rt` as the runtime the sequencer's actor, its commits and its database
+    /// connection run on from the next term on; the first offer stands. Without one they run
+    /// on the node's runtime.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn offer_commit_runtime(&self, rt: tokio::runtime::Handle) {
+        let _ = self.commit_rt.set(rt);
     }
 
     /// Asks the running sequencer for `n` IDs. The answer is delivered on `home` (the caller's
@@ -658,12 +711,22 @@ impl LeaderWork for SequencerWork {
         let sup = ctx.supervisor.clone();
         let intake = Arc::new(Intake::default());
         let args = (ctx, self.limits, intake.clone());
-        let (actor, _) = Actor::spawn_linked(None, Sequencer, args, sup)
-            .await
-            .map_err(|e| WorkError::Start {
-                work: "sequencer",
-                reason: e.to_string(),
-            })?;
+        // On the offered runtime when there is one (see the module docs): `spawn_linked` starts
+        // the actor's task on the runtime it is called on.
+        let spawned = match self.handle.commit_rt.get() {
+            Some(rt) => rt
+                .spawn(Actor::spawn_linked(None, Sequencer, args, sup))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            None => Actor::spawn_linked(None, Sequencer, args, sup)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        let (actor, _) = spawned.map_err(|reason| WorkError::Start {
+            work: "sequencer",
+            reason,
+        })?;
         self.handle.set(Some(Running {
             actor: actor.clone(),
             intake,
@@ -731,7 +794,10 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let home = AnswerHome(Arc::new(rt.handle().clone()));
+        let home = AnswerHome(Arc::new(Home {
+            rt: rt.handle().clone(),
+            thread: None,
+        }));
         let (a, mut ra) = pending(1);
         let (b, mut rb) = pending(1);
         let (c, mut rc) = pending(1);
@@ -758,6 +824,30 @@ mod tests {
             rd.try_recv(),
             Err(oneshot::error::TryRecvError::Closed)
         ));
+    }
+
+    #[test]
+    fn answers_for_the_home_on_this_thread_are_sent_at_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let home = AnswerHome::current();
+            assert!(home.is_here());
+            let (a, mut ra) = pending(1);
+            deliver(vec![(a.reply, id(1), Some(home.clone()))]);
+            // No task spawned, nothing yielded: the channel is already complete.
+            assert!(matches!(ra.try_recv(), Ok(Ok(IdBlock { first: 1, .. }))));
+            // The same home seen from another thread is not "here": that thread spawns.
+            let other = std::thread::spawn(move || home.is_here()).join().unwrap();
+            assert!(!other);
+        });
+        // A multi-threaded runtime has no one thread to be on.
+        let mt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        assert!(!mt.block_on(async { AnswerHome::current().is_here() }));
     }
 
     #[test]
