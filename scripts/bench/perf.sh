@@ -8,6 +8,9 @@
 #                                      # (PLAIN=1: each also runs GET /healthz the same way after it)
 #   scripts/bench/perf.sh sweep [RATES] [DURATION]  # each rate (default "10000 20000 30000 40000",
 #                                      # 30 s) beside the neighbour with --plain-http (ROUND= names it)
+#   scripts/bench/perf.sh pairs OLD NEW [RATE] [PAIRS]  # two builds' `baton bench next` in turn
+#                                      # (OLD, NEW, OLD, ...), each a fresh fleet beside the 15%
+#                                      # neighbour with --plain-http, 30 s (default 50k, 3 pairs)
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -105,6 +108,17 @@ neighbour() {
     "$BATON" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
       ${PLAIN:+--plain-http} --out "$OUT/neighbour15-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json"
   done
+}
+
+pairs() {
+  local old=$1 new=$2 rate=${3:-50000} n=${4:-3}
+  for i in $(seq 1 "$n"); do
+    for bin in "$old" "$new"; do
+      "$bin" bench next --backend raft --rate "$rate" --duration 30s --neighbour-cpu-percent 15 --plain-http \
+        --out "$OUT/$(basename "$bin")-$((rate / 1000))k-run$i.json" >/dev/null
+    done
+  done
+  python3 scripts/bench/summarize.py next "$OUT"/*-run*.json
 }
 
 saturation() {
@@ -309,6 +323,7 @@ linger() {
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
+  pairs) shift; pairs "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;
