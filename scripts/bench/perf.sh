@@ -11,6 +11,9 @@
 #   scripts/bench/perf.sh pairs OLD NEW [RATE] [PAIRS]  # two builds' `baton bench next` in turn
 #                                      # (OLD, NEW, OLD, ...), each a fresh fleet beside the 15%
 #                                      # neighbour with --plain-http, 30 s (default 50k, 3 pairs)
+#   scripts/bench/perf.sh share TAG [RATE]  # the machine's CPU by thread name (perf record -a,
+#                                      # 8 s) while `baton load` drives a fresh raft fleet at RATE
+#                                      # (default 40k) for 20 s, no neighbour
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -119,6 +122,20 @@ pairs() {
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/*-run*.json
+}
+
+share() {
+  local tag=$1 rate=${2:-40000} dir=state/bench/share
+  fresh_fleet "$BATON" "$dir"
+  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  sleep 2
+  "$BATON" load --dir "$dir" --rate "$rate" --duration 20s --connections 256 --json >"$OUT/$tag-load.json" 2>/dev/null &
+  sleep 8
+  perf record -a -F 999 -o "$OUT/$tag.data" -- sleep 8 >/dev/null 2>&1
+  wait
+  perf report -i "$OUT/$tag.data" --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -15 >"$OUT/$tag-comm.txt"
+  rm -f "$OUT/$tag.data"
+  cat "$OUT/$tag-comm.txt"
 }
 
 saturation() {
@@ -324,6 +341,7 @@ case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
   pairs) shift; pairs "$@" ;;
+  share) shift; share "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;
