@@ -57,7 +57,8 @@ pub(crate) struct ReadSettings {
     /// The fenced resource, for `resource` reads.
     pub fence: Fence,
     /// The node's runtime: backend and database clients run their calls there, not on the
-    /// HTTP server's own thread.
+    /// HTTP server's own thread (the sequencer's commits are the exception, see
+    /// `work::sequencer`).
     pub node_rt: tokio::runtime::Handle,
     /// Shares one backend confirmation among the `quorum` reads that arrived before it began.
     pub confirms: confirm::ConfirmBatches,

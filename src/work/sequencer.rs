@@ -20,7 +20,8 @@
 //! Requests do not reach the actor one message each. Callers append to the term's [`Intake`] (a
 //! short mutex) and only the first caller after the actor last looked sends it a message; the
 //! actor takes the whole intake when it starts a commit. At saturation that is one actor message
-//! and one wake-up of the node's runtime per group commit instead of one per ID.
+//! per group commit instead of one per ID (and, from an HTTP thread other than the actor's, one
+//! cross-thread wake-up).
 //!
 //! The way back is batched too. A caller on another runtime (the HTTP server's thread) names its
 //! [`AnswerHome`]; the commit hands each home its answers in one spawned task, which completes the
