@@ -11,9 +11,6 @@
 #   scripts/bench/perf.sh pairs OLD NEW [RATE] [PAIRS]  # two builds' `baton bench next` in turn
 #                                      # (OLD, NEW, OLD, ...), each a fresh fleet beside the 15%
 #                                      # neighbour with --plain-http, 30 s (default 50k, 3 pairs)
-#   scripts/bench/perf.sh share TAG [RATE]  # the machine's CPU by thread name (perf record -a,
-#                                      # 8 s) while `baton load` drives a fresh raft fleet at RATE
-#                                      # (default 40k) for 20 s, no neighbour
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -31,7 +28,9 @@
 #   scripts/bench/perf.sh gen [RATE]   # the open-loop generator's own cost: `baton load` at RATE
 #                                      # (default 30k) for 12 s, the machine sampled for 6 s; the
 #                                      # generator's threads summed apart from the nodes' (TAG= names the
-#                                      # run, FLEET_CONFIG= another base node config)
+#                                      # run, FLEET_CONFIG= another base node config); also the
+#                                      # machine's CPU by thread name (-comm.txt). LOAD_SECONDS=,
+#                                      # SAMPLE_AFTER=, SAMPLE_SECONDS=, HZ= change 12, 4, 6, 499
 #   scripts/bench/perf.sh pipe [ROUNDS] # [sequencer] commits_in_flight 1 vs 2, two fleets side by
 #                                      # side, wrk on each /next at 8, 32, 256 connections
 #   scripts/bench/perf.sh linger [RATE] [MS] [ROUNDS]  # [sequencer] min_commit_interval_ms 0 vs MS,
@@ -122,20 +121,6 @@ pairs() {
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/*-run*.json
-}
-
-share() {
-  local tag=$1 rate=${2:-40000} dir=state/bench/share
-  fresh_fleet "$BATON" "$dir"
-  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
-  sleep 2
-  "$BATON" load --dir "$dir" --rate "$rate" --duration 20s --connections 256 --json >"$OUT/$tag-load.json" 2>/dev/null &
-  sleep 8
-  perf record -a -F 999 -o "$OUT/$tag.data" -- sleep 8 >/dev/null 2>&1
-  wait
-  perf report -i "$OUT/$tag.data" --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -15 >"$OUT/$tag-comm.txt"
-  rm -f "$OUT/$tag.data"
-  cat "$OUT/$tag-comm.txt"
 }
 
 saturation() {
@@ -285,13 +270,14 @@ gen() {
   trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
   leader_of "$BATON" "$dir" >/dev/null
   local tag="$OUT/gen-$((rate / 1000))k${TAG:+-$TAG}" pid
-  "$BATON" load --dir "$dir" --rate "$rate" --duration 12s --connections 256 --json >"$tag.json" &
+  "$BATON" load --dir "$dir" --rate "$rate" --duration "${LOAD_SECONDS:-12}s" --connections 256 --json >"$tag.json" &
   pid=$!
-  sleep 4
+  sleep "${SAMPLE_AFTER:-4}"
   ls "/proc/$pid/task" >"$tag-tids.txt"
-  perf record -F 499 -a -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+  perf record -F "${HZ:-499}" -a -o "$tag.data" -- sleep "${SAMPLE_SECONDS:-6}" >/dev/null 2>&1
   wait "$pid"
   perf report -i "$tag.data" --sort pid --stdio 2>/dev/null | grep -E '^ +[0-9]' >"$tag-threads.txt"
+  perf report -i "$tag.data" --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -15 >"$tag-comm.txt"
   rm -f "$tag.data"
   python3 scripts/bench/summarize.py gen "$tag"
 }
@@ -341,7 +327,6 @@ case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
   pairs) shift; pairs "$@" ;;
-  share) shift; share "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;

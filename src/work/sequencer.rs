@@ -142,6 +142,13 @@ impl AnswerHome {
     }
 }
 
+/// Completes each reply channel with its answer (a caller that gave up is skipped).
+fn send_all(group: Vec<(Reply, Answer)>) {
+    for (reply, answer) in group {
+        let _ = reply.send(answer);
+    }
+}
+
 /// Delivers a batch's answers: each caller without a home at once, the rest grouped by home and
 /// sent from one task on that home's runtime, where completing a reply channel wakes its caller
 /// without a syscall.
@@ -149,7 +156,7 @@ fn deliver(answers: Vec<(Reply, Answer, Option<AnswerHome>)>) {
     let mut by_home: Vec<(AnswerHome, Vec<(Reply, Answer)>)> = Vec::new();
     for (reply, answer, home) in answers {
         let Some(home) = home else {
-            let _ = reply.send(answer);
+            send_all(vec![(reply, answer)]);
             continue;
         };
         match by_home.iter_mut().find(|(h, _)| h.same(&home)) {
@@ -160,18 +167,12 @@ fn deliver(answers: Vec<(Reply, Answer, Option<AnswerHome>)>) {
     for (home, group) in by_home {
         if home.is_here() {
             // Waking a task of this same runtime only queues it: no task, no syscall.
-            for (reply, answer) in group {
-                let _ = reply.send(answer);
-            }
+            send_all(group);
             continue;
         }
         // If that runtime has shut down the task is dropped with the senders in it, and each
         // caller sees its channel closed ("not running"): its connection is going away anyway.
-        home.0.rt.spawn(async move {
-            for (reply, answer) in group {
-                let _ = reply.send(answer);
-            }
-        });
+        home.0.rt.spawn(async move { send_all(group) });
     }
 }
 
@@ -425,7 +426,8 @@ impl Actor for Sequencer {
                 }
                 state.start_commit(&myself);
                 if state.in_flight == 0 {
-                    // Idle: the connection goes back to the pool for the node's other writes.
+                    // Idle: the connection goes back to its pool, which checks it is still open
+                    // before the next commit takes it.
                     state.pipe = None;
                 }
             }
@@ -639,7 +641,6 @@ impl SequencerHandle {
     /// Offers `rt` as the runtime the sequencer's actor, its commits and its database
     /// connection run on from the next term on; the first offer stands. Without one they run
     /// on the node's runtime.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn offer_commit_runtime(&self, rt: tokio::runtime::Handle) {
         let _ = self.commit_rt.set(rt);
     }
@@ -712,22 +713,23 @@ impl LeaderWork for SequencerWork {
         let sup = ctx.supervisor.clone();
         let intake = Arc::new(Intake::default());
         let args = (ctx, self.limits, intake.clone());
-        // On the offered runtime when there is one (see the module docs): `spawn_linked` starts
+        // On the offered runtime, else this one (see the module docs): `spawn_linked` starts
         // the actor's task on the runtime it is called on.
-        let spawned = match self.handle.commit_rt.get() {
-            Some(rt) => rt
-                .spawn(Actor::spawn_linked(None, Sequencer, args, sup))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string())),
-            None => Actor::spawn_linked(None, Sequencer, args, sup)
-                .await
-                .map_err(|e| e.to_string()),
-        };
-        let (actor, _) = spawned.map_err(|reason| WorkError::Start {
-            work: "sequencer",
-            reason,
-        })?;
+        let rt = self
+            .handle
+            .commit_rt
+            .get()
+            .cloned()
+            .unwrap_or_else(tokio::runtime::Handle::current);
+        let (actor, _) = rt
+            .spawn(Actor::spawn_linked(None, Sequencer, args, sup))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|reason| WorkError::Start {
+                work: "sequencer",
+                reason,
+            })?;
         self.handle.set(Some(Running {
             actor: actor.clone(),
             intake,
