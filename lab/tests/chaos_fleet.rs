@@ -260,6 +260,14 @@ async fn partition_scenario(fleet: &Fleet, hold: Duration) -> String {
         .clone()
         .expect("fleet up --netns records its namespaces");
     let (old_id, old_addr, t1) = fleet.leader(Duration::from_secs(30)).await;
+    // The claim below (the others elect a leader while the old one is cut off) needs every
+    // member up: with one already gone, the rest are no majority.
+    let rows = baton_lab::fleet::status(&state).await;
+    assert!(
+        rows.iter().all(|r| r.alive && r.role.is_some()),
+        "every member is up before the cut: {rows:?}\n{}",
+        fleet.log_tails(20)
+    );
     assert!(
         net.nodes
             .iter()

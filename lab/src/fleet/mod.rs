@@ -455,8 +455,53 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     for id in ids {
         state.start_node(&id)?;
     }
+    wait_until_serving(&state, NODE_START_WAIT).await?;
     net.disarm();
     Ok(state)
+}
+
+/// How long `fleet up` waits for every node to answer: a debug build on a loaded 2-core machine
+/// takes about two seconds to connect to its resource and backend.
+const NODE_START_WAIT: Duration = Duration::from_secs(30);
+
+/// Returns once every node answers `GET /status` (any reply: a node serves HTTP only after it has
+/// reached its resource and its backend). So `fleet up` hands back a fleet that is up, and a node
+/// that exits while starting fails it in that node's own words (the end of its log) rather than
+/// as a missing vote in whatever runs next.
+async fn wait_until_serving(state: &FleetState, within: Duration) -> anyhow::Result<()> {
+    let client = state.admin_client(Duration::from_secs(2));
+    let until = tokio::time::Instant::now() + within;
+    let mut waiting: Vec<&FleetNode> = state.nodes.iter().collect();
+    loop {
+        if let Some(gone) = waiting.iter().find(|n| !pid_alive(n.pid)) {
+            bail!(
+                "node {} exited while starting; the end of its log ({}):\n{}",
+                gone.id,
+                gone.log.display(),
+                servers::log_tail(&gone.log, 20)
+            );
+        }
+        let asks = waiting.iter().map(|n| client.get(&n.http_addr, "/status"));
+        let replies = futures::future::join_all(asks).await;
+        waiting = waiting
+            .into_iter()
+            .zip(replies)
+            .filter_map(|(n, r)| r.is_err().then_some(n))
+            .collect();
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > until {
+            let ids: Vec<&str> = waiting.iter().map(|n| n.id.as_str()).collect();
+            bail!(
+                "node(s) {} did not answer /status within {within:?}; the end of {}'s log:\n{}",
+                ids.join(", "),
+                waiting[0].id,
+                servers::log_tail(&waiting[0].log, 20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn start_backend_servers(

@@ -291,6 +291,10 @@ impl Fleet {
             for l in &lines[lines.len().saturating_sub(n)..] {
                 eprintln!("{l}");
             }
+            // A node that never reached its first step (exited, or stuck connecting) says why
+            // only in its log.
+            let log = baton_lab::fleet::servers::log_tail(&node.log, n);
+            eprintln!("--- {} log, last {n} lines:\n{log}", node.id);
         }
     }
 }
