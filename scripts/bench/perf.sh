@@ -11,6 +11,8 @@
 #   scripts/bench/perf.sh pairs OLD NEW [RATE] [PAIRS]  # two builds' `baton bench next` in turn
 #                                      # (OLD, NEW, OLD, ...), each a fresh fleet beside the 15%
 #                                      # neighbour with --plain-http, 30 s (default 50k, 3 pairs)
+#   scripts/bench/perf.sh session [RATE] [PAIRS]  # the neighbour in the generator's session vs
+#                                      # in its own (setsid), alternating, 30 s each (50k, 3 pairs)
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -121,6 +123,24 @@ pairs() {
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/*-run*.json
+}
+
+# The neighbour in the generator's session (bench next's default, every run above) against the
+# same neighbour in a session of its own (--neighbour-own-session), alternating, PAIRS pairs at
+# RATE, 30 s each. With sched_autogroup_enabled = 1 the kernel shares CPU between sessions first,
+# so the neighbour's session decides whose share it takes.
+session() {
+  local rate=${1:-50000} n=${2:-3}
+  echo "# session: $(nproc) cores; sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled)"
+  for i in $(seq 1 "$n"); do
+    for where in shared own; do
+      local flag=()
+      [ "$where" = own ] && flag=(--neighbour-own-session)
+      "$BATON" bench next --backend raft --rate "$rate" --duration 30s --neighbour-cpu-percent 15 --plain-http \
+        "${flag[@]}" --out "$OUT/$where-$((rate / 1000))k-run$i.json" >/dev/null
+    done
+  done
+  python3 scripts/bench/summarize.py next "$OUT"/shared-*-run*.json "$OUT"/own-*-run*.json
 }
 
 saturation() {
@@ -327,6 +347,7 @@ case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
   pairs) shift; pairs "$@" ;;
+  session) shift; session "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;

@@ -75,6 +75,12 @@ pub struct NextArgs {
     /// and stopped with the load. 0 = none.
     #[arg(long, default_value_t = 0)]
     pub neighbour_cpu_percent: u32,
+    /// Start the neighbour in a session of its own (`setsid`) instead of this command's. The
+    /// kernel (`sched_autogroup_enabled = 1`) shares CPU between sessions first: in ours the
+    /// neighbour's share comes out of the load generator's, in its own it competes with every
+    /// session alike, as another service on the machine would.
+    #[arg(long)]
+    pub neighbour_own_session: bool,
     /// After the measured window, the same open loop (rate, connections, duration, threads,
     /// neighbour) on the leader's `GET /healthz`: the machine's own HTTP limit with this
     /// generator and server stack, measured in the same run, so the report can say how close
@@ -119,6 +125,8 @@ pub struct NextReport {
     pub tokens: Vec<i64>,
     /// `stress-ng --cpu 2 --cpu-load N` beside the measured window (0 = none).
     pub neighbour_cpu_percent: u32,
+    /// `--neighbour-own-session`: the neighbour ran in a session of its own, not the generator's.
+    pub neighbour_own_session: bool,
     /// `--plain-http`: the same open loop on `GET /healthz` (no ID), beside the same neighbour.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plain_http: Option<SideReport>,
@@ -183,7 +191,8 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         args.rate, args.connections, args.duration
     );
     let loadavg_start = loadavg();
-    let report = load_beside_neighbour(spec(args.duration), args.neighbour_cpu_percent).await;
+    let neighbour = (args.neighbour_cpu_percent, args.neighbour_own_session);
+    let report = load_beside_neighbour(spec(args.duration), neighbour).await;
     let loadavg_end = loadavg();
     let s = report?.summary();
     let baton = open_loop_side(&s);
@@ -201,7 +210,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         let mut probe = spec(args.duration);
         probe.path = "/healthz".into();
         probe.probe = true;
-        let report = load_beside_neighbour(probe, args.neighbour_cpu_percent).await?;
+        let report = load_beside_neighbour(probe, neighbour).await?;
         Some(open_loop_side(&report.summary()))
     } else {
         None
@@ -264,6 +273,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         leadership_changes,
         tokens,
         neighbour_cpu_percent: args.neighbour_cpu_percent,
+        neighbour_own_session: args.neighbour_own_session,
         plain_http,
         p99_over_plain_http,
         loadavg_start,
@@ -277,9 +287,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
 /// anything else is measured); prints the run's summary.
 async fn load_beside_neighbour(
     spec: LoadSpec,
-    neighbour_cpu_percent: u32,
+    (cpu_percent, own_session): (u32, bool),
 ) -> anyhow::Result<load::LoadReport> {
-    let neighbour = Neighbour::start(neighbour_cpu_percent)?;
+    let neighbour = Neighbour::start(cpu_percent, own_session)?;
     let report = load::run(spec).await;
     drop(neighbour);
     let report = report?;
@@ -383,7 +393,7 @@ async fn baseline(
 struct Neighbour(Option<std::process::Child>);
 
 impl Neighbour {
-    fn start(cpu_percent: u32) -> anyhow::Result<Neighbour> {
+    fn start(cpu_percent: u32, own_session: bool) -> anyhow::Result<Neighbour> {
         if cpu_percent == 0 {
             return Ok(Neighbour(None));
         }
@@ -392,16 +402,28 @@ impl Neighbour {
             "--neighbour-cpu-percent {cpu_percent} > 100"
         );
         use std::os::unix::process::CommandExt;
-        let child = std::process::Command::new("stress-ng")
-            .args([
-                "--cpu",
-                "2",
-                "--cpu-load",
-                &cpu_percent.to_string(),
-                "--quiet",
-            ])
-            .process_group(0)
-            .stdout(std::process::Stdio::null())
+        let mut cmd = std::process::Command::new("stress-ng");
+        cmd.args([
+            "--cpu",
+            "2",
+            "--cpu-load",
+            &cpu_percent.to_string(),
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::null());
+        if own_session {
+            // SAFETY: setsid is async-signal-safe and touches no memory of the parent. A new
+            // session is also a new process group, so Drop's kill of the group still applies.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        } else {
+            cmd.process_group(0);
+        }
+        let child = cmd
             .spawn()
             .context("starting stress-ng (Debian package stress-ng: scripts/ensure-deps.sh)")?;
         Ok(Neighbour(Some(child)))

@@ -32,6 +32,32 @@ pub struct FleetNode {
     pub peer_addr: Option<String>,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// When the process `pid` names started ([`servers::start_ticks`]). A state file whose pid
+    /// now names a process that started at another time loads with pid 0 (not running), so
+    /// `fleet down` or `fleet up` in an old directory never signals whoever reuses the pid.
+    #[serde(default)]
+    pub started_ticks: Option<u64>,
+}
+
+/// Sets the pid of every node whose process is gone and whose pid names another process now to
+/// 0, which every caller reads as "not running".
+fn forget_reused_pids(nodes: &mut [FleetNode]) {
+    for n in nodes {
+        if !n.pid_is_ours() {
+            n.pid = 0;
+        }
+    }
+}
+
+impl FleetNode {
+    /// Whether `pid` still names the process this node started as.
+    fn pid_is_ours(&self) -> bool {
+        match self.started_ticks {
+            Some(t) => servers::start_ticks(self.pid) == Some(t),
+            // A state file written before start times were recorded: the pid is all we have.
+            None => true,
+        }
+    }
 }
 
 /// Writes a file only its owner can read: node configs and fleet.json carry secrets (the
@@ -99,7 +125,10 @@ impl FleetState {
                 path.display()
             )
         })?;
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+        let mut state: FleetState =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        forget_reused_pids(&mut state.nodes);
+        Ok(state)
     }
 
     pub fn save(&self) -> anyhow::Result<()> {
@@ -155,6 +184,8 @@ impl FleetState {
         cmd.arg("node").arg("--config").arg(&node.config);
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         node.pid = spawn_detached(&mut cmd, &node.log)?;
+        // Our own child, so its /proc entry outlives it until we reap it; 0 never matches.
+        node.started_ticks = Some(servers::start_ticks(node.pid).unwrap_or(0));
         let pid = node.pid;
         self.save()?;
         Ok(pid)
@@ -196,7 +227,10 @@ impl FleetState {
     /// `kill -9` of one node.
     pub fn kill_node(&self, id: &str) -> anyhow::Result<()> {
         let node = self.node(id)?;
-        // SAFETY: kill(2) on the pid we started.
+        if node.pid == 0 || !node.pid_is_ours() {
+            return Ok(()); // not running: nothing of ours to kill
+        }
+        // SAFETY: kill(2) on the pid we started, checked to be that process still.
         unsafe { libc::kill(node.pid as i32, libc::SIGKILL) };
         Ok(())
     }
@@ -204,7 +238,7 @@ impl FleetState {
     /// Stops everything: nodes first (they demote and resign), then the servers.
     pub fn down(&self) {
         for n in &self.nodes {
-            if pid_alive(n.pid) {
+            if pid_alive(n.pid) && n.pid_is_ours() {
                 stop_pid(n.pid, libc::SIGTERM, Duration::from_secs(8));
             }
         }
@@ -436,6 +470,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             peer_addr,
             config,
             log: node_dir.join("node.log"),
+            started_ticks: None,
         });
     }
     let mut state = FleetState {
@@ -455,13 +490,15 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     for id in ids {
         state.start_node(&id)?;
     }
-    wait_until_serving(&state, NODE_START_WAIT).await?;
+    let within = NODE_START_WAIT + Duration::from_secs(state.nodes.len() as u64);
+    wait_until_serving(&state, within).await?;
     net.disarm();
     Ok(state)
 }
 
-/// How long `fleet up` waits for every node to answer: a debug build on a loaded 2-core machine
-/// takes about two seconds to connect to its resource and backend.
+/// How long `fleet up` waits for every node to answer, plus a second per node: a debug build on a
+/// loaded 2-core machine takes about two seconds to reach its resource and backend, and a
+/// 51-node fleet starts its nodes side by side on those two cores.
 const NODE_START_WAIT: Duration = Duration::from_secs(30);
 
 /// Returns once every node answers `GET /status` (any reply: a node serves HTTP only after it has
@@ -664,5 +701,42 @@ pub fn print_status(rows: &[NodeRow]) {
             r.token.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
             r.leader.as_deref().unwrap_or("-"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node_with(pid: u32, started_ticks: Option<u64>) -> FleetNode {
+        FleetNode {
+            id: "n1".into(),
+            pid,
+            http_addr: "127.0.0.1:1".into(),
+            peer_addr: None,
+            config: PathBuf::from("/nonexistent/config.toml"),
+            log: PathBuf::from("/nonexistent/node.log"),
+            started_ticks,
+        }
+    }
+
+    /// This test's own process stands in for a node: recorded with its real start time it is
+    /// ours; recorded with any other start time its pid is taken for a reused one and forgotten,
+    /// so nothing would signal it.
+    #[test]
+    fn a_pid_that_names_a_process_started_at_another_time_is_forgotten() {
+        let me = std::process::id();
+        let ticks = servers::start_ticks(me).expect("our own /proc entry");
+        assert_eq!(servers::start_ticks(me), Some(ticks), "stable");
+        let mut nodes = vec![
+            node_with(me, Some(ticks)),
+            node_with(me, Some(ticks + 1)),
+            node_with(me, None),
+        ];
+        forget_reused_pids(&mut nodes);
+        let pids: Vec<u32> = nodes.iter().map(|n| n.pid).collect();
+        assert_eq!(pids, vec![me, 0, me]);
+        assert_eq!(servers::start_ticks(0), None);
+        assert!(!pid_alive(nodes[1].pid));
     }
 }

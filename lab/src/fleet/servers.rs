@@ -87,6 +87,20 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat` field 22); `None`
+/// when there is no such process. With the pid it names one process for good: this machine's
+/// `pid_max` is 32,768, so a pid recorded by a fleet that stopped long ago may belong to an
+/// unrelated process by now.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    if pid == 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces and parentheses) start at field 3.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
 /// Sends `sig`, then waits up to `grace` for the process to go, then SIGKILLs it.
 pub fn stop_pid(pid: u32, sig: i32, grace: Duration) {
     if !pid_alive(pid) {
