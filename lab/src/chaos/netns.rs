@@ -89,6 +89,9 @@ pub struct NetnsFleet {
     /// The relay process for servers that cannot listen on the bridge themselves.
     #[serde(default)]
     pub relay_pid: Option<u32>,
+    /// When the relay started ([`crate::fleet::servers::start_ticks`]).
+    #[serde(default)]
+    pub relay_started_ticks: Option<u64>,
     /// Ports relayed from `election:port` to `127.0.0.1:port`.
     #[serde(default)]
     pub relayed_ports: Vec<u16>,
@@ -296,6 +299,7 @@ impl NetnsFleet {
                 .collect(),
             id,
             relay_pid: None,
+            relay_started_ticks: None,
             relayed_ports: Vec::new(),
         };
         plan.save_marker(dir)?;
@@ -454,6 +458,7 @@ impl NetnsFleet {
         let log = dir.join("netns-relay.log");
         let pid = spawn_detached(&mut cmd, &log)?;
         self.relay_pid = Some(pid);
+        self.relay_started_ticks = crate::fleet::servers::spawned_ticks(pid);
         self.relayed_ports = ports.clone();
         self.save_marker(dir)?;
         let until = Instant::now() + Duration::from_secs(10);

@@ -39,24 +39,34 @@ pub struct FleetNode {
     pub started_ticks: Option<u64>,
 }
 
-/// Sets the pid of every node whose process is gone and whose pid names another process now to
-/// 0, which every caller reads as "not running".
-fn forget_reused_pids(nodes: &mut [FleetNode]) {
-    for n in nodes {
-        if !n.pid_is_ours() {
-            n.pid = 0;
-        }
+/// Sets to 0 ("not running") every pid of `state` whose process is gone and which names another
+/// process now: nodes, backend servers, the netns relay. PostgreSQL is found by its own
+/// `postmaster.pid`, which PostgreSQL checks itself.
+fn forget_reused_pids(state: &mut FleetState) {
+    for n in &mut state.nodes {
+        n.pid = servers::ours(n.pid, n.started_ticks);
+    }
+    for m in state.etcd.iter_mut().flat_map(|e| e.members.iter_mut()) {
+        m.pid = servers::ours(m.pid, m.started_ticks);
+    }
+    for m in state.zk.iter_mut().flat_map(|z| z.members.iter_mut()) {
+        m.pid = servers::ours(m.pid, m.started_ticks);
+    }
+    if let Some(r) = &mut state.redis {
+        r.pid = servers::ours(r.pid, r.started_ticks);
+    }
+    if let Some(net) = &mut state.netns {
+        net.relay_pid = net
+            .relay_pid
+            .map(|p| servers::ours(p, net.relay_started_ticks))
+            .filter(|&p| p != 0);
     }
 }
 
 impl FleetNode {
     /// Whether `pid` still names the process this node started as.
     fn pid_is_ours(&self) -> bool {
-        match self.started_ticks {
-            Some(t) => servers::start_ticks(self.pid) == Some(t),
-            // A state file written before start times were recorded: the pid is all we have.
-            None => true,
-        }
+        servers::ours(self.pid, self.started_ticks) != 0
     }
 }
 
@@ -127,7 +137,7 @@ impl FleetState {
         })?;
         let mut state: FleetState =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-        forget_reused_pids(&mut state.nodes);
+        forget_reused_pids(&mut state);
         Ok(state)
     }
 
@@ -184,8 +194,7 @@ impl FleetState {
         cmd.arg("node").arg("--config").arg(&node.config);
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
         node.pid = spawn_detached(&mut cmd, &node.log)?;
-        // Our own child, so its /proc entry outlives it until we reap it; 0 never matches.
-        node.started_ticks = Some(servers::start_ticks(node.pid).unwrap_or(0));
+        node.started_ticks = servers::spawned_ticks(node.pid);
         let pid = node.pid;
         self.save()?;
         Ok(pid)
@@ -728,15 +737,18 @@ mod tests {
         let me = std::process::id();
         let ticks = servers::start_ticks(me).expect("our own /proc entry");
         assert_eq!(servers::start_ticks(me), Some(ticks), "stable");
-        let mut nodes = vec![
+        let nodes = [
             node_with(me, Some(ticks)),
             node_with(me, Some(ticks + 1)),
             node_with(me, None),
         ];
-        forget_reused_pids(&mut nodes);
-        let pids: Vec<u32> = nodes.iter().map(|n| n.pid).collect();
+        let pids: Vec<u32> = nodes
+            .iter()
+            .map(|n| servers::ours(n.pid, n.started_ticks))
+            .collect();
         assert_eq!(pids, vec![me, 0, me]);
+        assert!(nodes[0].pid_is_ours() && !nodes[1].pid_is_ours());
         assert_eq!(servers::start_ticks(0), None);
-        assert!(!pid_alive(nodes[1].pid));
+        assert!(!pid_alive(pids[1]));
     }
 }

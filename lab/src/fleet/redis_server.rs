@@ -19,6 +19,9 @@ pub struct RedisServer {
     pub port: u16,
     pub root: PathBuf,
     pub pid: u32,
+    /// When `pid` started ([`super::servers::start_ticks`]).
+    #[serde(default)]
+    pub started_ticks: Option<u64>,
     /// Set when `port` speaks TLS only (see [`RedisServer::start_tls`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ServerTls>,
@@ -78,6 +81,7 @@ impl RedisServer {
             port,
             root: root.to_owned(),
             pid: 0,
+            started_ticks: None,
             tls,
         };
         server.spawn()?;
@@ -111,6 +115,7 @@ impl RedisServer {
             .args(["--logfile", ""])
             .args(["--loglevel", "warning"]);
         self.pid = spawn_detached(&mut cmd, &self.log())?;
+        self.started_ticks = super::servers::spawned_ticks(self.pid);
         self.wait_ready(Duration::from_secs(10))
     }
 

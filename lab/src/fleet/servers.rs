@@ -101,6 +101,22 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
+/// The start time to record for `pid`, just spawned by us: our own child keeps its /proc entry
+/// until we reap it, so this is `None` only for a spawn that never happened; 0 never matches.
+pub fn spawned_ticks(pid: u32) -> Option<u64> {
+    Some(start_ticks(pid).unwrap_or(0))
+}
+
+/// `pid`, if it still names the process that started at `started_ticks` (or no start time was
+/// recorded, as in state files written before there were any); else 0, which every caller reads
+/// as "not running".
+pub fn ours(pid: u32, started_ticks: Option<u64>) -> u32 {
+    match started_ticks {
+        Some(t) if start_ticks(pid) != Some(t) => 0,
+        _ => pid,
+    }
+}
+
 /// Sends `sig`, then waits up to `grace` for the process to go, then SIGKILLs it.
 pub fn stop_pid(pid: u32, sig: i32, grace: Duration) {
     if !pid_alive(pid) {
@@ -624,6 +640,9 @@ pub struct EtcdMember {
     pub client_port: u16,
     pub peer_port: u16,
     pub pid: u32,
+    /// When `pid` started ([`start_ticks`]).
+    #[serde(default)]
+    pub started_ticks: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -724,6 +743,7 @@ impl EtcdCluster {
                     client_port: ports[2 * i],
                     peer_port: ports[2 * i + 1],
                     pid: 0,
+                    started_ticks: None,
                 })
                 .collect(),
             heartbeat_ms,
@@ -822,6 +842,7 @@ impl EtcdCluster {
         }
         let log = self.root.join(format!("{}.log", m.name));
         self.members[i].pid = spawn_detached(&mut cmd, &log)?;
+        self.members[i].started_ticks = spawned_ticks(self.members[i].pid);
         Ok(())
     }
 

@@ -35,6 +35,9 @@ pub struct ZkMember {
     pub quorum_port: u16,
     pub election_port: u16,
     pub pid: u32,
+    /// When `pid` started ([`super::servers::start_ticks`]).
+    #[serde(default)]
+    pub started_ticks: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -113,6 +116,7 @@ impl ZkEnsemble {
                 quorum_port: ports[3 * i + 1],
                 election_port: ports[3 * i + 2],
                 pid: 0,
+                started_ticks: None,
             })
             .collect();
         let mut ens = ZkEnsemble {
@@ -206,6 +210,7 @@ impl ZkEnsemble {
             .arg(MAIN_CLASS)
             .arg(dir.join("zoo.cfg"));
         self.members[i].pid = spawn_detached(&mut cmd, &self.log(id))?;
+        self.members[i].started_ticks = super::servers::spawned_ticks(self.members[i].pid);
         Ok(())
     }
 
