@@ -106,11 +106,20 @@ sweep() {
   done
 }
 
+# One `bench next` of binary $1 on raft at rate $2 for $3 beside the 15% neighbour, report to $4;
+# further arguments go to bench next.
+next_beside_neighbour() {
+  local bin=$1 rate=$2 duration=$3 out=$4
+  shift 4
+  "$bin" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
+    "$@" --out "$out"
+}
+
 neighbour() {
   local rate=${1:-50000} duration=${2:-60s}
   for i in 1 2 3 4 5; do
-    "$BATON" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
-      ${PLAIN:+--plain-http} --out "$OUT/neighbour15-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json"
+    next_beside_neighbour "$BATON" "$rate" "$duration" \
+      "$OUT/neighbour15-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json" ${PLAIN:+--plain-http}
   done
 }
 
@@ -118,8 +127,8 @@ pairs() {
   local old=$1 new=$2 rate=${3:-50000} n=${4:-3}
   for i in $(seq 1 "$n"); do
     for bin in "$old" "$new"; do
-      "$bin" bench next --backend raft --rate "$rate" --duration 30s --neighbour-cpu-percent 15 --plain-http \
-        --out "$OUT/$(basename "$bin")-$((rate / 1000))k-run$i.json" >/dev/null
+      next_beside_neighbour "$bin" "$rate" 30s "$OUT/$(basename "$bin")-$((rate / 1000))k-run$i.json" \
+        --plain-http >/dev/null
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/*-run*.json
@@ -136,8 +145,8 @@ session() {
     for where in shared own; do
       local flag=()
       [ "$where" = own ] && flag=(--neighbour-own-session)
-      "$BATON" bench next --backend raft --rate "$rate" --duration 30s --neighbour-cpu-percent 15 --plain-http \
-        "${flag[@]}" --out "$OUT/$where-$((rate / 1000))k-run$i.json" >/dev/null
+      next_beside_neighbour "$BATON" "$rate" 30s "$OUT/$where-$((rate / 1000))k-run$i.json" \
+        --plain-http "${flag[@]}" >/dev/null
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/shared-*-run*.json "$OUT"/own-*-run*.json

@@ -156,7 +156,7 @@ fn deliver(answers: Vec<(Reply, Answer, Option<AnswerHome>)>) {
     let mut by_home: Vec<(AnswerHome, Vec<(Reply, Answer)>)> = Vec::new();
     for (reply, answer, home) in answers {
         let Some(home) = home else {
-            send_all(vec![(reply, answer)]);
+            let _ = reply.send(answer);
             continue;
         };
         match by_home.iter_mut().find(|(h, _)| h.same(&home)) {

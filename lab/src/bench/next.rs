@@ -191,8 +191,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         args.rate, args.connections, args.duration
     );
     let loadavg_start = loadavg();
-    let neighbour = (args.neighbour_cpu_percent, args.neighbour_own_session);
-    let report = load_beside_neighbour(spec(args.duration), neighbour).await;
+    let report = load_beside_neighbour(spec(args.duration), args).await;
     let loadavg_end = loadavg();
     let s = report?.summary();
     let baton = open_loop_side(&s);
@@ -210,7 +209,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         let mut probe = spec(args.duration);
         probe.path = "/healthz".into();
         probe.probe = true;
-        let report = load_beside_neighbour(probe, neighbour).await?;
+        let report = load_beside_neighbour(probe, args).await?;
         Some(open_loop_side(&report.summary()))
     } else {
         None
@@ -287,9 +286,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
 /// anything else is measured); prints the run's summary.
 async fn load_beside_neighbour(
     spec: LoadSpec,
-    (cpu_percent, own_session): (u32, bool),
+    args: &NextArgs,
 ) -> anyhow::Result<load::LoadReport> {
-    let neighbour = Neighbour::start(cpu_percent, own_session)?;
+    let neighbour = Neighbour::start(args.neighbour_cpu_percent, args.neighbour_own_session)?;
     let report = load::run(spec).await;
     drop(neighbour);
     let report = report?;

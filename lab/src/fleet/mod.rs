@@ -236,7 +236,7 @@ impl FleetState {
     /// `kill -9` of one node.
     pub fn kill_node(&self, id: &str) -> anyhow::Result<()> {
         let node = self.node(id)?;
-        if node.pid == 0 || !node.pid_is_ours() {
+        if !node.pid_is_ours() {
             return Ok(()); // not running: nothing of ours to kill
         }
         // SAFETY: kill(2) on the pid we started, checked to be that process still.

@@ -101,8 +101,8 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
-/// The start time to record for `pid`, just spawned by us: our own child keeps its /proc entry
-/// until we reap it, so this is `None` only for a spawn that never happened; 0 never matches.
+/// The start time to record for `pid`, just spawned by us. Our own child keeps its /proc entry
+/// until we reap it, so this fails only for a spawn that never happened; 0 then never matches.
 pub fn spawned_ticks(pid: u32) -> Option<u64> {
     Some(start_ticks(pid).unwrap_or(0))
 }
