@@ -2,8 +2,11 @@
 //! `work`, the `pg-lease` backend): one place that builds a pool (TLS or plain) and one that
 //! renders a driver error with its causes. It sits below both, so neither imports the other.
 
-use deadpool_postgres::{Config as PoolConfig, Pool, Runtime};
-use tokio_postgres::NoTls;
+use std::time::Duration;
+
+use deadpool_postgres::{Config as PoolConfig, Manager, Pool, Runtime};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Socket};
 
 /// An error with its sources: tokio-postgres says only "db error" or "error performing TLS
 /// handshake" at the top, the reason (e.g. an unknown issuer) is below.
@@ -21,26 +24,49 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 /// Builds the pool for `pc`: over TLS verified against `tls_ca_file` when it is set, with
 /// `sslmode=require` (never a silent fallback to plain text, whatever the URL says); plain
 /// otherwise. Every PostgreSQL pool of a node (the fence's, pg-lease's) is made here.
+///
+/// Each connection gets `TCP_USER_TIMEOUT` = `unacked_bound` (unless the URL sets its own
+/// `tcp_user_timeout`): data the server has not acknowledged for that long closes the
+/// connection, and the call on it fails, instead of waiting out TCP's retransmissions (which
+/// back off towards minutes) while a partition drops the packets.
 pub(crate) fn create_pool(
     pc: PoolConfig,
     tls_ca_file: Option<&std::path::Path>,
+    unacked_bound: Duration,
 ) -> Result<Pool, String> {
     let Some(ca) = tls_ca_file else {
-        return pc
-            .create_pool(Some(Runtime::Tokio1), NoTls)
-            .map_err(|e| e.to_string());
+        return build(&pc, NoTls, unacked_bound);
     };
     #[cfg(feature = "tls")]
     {
         let mut pc = pc;
         let tls = crate::tls::postgres_connector(ca).map_err(|e| e.to_string())?;
         pc.ssl_mode = Some(deadpool_postgres::SslMode::Require);
-        pc.create_pool(Some(Runtime::Tokio1), tls)
-            .map_err(|e| e.to_string())
+        build(&pc, tls, unacked_bound)
     }
     #[cfg(not(feature = "tls"))]
     Err(format!(
         "tls_ca_file {} is set, but this build of baton has no TLS (cargo feature `tls`)",
         ca.display()
     ))
+}
+
+/// [`PoolConfig::create_pool`], with the driver's config adjusted first.
+fn build<T>(pc: &PoolConfig, tls: T, unacked_bound: Duration) -> Result<Pool, String>
+where
+    T: MakeTlsConnect<Socket> + Clone + Sync + Send + 'static,
+    T::Stream: Sync + Send,
+    T::TlsConnect: Sync + Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    let mut pg = pc.get_pg_config().map_err(|e| e.to_string())?;
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(unacked_bound);
+    }
+    let manager = Manager::from_config(pg, tls, pc.get_manager_config());
+    Pool::builder(manager)
+        .config(pc.get_pool_config())
+        .runtime(Runtime::Tokio1)
+        .build()
+        .map_err(|e| e.to_string())
 }

@@ -425,3 +425,101 @@ async fn pipelined_commits_run_in_the_order_sent() {
     assert!(stale.await.is_err(), "a range that does not move forward");
     fine.await.expect("the commit behind a refused one");
 }
+
+/// Sends SIGCONT to a stopped PostgreSQL backend when dropped, so a failing test never leaves
+/// one stopped (the server could not shut down).
+struct Stopped(i32);
+
+impl Stopped {
+    fn stop(pid: i32) -> Stopped {
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) },
+            0,
+            "SIGSTOP {pid}"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// A commit the database never answers (its backend stopped: the kernel still acknowledges
+/// the bytes, so only a deadline on the client side can tell) fails as unavailable within the
+/// bound (the server's statement timeout plus a second), and that connection leaves the pool:
+/// the next pipe is a new connection and commits while the old backend is still stopped.
+/// Without the bound the commit waits for as long as the backend is stopped, and without the
+/// detach the next pipe is the same dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_database_never_answers_fails_in_time_and_its_connection_is_replaced() {
+    use baton::backends::FenceToken;
+    use std::sync::Arc;
+    let pg = private_pg().await;
+    let statement_timeout_ms = 500;
+    let resource = baton::config::ResourceConfig {
+        database_url: pg.server.app_url(),
+        statement_timeout_ms,
+        ..Default::default()
+    };
+    let bound = Duration::from_millis(statement_timeout_ms + 1000);
+    let fence = baton::work::Fence::new(&resource, "n1").unwrap();
+    let token = FenceToken(3);
+    assert_eq!(fence.seq_claim("seq", token).await.unwrap(), 0);
+    let pipe = Arc::new(fence.seq_pipe().await.unwrap());
+    pipe.send_commit("seq", token, 1, 10)
+        .await
+        .expect("first commit");
+    let admin = connect(&pg.server.admin_url()).await;
+    let backend_of_pipe = || async {
+        let rows = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE '%seq_commit%' \
+                 AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>()
+    };
+    let pids = backend_of_pipe().await;
+    assert_eq!(
+        pids.len(),
+        1,
+        "one backend ran the pipe's commits: {pids:?}"
+    );
+    let stopped = Stopped::stop(pids[0]);
+
+    let began = Instant::now();
+    let outcome = tokio::time::timeout(
+        bound + Duration::from_secs(5),
+        pipe.send_commit("seq", token, 11, 20),
+    )
+    .await
+    .expect("the commit to a stopped backend must end by itself, not wait for it");
+    let took = began.elapsed();
+    let err = outcome.expect_err("an unanswered commit cannot succeed");
+    assert!(
+        matches!(err, baton::work::FenceError::Unavailable(_)),
+        "unavailable, outcome unknown: {err}"
+    );
+    assert!(
+        took >= bound - Duration::from_millis(50) && took < bound + Duration::from_secs(1),
+        "gave up after {took:?}, the bound is {bound:?}"
+    );
+    assert!(pipe.is_closed(), "the pipe is presumed dead");
+    drop(pipe);
+
+    // The old backend is still stopped: a pipe that commits now is another connection.
+    let fresh = tokio::time::timeout(Duration::from_secs(10), async {
+        let pipe = Arc::new(fence.seq_pipe().await?);
+        pipe.send_commit("seq", token, 21, 30).await
+    })
+    .await
+    .expect("the next pipe must not be the stopped connection");
+    fresh.expect("a commit on a new connection");
+    assert_eq!(last_seq(&admin).await, 30);
+    drop(stopped);
+}

@@ -3,7 +3,7 @@
 //! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,10 +90,42 @@ impl From<deadpool_postgres::PoolError> for FenceError {
     }
 }
 
+/// How long a call may go unanswered: the server's own `statement_timeout` (`wait`) plus a
+/// second for the round trip. A healthy server answers within it, if only with its
+/// statement-timeout error; past it the packets are being lost (a partition drops them, it
+/// does not refuse them) or the server is stopped, and TCP alone would keep the call waiting
+/// for its retransmissions, which back off towards minutes: after a 15 s cut from PostgreSQL
+/// the sequencer's next answer came 11.7 s after the heal (FINDINGS §11.10). The same bound is
+/// each connection's `TCP_USER_TIMEOUT` (see [`create_pool`]).
+fn answer_bound(wait: Duration) -> Duration {
+    wait + Duration::from_secs(1)
+}
+
+fn unanswered(bound: Duration) -> FenceError {
+    FenceError::Unavailable(format!(
+        "PostgreSQL did not answer within {} ms; the connection is closed and the outcome is unknown",
+        bound.as_millis()
+    ))
+}
+
+/// Ends a call that went unanswered past `bound`: its connection leaves the pool and closes,
+/// so no later call waits behind the same lost packets. The outcome is unknown to the caller.
+fn give_up(client: deadpool_postgres::Object, bound: Duration) -> FenceError {
+    tracing::warn!(
+        bound_ms = bound.as_millis() as u64,
+        "PostgreSQL did not answer a fenced call in time; closing that connection"
+    );
+    drop(deadpool_postgres::Object::take(client));
+    unanswered(bound)
+}
+
 /// A handle on the fenced resource for one holder (node). Cheap to clone.
 #[derive(Clone)]
 pub struct Fence {
     pool: Pool,
+    /// How long a call may go unanswered before its connection is given up (see
+    /// [`answer_bound`]).
+    answer_bound: Duration,
     /// The sequencer's own connection (see [`Fence::seq_pipe`]): made by the first pipe taken,
     /// so its I/O runs on the runtime the sequencer's commits run on.
     seq_pool: Pool,
@@ -154,11 +186,14 @@ impl Fence {
         let mut seq_pc = pc.clone();
         pc.pool = Some(size(cfg.pool_size.max(1)));
         seq_pc.pool = Some(size(1));
-        let pool = create_pool(pc, cfg.tls_ca_file.as_deref()).map_err(FenceError::Unavailable)?;
-        let seq_pool =
-            create_pool(seq_pc, cfg.tls_ca_file.as_deref()).map_err(FenceError::Unavailable)?;
+        let bound = answer_bound(wait);
+        let pool =
+            create_pool(pc, cfg.tls_ca_file.as_deref(), bound).map_err(FenceError::Unavailable)?;
+        let seq_pool = create_pool(seq_pc, cfg.tls_ca_file.as_deref(), bound)
+            .map_err(FenceError::Unavailable)?;
         Ok(Fence {
             pool,
+            answer_bound: bound,
             seq_pool,
             holder: holder.to_owned(),
             refused_claims_in_a_row: Arc::default(),
@@ -189,8 +224,15 @@ impl Fence {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, FenceError> {
         let client = self.pool.get().await?;
-        let stmt = client.prepare_cached(sql).await?;
-        let row = client.query_one(&stmt, params).await?;
+        let answered = tokio::time::timeout(self.answer_bound, async {
+            let stmt = client.prepare_cached(sql).await?;
+            client.query_one(&stmt, params).await
+        })
+        .await;
+        let row = match answered {
+            Ok(r) => r?,
+            Err(_) => return Err(give_up(client, self.answer_bound)),
+        };
         self.judge(resource, op, token, row)
     }
 
@@ -246,9 +288,10 @@ impl Fence {
         let client = self.seq_pool.get().await?;
         let stmt = client.prepare_cached(SEQ_COMMIT_SQL).await?;
         Ok(SeqPipe {
-            client,
+            client: Some(client),
             stmt,
             fence: self.clone(),
+            unanswered: AtomicBool::new(false),
         })
     }
 
@@ -331,9 +374,23 @@ const SEQ_COMMIT_SQL: &str = "SELECT * FROM baton.seq_commit($1, $2, $3, $4, $5)
 /// trip to the node in between, yet the later range never reaches the fence row first (which
 /// the resource would refuse as `seq-not-forward`, ending the term).
 pub struct SeqPipe {
-    client: deadpool_postgres::Object,
+    /// Always `Some` until the pipe drops (then taken to return or detach it).
+    client: Option<deadpool_postgres::Object>,
     stmt: tokio_postgres::Statement,
     fence: Fence,
+    /// A commit on it went unanswered past the bound: the connection is presumed dead and is
+    /// closed, not returned to the pool, when the pipe drops.
+    unanswered: AtomicBool,
+}
+
+impl Drop for SeqPipe {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            if self.unanswered.load(Ordering::Relaxed) {
+                drop(deadpool_postgres::Object::take(client));
+            }
+        }
+    }
 }
 
 impl SeqPipe {
@@ -348,9 +405,13 @@ impl SeqPipe {
         hi: i64,
     ) -> impl Future<Output = Result<(), FenceError>> + Send + 'static {
         let pipe = self.clone();
+        let bound = self.fence.answer_bound;
         let mut outcome = Box::pin(async move {
-            let row = pipe
+            let client = pipe
                 .client
+                .as_ref()
+                .expect("a pipe holds its client until it drops");
+            let row = client
                 .query_one(
                     &pipe.stmt,
                     &[&resource, &token.0, &pipe.fence.holder, &lo, &hi],
@@ -363,17 +424,25 @@ impl SeqPipe {
         // the caller's await polls again with its own waker.
         let mut noop = std::task::Context::from_waker(std::task::Waker::noop());
         let first = outcome.as_mut().poll(&mut noop);
+        let pipe = self.clone();
         async move {
             match first {
                 std::task::Poll::Ready(r) => r,
-                std::task::Poll::Pending => outcome.await,
+                std::task::Poll::Pending => match tokio::time::timeout(bound, outcome).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        pipe.unanswered.store(true, Ordering::Relaxed);
+                        Err(unanswered(bound))
+                    }
+                },
             }
         }
     }
 
-    /// Whether the connection is gone (the next commit needs a new pipe).
+    /// Whether the connection is gone, or presumed dead (the next commit needs a new pipe).
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.unanswered.load(Ordering::Relaxed)
+            || self.client.as_ref().is_none_or(|c| c.is_closed())
     }
 }
 

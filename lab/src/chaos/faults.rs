@@ -90,7 +90,7 @@ impl std::fmt::Display for CutHost {
 }
 
 /// What a partition cuts the node from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum CutTarget {
     /// Its election backend (raft: its peers); the resource stays reachable.

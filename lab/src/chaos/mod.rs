@@ -52,11 +52,15 @@ pub enum ChaosCmd {
         dir: PathBuf,
     },
     /// Cut the leader from its election backend (raft: from its peers) for S seconds, while it
-    /// keeps serving clients and reaching PostgreSQL. Needs `fleet up --netns`.
+    /// keeps serving clients and reaching PostgreSQL (`--from resource`: from PostgreSQL only;
+    /// `both`: from both). Needs `fleet up --netns`.
     PartitionLeader {
         /// How long to hold the partition, seconds (fractions allowed).
         #[arg(long)]
         secs: f64,
+        /// What the leader is cut from.
+        #[arg(long, value_enum, default_value = "backend")]
+        from: CutTarget,
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -139,14 +143,14 @@ pub async fn cli_main(args: ChaosArgs) -> anyhow::Result<()> {
             println!("kill-leader: {} — {}", r.node, r.detail);
             print_report(&r)
         }
-        ChaosCmd::PartitionLeader { secs, dir } => {
+        ChaosCmd::PartitionLeader { secs, from, dir } => {
             if !(secs.is_finite() && secs > 0.0) {
                 anyhow::bail!("--secs must be > 0");
             }
             let state = FleetState::load(&dir)?;
             let r = interruptible(
                 &state,
-                partition_leader(&state, Duration::from_secs_f64(secs)),
+                partition_leader_from(&state, from, Duration::from_secs_f64(secs)),
             )
             .await?;
             println!("partition-leader: {} — {}", r.node, r.detail);
