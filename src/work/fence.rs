@@ -95,13 +95,18 @@ impl From<deadpool_postgres::PoolError> for FenceError {
 /// statement-timeout error; past it the packets are being lost (a partition drops them, it
 /// does not refuse them) or the server is stopped, and TCP alone would keep the call waiting
 /// for its retransmissions, which back off towards minutes: after a 15 s cut from PostgreSQL
-/// the sequencer's next answer came 11.7 s after the heal (FINDINGS §11.10). The same bound is
+/// the sequencer's next answer came 12.3 s after the heal (FINDINGS §11.10). The same bound is
 /// each connection's `TCP_USER_TIMEOUT` (see [`create_pool`]).
 fn answer_bound(wait: Duration) -> Duration {
     wait + Duration::from_secs(1)
 }
 
+/// The error of a call unanswered past `bound` (logged: its connection is being closed).
 fn unanswered(bound: Duration) -> FenceError {
+    tracing::warn!(
+        bound_ms = bound.as_millis() as u64,
+        "PostgreSQL did not answer a fenced call in time; closing that connection"
+    );
     FenceError::Unavailable(format!(
         "PostgreSQL did not answer within {} ms; the connection is closed and the outcome is unknown",
         bound.as_millis()
@@ -111,10 +116,6 @@ fn unanswered(bound: Duration) -> FenceError {
 /// Ends a call that went unanswered past `bound`: its connection leaves the pool and closes,
 /// so no later call waits behind the same lost packets. The outcome is unknown to the caller.
 fn give_up(client: deadpool_postgres::Object, bound: Duration) -> FenceError {
-    tracing::warn!(
-        bound_ms = bound.as_millis() as u64,
-        "PostgreSQL did not answer a fenced call in time; closing that connection"
-    );
     drop(deadpool_postgres::Object::take(client));
     unanswered(bound)
 }
