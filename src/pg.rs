@@ -25,15 +25,16 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 /// `sslmode=require` (never a silent fallback to plain text, whatever the URL says); plain
 /// otherwise. Every PostgreSQL pool of a node (the fence's, pg-lease's) is made here.
 ///
-/// Each connection gets `TCP_USER_TIMEOUT` = `unacked_bound` (unless the URL sets its own
-/// `tcp_user_timeout`): data the server has not acknowledged for that long closes the
-/// connection, and the call on it fails, instead of waiting out TCP's retransmissions (which
-/// back off towards minutes) while a partition drops the packets.
+/// Each connection gets `TCP_USER_TIMEOUT` = [`answer_bound`]`(statement_timeout)` (unless the
+/// URL sets its own `tcp_user_timeout`): data the server has not acknowledged for that long
+/// closes the connection, and the call on it fails, instead of waiting out TCP's
+/// retransmissions (which back off towards minutes) while a partition drops the packets.
 pub(crate) fn create_pool(
     pc: PoolConfig,
     tls_ca_file: Option<&std::path::Path>,
-    unacked_bound: Duration,
+    statement_timeout: Duration,
 ) -> Result<Pool, String> {
+    let unacked_bound = answer_bound(statement_timeout);
     let Some(ca) = tls_ca_file else {
         return build(&pc, NoTls, unacked_bound);
     };
@@ -49,6 +50,16 @@ pub(crate) fn create_pool(
         "tls_ca_file {} is set, but this build of baton has no TLS (cargo feature `tls`)",
         ca.display()
     ))
+}
+
+/// How long a call may go unanswered: the server's own `statement_timeout` plus a second for the
+/// round trip. A healthy server answers within it, if only with its statement-timeout error;
+/// past it the packets are being lost (a partition drops them, it does not refuse them) or the
+/// server is stopped. TCP alone would keep the call waiting for its retransmissions: after a
+/// 15 s cut from PostgreSQL the sequencer's next answer came 12.3 s after the heal (FINDINGS
+/// §11.10). The fence gives up a call at this bound; every connection's `TCP_USER_TIMEOUT` is it.
+pub(crate) fn answer_bound(statement_timeout: Duration) -> Duration {
+    statement_timeout + Duration::from_secs(1)
 }
 
 /// [`PoolConfig::create_pool`], with the driver's config adjusted first.

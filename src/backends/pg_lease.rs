@@ -164,8 +164,6 @@ impl PgLeaseElector {
             },
             ..PoolSize::default()
         });
-        // Past the request bound the call has failed anyway; lost packets close the connection
-        // then too, so the next request does not wait behind them.
         let pool = crate::pg::create_pool(pc, cfg.pg_lease.tls_ca_file.as_deref(), timeout)
             .map_err(|e| ElectorError::Config(format!("pg_lease: {e}")))?;
         let me = LeaderInfo {

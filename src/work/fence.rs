@@ -13,7 +13,7 @@ use tokio_postgres::NoTls;
 use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
-use crate::pg::{create_pool, error_chain};
+use crate::pg::{answer_bound, create_pool, error_chain};
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
@@ -90,17 +90,6 @@ impl From<deadpool_postgres::PoolError> for FenceError {
     }
 }
 
-/// How long a call may go unanswered: the server's own `statement_timeout` (`wait`) plus a
-/// second for the round trip. A healthy server answers within it, if only with its
-/// statement-timeout error; past it the packets are being lost (a partition drops them, it
-/// does not refuse them) or the server is stopped, and TCP alone would keep the call waiting
-/// for its retransmissions, which back off towards minutes: after a 15 s cut from PostgreSQL
-/// the sequencer's next answer came 12.3 s after the heal (FINDINGS §11.10). The same bound is
-/// each connection's `TCP_USER_TIMEOUT` (see [`create_pool`]).
-fn answer_bound(wait: Duration) -> Duration {
-    wait + Duration::from_secs(1)
-}
-
 /// The error of a call unanswered past `bound` (logged: its connection is being closed).
 fn unanswered(bound: Duration) -> FenceError {
     tracing::warn!(
@@ -124,8 +113,8 @@ fn give_up(client: deadpool_postgres::Object, bound: Duration) -> FenceError {
 #[derive(Clone)]
 pub struct Fence {
     pool: Pool,
-    /// How long a call may go unanswered before its connection is given up (see
-    /// [`answer_bound`]).
+    /// How long a call may go unanswered before its connection is given up
+    /// ([`crate::pg::answer_bound`] of the statement timeout).
     answer_bound: Duration,
     /// The sequencer's own connection (see [`Fence::seq_pipe`]): made by the first pipe taken,
     /// so its I/O runs on the runtime the sequencer's commits run on.
@@ -187,14 +176,13 @@ impl Fence {
         let mut seq_pc = pc.clone();
         pc.pool = Some(size(cfg.pool_size.max(1)));
         seq_pc.pool = Some(size(1));
-        let bound = answer_bound(wait);
         let pool =
-            create_pool(pc, cfg.tls_ca_file.as_deref(), bound).map_err(FenceError::Unavailable)?;
-        let seq_pool = create_pool(seq_pc, cfg.tls_ca_file.as_deref(), bound)
+            create_pool(pc, cfg.tls_ca_file.as_deref(), wait).map_err(FenceError::Unavailable)?;
+        let seq_pool = create_pool(seq_pc, cfg.tls_ca_file.as_deref(), wait)
             .map_err(FenceError::Unavailable)?;
         Ok(Fence {
             pool,
-            answer_bound: bound,
+            answer_bound: answer_bound(wait),
             seq_pool,
             holder: holder.to_owned(),
             refused_claims_in_a_row: Arc::default(),
