@@ -13,6 +13,10 @@
 #                                      # neighbour with --plain-http, 30 s (default 50k, 3 pairs)
 #   scripts/bench/perf.sh session [RATE] [PAIRS]  # the neighbour in the generator's session vs
 #                                      # in its own (setsid), alternating, 30 s each (50k, 3 pairs)
+#   scripts/bench/perf.sh slices [RATE] [PAIRS] [SLICE_MS]  # the same 15% neighbour with
+#                                      # stress-ng's default busy slices (random, up to 0.5 s flat
+#                                      # out on both cores) vs steady SLICE_MS (10) slices,
+#                                      # alternating, 30 s each with --plain-http (50k, 5 pairs)
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -150,6 +154,19 @@ session() {
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/shared-*-run*.json "$OUT"/own-*-run*.json
+}
+
+# The neighbour's shape: the same 15% either in stress-ng's default busy slices (a random 0-500
+# ms each, both cores flat out, then a sleep) or in steady SLICE_MS ones, alternating, PAIRS pairs.
+slices() {
+  local rate=${1:-50000} n=${2:-5} slice=${3:-10}
+  for i in $(seq 1 "$n"); do
+    for ms in 0 "$slice"; do
+      next_beside_neighbour "$BATON" "$rate" 30s "$OUT/slice$ms-$((rate / 1000))k-run$i.json" \
+        --plain-http --neighbour-slice-ms "$ms" >/dev/null
+    done
+  done
+  python3 scripts/bench/summarize.py next "$OUT"/slice0-*-run*.json "$OUT"/slice"$slice"-*-run*.json
 }
 
 saturation() {
@@ -357,6 +374,7 @@ case "${1:-}" in
   sweep) shift; sweep "$@" ;;
   pairs) shift; pairs "$@" ;;
   session) shift; session "$@" ;;
+  slices) shift; slices "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;
@@ -366,5 +384,5 @@ case "${1:-}" in
   gen) shift; gen "$@" ;;
   pipe) shift; pipe "$@" ;;
   linger) shift; linger "$@" ;;
-  *) sed -n 2,20p "$0"; exit 2 ;;
+  *) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 2 ;;
 esac

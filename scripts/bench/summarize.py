@@ -15,6 +15,14 @@ import statistics
 import sys
 
 
+def neighbour_words(r):
+    """The neighbour as the report names it: its share, and its busy slice when not stress-ng's."""
+    words = f"{r.get('neighbour_cpu_percent', 0)}%"
+    if r.get("neighbour_slice_ms"):
+        words += f", {r['neighbour_slice_ms']} ms slices"
+    return words
+
+
 def next_rows(paths):
     print("| run | backend | offered | neighbour | achieved IDs/s | p50 ms | p99 ms | service p99 ms | errors | leadership changes | mean batch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -24,7 +32,7 @@ def next_rows(paths):
         b = r["baton"]
         p99s.append(b["p99_ms"])
         print(f"| {p.rsplit('/', 1)[-1]} | {r['backend']} | {r['offered_rate']:.0f} | "
-              f"{r.get('neighbour_cpu_percent', 0)}% | {b['ids_per_s']:.0f} | {b['p50_ms']:.2f} | "
+              f"{neighbour_words(r)} | {b['ids_per_s']:.0f} | {b['p50_ms']:.2f} | "
               f"**{b['p99_ms']:.2f}** | {b.get('service_p99_ms') or float('nan'):.2f} | {b['errors']} | "
               f"{r.get('leadership_changes', '?')} | {r['mean_batch_ids']:.1f} |")
     if len(p99s) > 1:

@@ -81,6 +81,12 @@ pub struct NextArgs {
     /// session alike, as another service on the machine would.
     #[arg(long)]
     pub neighbour_own_session: bool,
+    /// The neighbour's busy slice in ms (`stress-ng --cpu-load-slice`). 0 keeps stress-ng's
+    /// default: each busy slice lasts a random 0–500 ms, so for up to half a second the neighbour
+    /// runs flat out on both cores and then sleeps to average P %. A small slice (10) spreads the
+    /// same P % evenly: a steady neighbour instead of a bursty one.
+    #[arg(long, default_value_t = 0)]
+    pub neighbour_slice_ms: u32,
     /// After the measured window, the same open loop (rate, connections, duration, threads,
     /// neighbour) on the leader's `GET /healthz`: the machine's own HTTP limit with this
     /// generator and server stack, measured in the same run, so the report can say how close
@@ -127,6 +133,8 @@ pub struct NextReport {
     pub neighbour_cpu_percent: u32,
     /// `--neighbour-own-session`: the neighbour ran in a session of its own, not the generator's.
     pub neighbour_own_session: bool,
+    /// `--neighbour-slice-ms`: the neighbour's busy slice (0 = stress-ng's random 0–500 ms).
+    pub neighbour_slice_ms: u32,
     /// `--plain-http`: the same open loop on `GET /healthz` (no ID), beside the same neighbour.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plain_http: Option<SideReport>,
@@ -241,8 +249,8 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         baseline.ids_per_s, baseline.p50_ms, baseline.p99_ms, baseline.p999_ms, baseline.errors, args.baseline_connections
     );
     println!(
-        "service p99 {:.2} ms; leadership changes during the run {leadership_changes} (tokens {tokens:?}); neighbour {}% CPU",
-        s.service_ms.p99, args.neighbour_cpu_percent
+        "service p99 {:.2} ms; leadership changes during the run {leadership_changes} (tokens {tokens:?}); neighbour {}% CPU, busy slice {}",
+        s.service_ms.p99, args.neighbour_cpu_percent, slice_words(args.neighbour_slice_ms)
     );
     if let (Some(p), Some(r)) = (&plain_http, p99_over_plain_http) {
         println!(
@@ -273,6 +281,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         tokens,
         neighbour_cpu_percent: args.neighbour_cpu_percent,
         neighbour_own_session: args.neighbour_own_session,
+        neighbour_slice_ms: args.neighbour_slice_ms,
         plain_http,
         p99_over_plain_http,
         loadavg_start,
@@ -288,7 +297,7 @@ async fn load_beside_neighbour(
     spec: LoadSpec,
     args: &NextArgs,
 ) -> anyhow::Result<load::LoadReport> {
-    let neighbour = Neighbour::start(args.neighbour_cpu_percent, args.neighbour_own_session)?;
+    let neighbour = Neighbour::start(args)?;
     let report = load::run(spec).await;
     drop(neighbour);
     let report = report?;
@@ -388,11 +397,20 @@ async fn baseline(
     })
 }
 
+/// How the report names the neighbour's busy slice.
+fn slice_words(slice_ms: u32) -> String {
+    match slice_ms {
+        0 => "random 0-500 ms".into(),
+        ms => format!("{ms} ms"),
+    }
+}
+
 /// A `stress-ng` CPU neighbour, stopped (SIGKILL to its process group) when dropped.
 struct Neighbour(Option<std::process::Child>);
 
 impl Neighbour {
-    fn start(cpu_percent: u32, own_session: bool) -> anyhow::Result<Neighbour> {
+    fn start(args: &NextArgs) -> anyhow::Result<Neighbour> {
+        let cpu_percent = args.neighbour_cpu_percent;
         if cpu_percent == 0 {
             return Ok(Neighbour(None));
         }
@@ -407,10 +425,12 @@ impl Neighbour {
             "2",
             "--cpu-load",
             &cpu_percent.to_string(),
+            "--cpu-load-slice",
+            &args.neighbour_slice_ms.to_string(),
             "--quiet",
         ])
         .stdout(std::process::Stdio::null());
-        if own_session {
+        if args.neighbour_own_session {
             // SAFETY: setsid is async-signal-safe and touches no memory of the parent. A new
             // session is also a new process group, so Drop's kill of the group still applies.
             unsafe {
