@@ -2,9 +2,11 @@
 //! `work`, the `pg-lease` backend): one place that builds a pool (TLS or plain) and one that
 //! renders a driver error with its causes. It sits below both, so neither imports the other.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Config as PoolConfig, Manager, Pool, Runtime};
+use deadpool_postgres::{Config as PoolConfig, Manager, Object, Pool, Runtime};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{NoTls, Socket};
 
@@ -60,6 +62,70 @@ pub(crate) fn create_pool(
 /// §11.10). The fence gives up a call at this bound; every connection's `TCP_USER_TIMEOUT` is it.
 pub(crate) fn answer_bound(statement_timeout: Duration) -> Duration {
     statement_timeout + Duration::from_secs(1)
+}
+
+/// A pooled connection that remembers whether a call on it went unanswered. If one did, dropping
+/// it closes the connection instead of returning it to its pool: deadpool's fast recycling
+/// checks only `is_closed`, so the next call would be handed the same connection and queue
+/// behind the answer that never comes (a stopped backend, or a partition that drops packets).
+pub(crate) struct Conn {
+    /// `Some` until dropped.
+    client: Option<Object>,
+    unanswered: AtomicBool,
+}
+
+impl Conn {
+    pub(crate) fn new(client: Object) -> Conn {
+        Conn {
+            client: Some(client),
+            unanswered: AtomicBool::new(false),
+        }
+    }
+
+    /// `call`'s output, or `None` when it is not answered within `bound` (usually
+    /// [`answer_bound`]); the connection is then closed when this drops, whatever else still
+    /// holds it meanwhile.
+    pub(crate) async fn within<F: Future>(&self, bound: Duration, call: F) -> Option<F::Output> {
+        match tokio::time::timeout(bound, call).await {
+            Ok(output) => Some(output),
+            Err(_) => {
+                self.unanswered.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Takes the connection out of its pool and closes it (a transaction left in an unknown
+    /// state).
+    pub(crate) fn discard(self) {
+        self.unanswered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the connection is gone or a call on it went unanswered (do not send more).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.unanswered.load(Ordering::Relaxed)
+            || self.client.as_ref().is_none_or(|c| c.is_closed())
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Object;
+
+    fn deref(&self) -> &Object {
+        self.client
+            .as_ref()
+            .expect("a Conn holds its connection until it drops")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            if self.unanswered.load(Ordering::Relaxed) {
+                drop(Object::take(client));
+            }
+        }
+    }
 }
 
 /// [`PoolConfig::create_pool`], with the driver's config adjusted first.

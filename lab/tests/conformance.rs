@@ -23,6 +23,8 @@ use baton_lab::fleet::redis_server::RedisServer;
 use baton_lab::fleet::servers::{free_ports, log_tail, EtcdCluster, PgServer};
 use baton_lab::fleet::zk_server::{four_letter, ZkEnsemble};
 
+mod common;
+
 /// etcd leases are whole seconds, and at least 1.5 × the election timeout (1 s here).
 const TTL_MS: u64 = 2000;
 
@@ -171,6 +173,79 @@ async fn pg_lease_backend_passes_the_conformance_suite() {
     let mut base = base_config(BackendKind::PgLease);
     base.pg_lease.database_url = pg.lease_url();
     run_suite(base, opts(), &Check::ALL).await;
+}
+
+/// pg-lease's database stops answering (the connection's backend stopped: the kernel still
+/// acknowledges the bytes): a renewal fails as unavailable within the request timeout, and that
+/// connection leaves the pool, so the next renewal, on a new connection, is granted while the
+/// old backend is still stopped and the lease has not run out. Without the detach the next
+/// renewal is handed the same stopped connection, and the leader loses a lease the database
+/// would still grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_replaces_a_connection_the_database_never_answers() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    servers.start_pg();
+    let pg = servers.pg.as_ref().unwrap();
+    baton::backends::pg_lease::provision(&pg.admin_url())
+        .await
+        .expect("provision the lease role");
+    let mut cfg = base_config(BackendKind::PgLease);
+    cfg.pg_lease.database_url = pg.lease_url();
+    cfg.pg_lease.lease_name = "stopped-backend".into();
+    cfg.node_id = "a".into();
+    cfg.advertise_addr = Some("a.test:1".into());
+    // pg-lease's request timeout: a third of the TTL, within 200 ms..2 s.
+    let request_timeout = Duration::from_millis(TTL_MS / 3);
+    let elector = build(&cfg).await.expect("pg-lease elector");
+    elector.campaign().await.expect("an empty election is won");
+    elector.renew().await.expect("renew").expect("a grant");
+
+    let (admin, conn) = tokio_postgres::connect(&pg.admin_url(), tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(conn);
+    let pids: Vec<i32> = admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE usename = $1",
+            &[&baton::backends::pg_lease::LEASE_ROLE],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(pids.len(), 1, "one connection served the elector: {pids:?}");
+    let stopped = common::Stopped::stop(pids[0]);
+
+    let began = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), elector.renew())
+        .await
+        .expect("a renewal on a stopped backend must end by itself");
+    let took = began.elapsed();
+    assert!(
+        matches!(outcome, Err(ElectorError::Unavailable(_))),
+        "unavailable: {outcome:?}"
+    );
+    assert!(
+        took >= request_timeout - Duration::from_millis(50)
+            && took < request_timeout + Duration::from_millis(500),
+        "gave up after {took:?}, the request timeout is {request_timeout:?}"
+    );
+    let renewed = elector
+        .renew()
+        .await
+        .expect("the next renewal must not be handed the stopped connection");
+    assert!(
+        renewed.is_some(),
+        "the lease has not run out: still granted"
+    );
+    assert!(
+        began.elapsed() < Duration::from_millis(TTL_MS),
+        "granted inside the TTL"
+    );
+    drop(stopped);
+    elector.close().await.expect("close");
 }
 
 /// The ZooKeeper recipe on a real 3-server ensemble (tickTime = TTL / 10).

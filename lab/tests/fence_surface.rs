@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use baton_lab::fence_admin;
 use baton_lab::fleet::servers::ScratchPg;
+use common::Stopped;
 use tokio_postgres::{Client, NoTls};
+
+mod common;
 
 type Pg = ScratchPg;
 
@@ -426,27 +429,6 @@ async fn pipelined_commits_run_in_the_order_sent() {
     fine.await.expect("the commit behind a refused one");
 }
 
-/// Sends SIGCONT to a stopped PostgreSQL backend when dropped, so a failing test never leaves
-/// one stopped (the server could not shut down).
-struct Stopped(i32);
-
-impl Stopped {
-    fn stop(pid: i32) -> Stopped {
-        assert_eq!(
-            unsafe { libc::kill(pid, libc::SIGSTOP) },
-            0,
-            "SIGSTOP {pid}"
-        );
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 /// A commit the database never answers (its backend stopped: the kernel still acknowledges
 /// the bytes, so only a deadline on the client side can tell) fails as unavailable within the
 /// bound (the server's statement timeout plus a second), and that connection leaves the pool:
@@ -521,5 +503,109 @@ async fn a_commit_the_database_never_answers_fails_in_time_and_its_connection_is
     .expect("the next pipe must not be the stopped connection");
     fresh.expect("a commit on a new connection");
     assert_eq!(last_seq(&admin).await, 30);
+    drop(stopped);
+}
+
+/// A fenced transaction whose server stops answering fails as unavailable within the bound, at
+/// `begin` and at `commit`, and that connection leaves the pool: with a pool of one, the next
+/// `begin` opens a new connection and commits while the old backend is still stopped. Without
+/// the bound each call waits for as long as the backend is stopped; without the detach the
+/// next `begin` is handed the stopped connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_transaction_the_database_never_answers_fails_in_time_and_its_connection_is_replaced(
+) {
+    use baton::backends::FenceToken;
+    use baton::work::{Fence, FenceError};
+    let pg = private_pg().await;
+    let statement_timeout_ms = 500;
+    let resource = baton::config::ResourceConfig {
+        database_url: pg.server.app_url(),
+        statement_timeout_ms,
+        pool_size: 1,
+        ..Default::default()
+    };
+    let bound = Duration::from_millis(statement_timeout_ms + 1000);
+    let fence = Fence::new(&resource, "n1").unwrap();
+    let token = FenceToken(3);
+    // A fenced transaction that commits: the pid of the backend it ran on.
+    let fence = &fence;
+    let write = move || async move {
+        let tx = fence.begin("orders", token).await?;
+        let pid: i32 = tx
+            .client()
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0);
+        tx.commit().await?;
+        Ok::<_, FenceError>(pid)
+    };
+    let within_bound = |took: Duration| {
+        assert!(
+            took >= bound - Duration::from_millis(50) && took < bound + Duration::from_secs(1),
+            "gave up after {took:?}, the bound is {bound:?}"
+        );
+    };
+    let first = write().await.expect("a fenced write");
+    assert_eq!(
+        write().await.expect("a second fenced write"),
+        first,
+        "a pool of one reuses its connection"
+    );
+
+    // `begin` on the stopped connection.
+    let stopped = Stopped::stop(first);
+    let began = Instant::now();
+    let outcome =
+        tokio::time::timeout(bound + Duration::from_secs(5), fence.begin("orders", token))
+            .await
+            .expect("a begin on a stopped backend must end by itself, not wait for it");
+    within_bound(began.elapsed());
+    assert!(
+        matches!(outcome, Err(FenceError::Unavailable(_))),
+        "unavailable: {:?}",
+        outcome.err()
+    );
+    let second = tokio::time::timeout(Duration::from_secs(10), write())
+        .await
+        .expect("the next begin must not be handed the stopped connection")
+        .expect("a fenced write on a new connection");
+    assert_ne!(second, first, "a new backend");
+
+    // `commit` on a connection that stops answering after its statements ran.
+    let tx = fence.begin("orders", token).await.expect("begin");
+    let pid: i32 = tx
+        .client()
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pid, second, "a pool of one reuses its connection");
+    let stopped_too = Stopped::stop(pid);
+    let began = Instant::now();
+    let outcome = tokio::time::timeout(bound + Duration::from_secs(5), tx.commit())
+        .await
+        .expect("a commit on a stopped backend must end by itself, not wait for it");
+    within_bound(began.elapsed());
+    assert!(
+        matches!(outcome, Err(FenceError::Unavailable(_))),
+        "unavailable, outcome unknown: {outcome:?}"
+    );
+    // The stopped transaction still holds the fence row (its `fence_assert` ran), so a new
+    // fenced write waits for that lock until the statement timeout ends it: an error in time,
+    // not a hang. Once the backend runs again, the write after is served on a new connection
+    // (the old one was closed; the server then ends that backend).
+    let blocked = tokio::time::timeout(bound + Duration::from_secs(5), write())
+        .await
+        .expect("a write behind the stopped holder's lock must end by itself");
+    assert!(
+        matches!(blocked, Err(FenceError::Unavailable(_))),
+        "unavailable: {blocked:?}"
+    );
+    drop(stopped_too);
+    let third = tokio::time::timeout(Duration::from_secs(10), write())
+        .await
+        .expect("the next begin must not be handed the stopped connection")
+        .expect("a fenced write on a new connection");
+    assert!(third != first && third != second, "a new backend");
     drop(stopped);
 }

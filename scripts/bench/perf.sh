@@ -5,7 +5,8 @@
 #
 #   scripts/bench/perf.sh neighbour [RATE] [DURATION]
 #                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
-#                                      # (PLAIN=1: each also runs GET /healthz the same way after it)
+#                                      # (PLAIN=1: each also runs GET /healthz the same way after it;
+#                                      # SLICE_MS=10: the neighbour in steady 10 ms busy slices)
 #   scripts/bench/perf.sh sweep [RATES] [DURATION]  # each rate (default "10000 20000 30000 40000",
 #                                      # 30 s) beside the neighbour with --plain-http (ROUND= names it)
 #   scripts/bench/perf.sh pairs OLD NEW [RATE] [PAIRS]  # two builds' `baton bench next` in turn
@@ -123,7 +124,8 @@ neighbour() {
   local rate=${1:-50000} duration=${2:-60s}
   for i in 1 2 3 4 5; do
     next_beside_neighbour "$BATON" "$rate" "$duration" \
-      "$OUT/neighbour15-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json" ${PLAIN:+--plain-http}
+      "$OUT/neighbour15${SLICE_MS:+-slice$SLICE_MS}-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json" \
+      ${PLAIN:+--plain-http} ${SLICE_MS:+--neighbour-slice-ms "$SLICE_MS"}
   done
 }
 

@@ -141,7 +141,7 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(format!("pg-lease: {e}"))
 }
 
-use crate::pg::error_chain as chain;
+use crate::pg::{error_chain as chain, Conn};
 
 impl PgLeaseElector {
     /// Builds the pool; connects lazily (a database that is down at start shows up as failed,
@@ -187,35 +187,52 @@ impl PgLeaseElector {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// `request` on `client`, bounded by the request timeout. Unanswered, the connection is
+    /// closed as `client` drops (see [`Conn`]), so the next request gets a new one instead of
+    /// waiting behind the same lost answer.
     async fn bounded<T, E: std::error::Error>(
         &self,
-        f: impl std::future::Future<Output = Result<T, E>>,
+        client: &Conn,
+        request: impl std::future::Future<Output = Result<T, E>>,
     ) -> ElectorResult<T> {
-        match tokio::time::timeout(self.timeout, f).await {
-            Ok(r) => r.map_err(|e| unavailable(chain(&e))),
-            Err(_) => Err(ElectorError::Unavailable(format!(
-                "pg-lease: database did not answer within {:?}",
-                self.timeout
-            ))),
+        match client.within(self.timeout, request).await {
+            Some(r) => r.map_err(|e| unavailable(chain(&e))),
+            None => {
+                tracing::warn!(
+                    timeout_ms = self.timeout.as_millis() as u64,
+                    "pg-lease: the database did not answer in time; closing that connection"
+                );
+                Err(self.unanswered())
+            }
         }
     }
 
+    fn unanswered(&self) -> ElectorError {
+        ElectorError::Unavailable(format!(
+            "pg-lease: database did not answer within {:?}",
+            self.timeout
+        ))
+    }
+
     /// A pooled connection, with the lease schema in place.
-    async fn client(&self) -> ElectorResult<deadpool_postgres::Object> {
-        let client = self.bounded(self.pool.get()).await?;
+    async fn client(&self) -> ElectorResult<Conn> {
+        let client = match tokio::time::timeout(self.timeout, self.pool.get()).await {
+            Ok(got) => Conn::new(got.map_err(|e| unavailable(chain(&e)))?),
+            Err(_) => return Err(self.unanswered()),
+        };
         if self.schema.initialized() {
             return Ok(client);
         }
         let sql =
             format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {SCHEMA_SQL} COMMIT;");
-        match self.bounded(client.batch_execute(&sql)).await {
+        match self.bounded(&client, client.batch_execute(&sql)).await {
             Ok(()) => {
                 let _ = self.schema.set(());
                 Ok(client)
             }
             Err(e) => {
                 // Possibly mid-transaction: never hand this connection back to the pool.
-                let _ = deadpool_postgres::Object::take(client);
+                client.discard();
                 Err(e)
             }
         }
@@ -233,9 +250,12 @@ impl PgLeaseElector {
     async fn release(&self, holder: &str, epoch: Option<i64>) -> ElectorResult<()> {
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "release");
-        self.bounded(client.execute(RELEASE_SQL, &[&self.name, &holder, &epoch]))
-            .await
-            .map(drop)
+        self.bounded(
+            &client,
+            client.execute(RELEASE_SQL, &[&self.name, &holder, &epoch]),
+        )
+        .await
+        .map(drop)
     }
 }
 
@@ -267,10 +287,13 @@ impl Elector for PgLeaseElector {
             let sent_at = Instant::now();
             count_request(BackendKind::PgLease, "acquire");
             let row = self
-                .bounded(client.query_opt(
-                    ACQUIRE_SQL,
-                    &[&self.name, &holder, &self.info, &self.ttl_ms()],
-                ))
+                .bounded(
+                    &client,
+                    client.query_opt(
+                        ACQUIRE_SQL,
+                        &[&self.name, &holder, &self.info, &self.ttl_ms()],
+                    ),
+                )
                 .await?;
             drop(client);
             if let Some(row) = row {
@@ -316,7 +339,10 @@ impl Elector for PgLeaseElector {
         let sent_at = Instant::now();
         count_request(BackendKind::PgLease, "renew");
         let n = self
-            .bounded(client.execute(RENEW_SQL, &[&self.name, &holder, &epoch, &self.ttl_ms()]))
+            .bounded(
+                &client,
+                client.execute(RENEW_SQL, &[&self.name, &holder, &epoch, &self.ttl_ms()]),
+            )
             .await?;
         if n == 1 {
             return Ok(Some(Grant {
@@ -359,7 +385,7 @@ impl Elector for PgLeaseElector {
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "leader");
         let row = self
-            .bounded(client.query_opt(LEADER_SQL, &[&self.name]))
+            .bounded(&client, client.query_opt(LEADER_SQL, &[&self.name]))
             .await?;
         Ok(row.map(|r| LeaderInfo::decode(r.get::<_, &str>(0).as_bytes())))
     }
@@ -377,7 +403,10 @@ impl Elector for PgLeaseElector {
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "confirm");
         let row = self
-            .bounded(client.query_opt(CONFIRM_SQL, &[&self.name, &holder, &token.0]))
+            .bounded(
+                &client,
+                client.query_opt(CONFIRM_SQL, &[&self.name, &holder, &token.0]),
+            )
             .await?;
         Ok(row.is_some())
     }

@@ -3,7 +3,7 @@
 //! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use tokio_postgres::NoTls;
 use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
-use crate::pg::{answer_bound, create_pool, error_chain};
+use crate::pg::{answer_bound, create_pool, error_chain, Conn};
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
@@ -100,13 +100,6 @@ fn unanswered(bound: Duration) -> FenceError {
         "PostgreSQL did not answer within {} ms; the connection is closed and the outcome is unknown",
         bound.as_millis()
     ))
-}
-
-/// Ends a call that went unanswered past `bound`: its connection leaves the pool and closes,
-/// so no later call waits behind the same lost packets. The outcome is unknown to the caller.
-fn give_up(client: deadpool_postgres::Object, bound: Duration) -> FenceError {
-    drop(deadpool_postgres::Object::take(client));
-    unanswered(bound)
 }
 
 /// A handle on the fenced resource for one holder (node). Cheap to clone.
@@ -196,11 +189,20 @@ impl Fence {
 
     /// Whether the resource enforces the fence (only its owner can switch it off).
     pub async fn fencing_enabled(&self) -> Result<bool, FenceError> {
-        let client = self.pool.get().await?;
-        let row = client
-            .query_one("SELECT baton.fencing_enabled()", &[])
-            .await?;
-        Ok(row.get(0))
+        let client = Conn::new(self.pool.get().await?);
+        let asked = client.query_one("SELECT baton.fencing_enabled()", &[]);
+        Ok(self.ask(&client, asked).await??.get(0))
+    }
+
+    /// `call` on `client`, or [`FenceError::Unavailable`] when PostgreSQL leaves it unanswered
+    /// past the bound; the connection is then closed as `client` drops, so no later call waits
+    /// behind the same lost answer. The call's outcome is unknown to the caller.
+    async fn ask<F: Future>(&self, client: &Conn, call: F) -> Result<F::Output, FenceError> {
+        let bound = self.answer_bound;
+        client
+            .within(bound, call)
+            .await
+            .ok_or_else(|| unanswered(bound))
     }
 
     /// Calls one fenced function; maps a refusal to [`FenceError::Rejected`] (counted and logged).
@@ -212,16 +214,12 @@ impl Fence {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, FenceError> {
-        let client = self.pool.get().await?;
-        let answered = tokio::time::timeout(self.answer_bound, async {
+        let client = Conn::new(self.pool.get().await?);
+        let asked = async {
             let stmt = client.prepare_cached(sql).await?;
             client.query_one(&stmt, params).await
-        })
-        .await;
-        let row = match answered {
-            Ok(r) => r?,
-            Err(_) => return Err(give_up(client, self.answer_bound)),
         };
+        let row = self.ask(&client, asked).await??;
         self.judge(resource, op, token, row)
     }
 
@@ -274,13 +272,14 @@ impl Fence {
     /// commit, so its I/O runs where the sequencer's commits do (the HTTP thread, see
     /// `work::sequencer`) instead of waking another thread for every reply.
     pub async fn seq_pipe(&self) -> Result<SeqPipe, FenceError> {
-        let client = self.seq_pool.get().await?;
-        let stmt = client.prepare_cached(SEQ_COMMIT_SQL).await?;
+        let client = Conn::new(self.seq_pool.get().await?);
+        let stmt = self
+            .ask(&client, client.prepare_cached(SEQ_COMMIT_SQL))
+            .await??;
         Ok(SeqPipe {
-            client: Some(client),
+            client,
             stmt,
             fence: self.clone(),
-            unanswered: AtomicBool::new(false),
         })
     }
 
@@ -363,23 +362,10 @@ const SEQ_COMMIT_SQL: &str = "SELECT * FROM baton.seq_commit($1, $2, $3, $4, $5)
 /// trip to the node in between, yet the later range never reaches the fence row first (which
 /// the resource would refuse as `seq-not-forward`, ending the term).
 pub struct SeqPipe {
-    /// Always `Some` until the pipe drops (then taken to return or detach it).
-    client: Option<deadpool_postgres::Object>,
+    /// Closed, not returned to the pool, once a commit on it went unanswered.
+    client: Conn,
     stmt: tokio_postgres::Statement,
     fence: Fence,
-    /// A commit on it went unanswered past the bound: the connection is presumed dead and is
-    /// closed, not returned to the pool, when the pipe drops.
-    unanswered: AtomicBool,
-}
-
-impl Drop for SeqPipe {
-    fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            if self.unanswered.load(Ordering::Relaxed) {
-                drop(deadpool_postgres::Object::take(client));
-            }
-        }
-    }
 }
 
 impl SeqPipe {
@@ -394,13 +380,9 @@ impl SeqPipe {
         hi: i64,
     ) -> impl Future<Output = Result<(), FenceError>> + Send + 'static {
         let pipe = self.clone();
-        let bound = self.fence.answer_bound;
         let mut outcome = Box::pin(async move {
-            let client = pipe
+            let row = pipe
                 .client
-                .as_ref()
-                .expect("a pipe holds its client until it drops");
-            let row = client
                 .query_one(
                     &pipe.stmt,
                     &[&resource, &token.0, &pipe.fence.holder, &lo, &hi],
@@ -417,21 +399,14 @@ impl SeqPipe {
         async move {
             match first {
                 std::task::Poll::Ready(r) => r,
-                std::task::Poll::Pending => match tokio::time::timeout(bound, outcome).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        pipe.unanswered.store(true, Ordering::Relaxed);
-                        Err(unanswered(bound))
-                    }
-                },
+                std::task::Poll::Pending => pipe.fence.ask(&pipe.client, outcome).await?,
             }
         }
     }
 
     /// Whether the connection is gone, or presumed dead (the next commit needs a new pipe).
     pub fn is_closed(&self) -> bool {
-        self.unanswered.load(Ordering::Relaxed)
-            || self.client.as_ref().is_none_or(|c| c.is_closed())
+        self.client.is_closed()
     }
 }
 
@@ -456,13 +431,16 @@ impl Fence {
         seq_resource: &str,
         cursor_resource: &str,
     ) -> Result<ResourceState, FenceError> {
-        let client = self.pool.get().await?;
-        let stmt = client
-            .prepare_cached("SELECT * FROM baton.read_state($1, $2)")
-            .await?;
-        let row = client
-            .query_one(&stmt, &[&seq_resource, &cursor_resource])
-            .await?;
+        let client = Conn::new(self.pool.get().await?);
+        let asked = async {
+            let stmt = client
+                .prepare_cached("SELECT * FROM baton.read_state($1, $2)")
+                .await?;
+            client
+                .query_one(&stmt, &[&seq_resource, &cursor_resource])
+                .await
+        };
+        let row = self.ask(&client, asked).await??;
         Ok(ResourceState {
             last_seq: row.get(0),
             cursor: row.get(1),
@@ -490,24 +468,37 @@ impl Fence {
     /// Your tables must be writable by the role in `resource.database_url` (by default
     /// `baton_app`: `GRANT INSERT, SELECT ON my_table TO baton_app`). Writes made outside such a
     /// transaction are **not** protected.
+    ///
+    /// `begin`, [`FencedTransaction::commit`] and [`FencedTransaction::rollback`] give up after
+    /// the statement timeout plus a second without an answer, as every fenced call does:
+    /// [`FenceError::Unavailable`], and that connection is closed (the server rolls back an
+    /// open transaction when it notices; a commit's outcome is then unknown). Your own
+    /// statements run under the server's `statement_timeout`, and the connection's
+    /// `TCP_USER_TIMEOUT` ends them when the network loses them. A server that is stopped
+    /// outright (SIGSTOP, a frozen VM) still acknowledges the bytes and answers nothing, so
+    /// bound your statements with your own `tokio::time::timeout` where that matters.
     pub async fn begin(
         &self,
         resource: &str,
         token: FenceToken,
     ) -> Result<FencedTransaction, FenceError> {
-        let client = self.pool.get().await?;
-        client.batch_execute("BEGIN").await?;
+        let client = Conn::new(self.pool.get().await?);
+        let asked = async {
+            client.batch_execute("BEGIN").await?;
+            client
+                .query_one(
+                    "SELECT baton.fence_assert($1, $2, $3)",
+                    &[&resource, &token.0, &self.holder],
+                )
+                .await
+        };
+        let asserted = self.ask(&client, asked).await;
+        // From here a dropped `tx` closes the connection: its BEGIN may have run.
         let tx = FencedTransaction {
             client: Some(client),
+            answer_bound: self.answer_bound,
         };
-        let asserted = tx
-            .client()
-            .query_one(
-                "SELECT baton.fence_assert($1, $2, $3)",
-                &[&resource, &token.0, &self.holder],
-            )
-            .await;
-        match asserted {
+        match asserted? {
             Ok(_) => Ok(tx),
             Err(e) if e.code().map(|c| c.code()) == Some(SQLSTATE_FENCED) => {
                 tx.rollback().await;
@@ -521,13 +512,14 @@ impl Fence {
     /// refused), counts and logs it, and returns the error to hand back.
     async fn record_rejection(&self, resource: &str, token: FenceToken) -> FenceError {
         let recorded = async {
-            let client = self.pool.get().await?;
-            let row = client
-                .query_one(
-                    "SELECT * FROM baton.fence_record_rejection($1, $2, $3)",
-                    &[&resource, &token.0, &self.holder],
-                )
-                .await?;
+            let client = Conn::new(self.pool.get().await?);
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&resource, &token.0, &self.holder];
+            let asked = client.query_one(
+                "SELECT * FROM baton.fence_record_rejection($1, $2, $3)",
+                &params,
+            );
+            let row = self.ask(&client, asked).await??;
             Ok::<_, FenceError>(Verdict {
                 accepted: !row.get::<_, bool>(0),
                 max_token: row.get(1),
@@ -578,7 +570,9 @@ impl Fence {
 /// with [`FencedTransaction::client`], then [`FencedTransaction::commit`]. Dropped without a
 /// commit, it rolls back (its connection is closed rather than returned to the pool).
 pub struct FencedTransaction {
-    client: Option<deadpool_postgres::Object>,
+    client: Option<Conn>,
+    /// How long its `COMMIT` or `ROLLBACK` may go unanswered (the fence's bound).
+    answer_bound: Duration,
 }
 
 impl FencedTransaction {
@@ -591,15 +585,20 @@ impl FencedTransaction {
     /// is unknown if the connection broke mid-commit: treat it as "may or may not have landed".
     pub async fn commit(mut self) -> Result<(), FenceError> {
         let client = self.client.take().expect("a live transaction");
-        client.batch_execute("COMMIT").await?;
-        Ok(())
+        let bound = self.answer_bound;
+        let committed = client.within(bound, client.batch_execute("COMMIT")).await;
+        Ok(committed.ok_or_else(|| unanswered(bound))??)
     }
 
-    /// Rolls back; the connection goes back to the pool.
+    /// Rolls back; the connection goes back to the pool, or is closed if the rollback failed
+    /// or went unanswered.
     pub async fn rollback(mut self) {
         if let Some(client) = self.client.take() {
-            if client.batch_execute("ROLLBACK").await.is_err() {
-                drop(deadpool_postgres::Object::take(client));
+            let rolled_back = client
+                .within(self.answer_bound, client.batch_execute("ROLLBACK"))
+                .await;
+            if !matches!(rolled_back, Some(Ok(()))) {
+                client.discard();
             }
         }
     }
@@ -609,7 +608,7 @@ impl Drop for FencedTransaction {
     fn drop(&mut self) {
         // No async here: detach the connection from the pool and close it; the server rolls back.
         if let Some(client) = self.client.take() {
-            drop(deadpool_postgres::Object::take(client));
+            client.discard();
         }
     }
 }

@@ -410,3 +410,27 @@ pub fn config_with(name: &str, set: &[(&str, &str)]) -> String {
     missing.extend(lines);
     missing.join("\n") + "\n"
 }
+
+/// A process stopped with SIGSTOP (a PostgreSQL backend: its kernel still acknowledges the
+/// bytes, it answers nothing), sent SIGCONT when dropped, so a failing test never leaves one
+/// stopped (its server could not shut down).
+pub struct Stopped(i32);
+
+impl Stopped {
+    pub fn stop(pid: i32) -> Stopped {
+        // SAFETY: kill(2) with a pid the test found; no memory is touched.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) },
+            0,
+            "SIGSTOP {pid}"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
