@@ -6,7 +6,8 @@
 #   scripts/bench/perf.sh neighbour [RATE] [DURATION]
 #                                      # 5 consecutive runs (default 50k IDs/s, 60 s) beside stress-ng 15%
 #                                      # (PLAIN=1: each also runs GET /healthz the same way after it;
-#                                      # SLICE_MS=10: the neighbour in steady 10 ms busy slices)
+#                                      # SLICE_MS=10, here and in pairs and session: the neighbour in
+#                                      # steady 10 ms busy slices)
 #   scripts/bench/perf.sh sweep [RATES] [DURATION]  # each rate (default "10000 20000 30000 40000",
 #                                      # 30 s) beside the neighbour with --plain-http (ROUND= names it)
 #   scripts/bench/perf.sh pairs OLD NEW [RATE] [PAIRS]  # two builds' `baton bench next` in turn
@@ -117,7 +118,7 @@ next_beside_neighbour() {
   local bin=$1 rate=$2 duration=$3 out=$4
   shift 4
   "$bin" bench next --backend raft --rate "$rate" --duration "$duration" --neighbour-cpu-percent 15 \
-    "$@" --out "$out"
+    ${SLICE_MS:+--neighbour-slice-ms "$SLICE_MS"} "$@" --out "$out"
 }
 
 neighbour() {
@@ -125,7 +126,7 @@ neighbour() {
   for i in 1 2 3 4 5; do
     next_beside_neighbour "$BATON" "$rate" "$duration" \
       "$OUT/neighbour15${SLICE_MS:+-slice$SLICE_MS}-raft-$((rate / 1000))k-$duration${PLAIN:+-plain}-run$i.json" \
-      ${PLAIN:+--plain-http} ${SLICE_MS:+--neighbour-slice-ms "$SLICE_MS"}
+      ${PLAIN:+--plain-http}
   done
 }
 

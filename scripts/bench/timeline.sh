@@ -6,7 +6,9 @@
 # "svc" (sent -> answered).
 #
 #   scripts/bench/timeline.sh TAG [RATE]     # BATON= binary, CONN= connections (256),
-#                                            # FLEET_CONFIG= base node config, OUT= directory
+#                                            # FLEET_CONFIG= base node config, OUT= directory,
+#                                            # SLICE_MS= the neighbour's busy slice (0: stress-ng's
+#                                            # random 0-500 ms; 10: a steady neighbour)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BATON=${BATON:-target/release/baton}
@@ -31,7 +33,7 @@ while time.time() < end:
     time.sleep(0.005)
 PY
 watcher=$!
-stress-ng --cpu 2 --cpu-load 15 --timeout 40s >/dev/null 2>&1 &
+stress-ng --cpu 2 --cpu-load 15 --cpu-load-slice "${SLICE_MS:-0}" --timeout 40s >/dev/null 2>&1 &
 neighbour=$!
 sleep 1
 "$BATON" load --dir "$dir" --rate "$rate" --duration 30s --connections "${CONN:-256}" --json \

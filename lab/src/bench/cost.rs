@@ -45,7 +45,7 @@ use anyhow::{anyhow, bail, Context};
 use serde::Serialize;
 
 use super::failover::{self, connect_admin, ledger_violations, redacted_config, FailoverArgs};
-use super::{bench_fleet_spec, loadavg, machine_info, Summary};
+use super::{bench_fleet_spec, cpu_window, loadavg, machine_cpu, machine_info, CpuTimes, Summary};
 use crate::exp::plots;
 use crate::exp::run::RequestMeter;
 use crate::fleet::client::NodeClient;
@@ -186,25 +186,6 @@ fn parse_status_rss_kib(status: &str) -> Option<u64> {
     (parts.next() == Some("kB")).then_some(value)
 }
 
-/// (busy, total) jiffies of all CPUs and the CPU count, from `/proc/stat`; busy excludes idle and
-/// iowait.
-fn parse_proc_stat(text: &str) -> Option<(u64, u64, usize)> {
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|s| s.parse().ok())
-        .collect::<Option<_>>()?;
-    // user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice].
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-    let cpus = text
-        .lines()
-        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
-        .count();
-    Some((total - idle, total, cpus))
-}
-
 fn clock_ticks_per_s() -> f64 {
     // SAFETY: sysconf reads a constant; no memory is touched.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -228,14 +209,9 @@ fn rss_mib(pid: u32) -> anyhow::Result<f64> {
     Ok(kib as f64 / 1024.0)
 }
 
-fn machine_cpu() -> Option<(u64, u64, usize)> {
-    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
-}
-
 /// The whole machine's busy CPU between two `/proc/stat` samples, in cores.
-fn busy_cores(a: Option<(u64, u64, usize)>, b: Option<(u64, u64, usize)>) -> Option<f64> {
-    let ((b0, tot0, cpus), (b1, tot1, _)) = (a?, b?);
-    (tot1 > tot0 && b1 >= b0).then(|| (b1 - b0) as f64 / (tot1 - tot0) as f64 * cpus as f64)
+fn busy_cores(a: Option<CpuTimes>, b: Option<CpuTimes>) -> Option<f64> {
+    cpu_window(a, b).map(|w| w.busy_cores)
 }
 
 /// CPU ticks of every (id, pid) at one instant (the middle of the reads).
@@ -874,7 +850,5 @@ mod tests {
             parse_loadavg("0.88 1.68 1.72 1/111 18572\n"),
             Some([0.88, 1.68, 1.72])
         );
-        let stat = "cpu  100 5 50 1000 20 1 2 3 0 0\ncpu0 50 2 25 500 10 1 1 1 0 0\ncpu1 50 3 25 500 10 0 1 2 0 0\nintr 1\n";
-        assert_eq!(parse_proc_stat(stat), Some((161, 1181, 2)));
     }
 }

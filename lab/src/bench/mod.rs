@@ -142,9 +142,95 @@ pub(crate) fn loadavg() -> Option<[f64; 3]> {
     parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
 }
 
+/// Jiffies of all CPUs from `/proc/stat`, and the CPU count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CpuTimes {
+    /// Neither idle nor iowait (steal included: time this guest wanted and did not get).
+    pub busy: u64,
+    /// Taken by the hypervisor for other guests while this one was runnable.
+    pub steal: u64,
+    pub total: u64,
+    pub cpus: usize,
+}
+
+pub(crate) fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|s| s.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice].
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    let cpus = text
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    Some(CpuTimes {
+        busy: total - idle,
+        steal: v.get(7).copied().unwrap_or(0),
+        total,
+        cpus,
+    })
+}
+
+/// The whole machine's CPU times now.
+pub(crate) fn machine_cpu() -> Option<CpuTimes> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The whole machine over a window, beside a figure: what it did, and what the hypervisor's
+/// other guests took from it (a shared host's neighbour that no process list shows).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct CpuWindow {
+    /// Busy cores, steal included.
+    pub busy_cores: f64,
+    /// Steal as a share of all CPU time in the window, in percent.
+    pub steal_percent: f64,
+}
+
+/// The machine between two [`machine_cpu`] samples (`None` if either is missing or the clock
+/// did not move).
+pub(crate) fn cpu_window(a: Option<CpuTimes>, b: Option<CpuTimes>) -> Option<CpuWindow> {
+    let (a, b) = (a?, b?);
+    let total = b.total.checked_sub(a.total).filter(|t| *t > 0)? as f64;
+    Some(CpuWindow {
+        busy_cores: b.busy.checked_sub(a.busy)? as f64 / total * a.cpus as f64,
+        steal_percent: b.steal.checked_sub(a.steal)? as f64 / total * 100.0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_stat_gives_busy_steal_and_the_window_between_two_samples() {
+        let stat = "cpu  100 5 50 1000 20 1 2 3 0 0\ncpu0 50 2 25 500 10 1 1 1 0 0\ncpu1 50 3 25 500 10 0 1 2 0 0\nintr 1\n";
+        let a = parse_proc_stat(stat).unwrap();
+        assert_eq!(
+            a,
+            CpuTimes {
+                busy: 161,
+                steal: 3,
+                total: 1181,
+                cpus: 2
+            }
+        );
+        // 100 more jiffies: 60 busy, of which 10 steal.
+        let b = CpuTimes {
+            busy: 221,
+            steal: 13,
+            total: 1281,
+            cpus: 2,
+        };
+        let w = cpu_window(Some(a), Some(b)).unwrap();
+        assert!((w.busy_cores - 1.2).abs() < 1e-9, "{w:?}");
+        assert!((w.steal_percent - 10.0).abs() < 1e-9, "{w:?}");
+        assert_eq!(cpu_window(Some(b), Some(b)), None, "no time passed");
+        assert_eq!(cpu_window(None, Some(b)), None);
+    }
 
     #[test]
     fn summary_uses_nearest_rank() {

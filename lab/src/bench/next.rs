@@ -26,7 +26,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::failover::{connect_admin, ledger_pos, ledger_violations, redacted_config, terms_since};
-use super::{bench_fleet_spec, loadavg, machine_info};
+use super::{bench_fleet_spec, cpu_window, loadavg, machine_cpu, machine_info, CpuWindow};
 use crate::fleet::{self, FleetState};
 use crate::load::{self, LoadSpec};
 use baton::backends::{BackendKind, FenceToken};
@@ -144,6 +144,9 @@ pub struct NextReport {
     /// `/proc/loadavg` (1, 5, 15 min) when the measured window began and when it ended.
     pub loadavg_start: Option<[f64; 3]>,
     pub loadavg_end: Option<[f64; 3]>,
+    /// The whole machine over the measured window (`/proc/stat`): busy cores, and the steal the
+    /// hypervisor's other guests took.
+    pub machine_cpu: Option<CpuWindow>,
     pub config: serde_json::Value,
     pub machine: serde_json::Value,
 }
@@ -199,7 +202,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         args.rate, args.connections, args.duration
     );
     let loadavg_start = loadavg();
+    let cpu_start = machine_cpu();
     let report = load_beside_neighbour(spec(args.duration), args).await;
+    let machine_cpu_window = cpu_window(cpu_start, machine_cpu());
     let loadavg_end = loadavg();
     let s = report?.summary();
     let baton = open_loop_side(&s);
@@ -252,6 +257,12 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         "service p99 {:.2} ms; leadership changes during the run {leadership_changes} (tokens {tokens:?}); neighbour {}% CPU, busy slice {}",
         s.service_ms.p99, args.neighbour_cpu_percent, slice_words(args.neighbour_slice_ms)
     );
+    if let Some(w) = &machine_cpu_window {
+        println!(
+            "machine over the window: {:.2} cores busy, steal {:.1}%",
+            w.busy_cores, w.steal_percent
+        );
+    }
     if let (Some(p), Some(r)) = (&plain_http, p99_over_plain_http) {
         println!(
             "plain HTTP {:>9.0} req/s  p50 {:.2} ms  p99 {:.2} ms  service p99 {:.2} ms  errors {}; /next p99 over plain {r:.2}x",
@@ -286,6 +297,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         p99_over_plain_http,
         loadavg_start,
         loadavg_end,
+        machine_cpu: machine_cpu_window,
         config: redacted_config(state),
         machine: machine_info(),
     })
