@@ -56,7 +56,8 @@
 //! trace.rs           the actor-trace log (JSON lines)
 //! clock.rs           monotonic time; skew and drift knobs for experiments
 //! tasks.rs           AbortOnDrop: a spawned helper ends with its owner
-//! pg.rs              PostgreSQL pools (plain or TLS) for the fence and pg-lease, error chains
+//! pg.rs              PostgreSQL pools (plain or TLS) for the fence and pg-lease, the unanswered-
+//!                    call bound and `Conn` (closed when a call on it went unanswered), error chains
 //! tls.rs             (feature `tls`) PEM loading and the rustls configs of every TLS endpoint
 //! ```
 //!

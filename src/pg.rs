@@ -1,6 +1,8 @@
 //! PostgreSQL connections, shared by every part of a node that talks to PostgreSQL (the fence in
-//! `work`, the `pg-lease` backend): one place that builds a pool (TLS or plain) and one that
-//! renders a driver error with its causes. It sits below both, so neither imports the other.
+//! `work`, the `pg-lease` backend): one place that builds a pool (TLS or plain), one rule for how
+//! long a call may go unanswered and a connection type that is closed when one was ([`Conn`]),
+//! and one that renders a driver error with its causes. It sits below both, so neither imports
+//! the other.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};

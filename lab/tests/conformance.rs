@@ -164,15 +164,21 @@ async fn etcd_backend_passes_the_conformance_suite() {
 async fn pg_lease_backend_passes_the_conformance_suite() {
     let _serial = serial();
     let mut servers = Servers::new();
+    let base = pg_lease_base(&mut servers).await;
+    run_suite(base, opts(), &Check::ALL).await;
+}
+
+/// A private PostgreSQL in `servers` with the lease role provisioned as `baton fleet` does it (a
+/// role of its own that owns only the lease schema), and the base config that reaches it.
+async fn pg_lease_base(servers: &mut Servers) -> NodeConfig {
     servers.start_pg();
     let pg = servers.pg.as_ref().unwrap();
-    // As `baton fleet` runs it: a role of its own that owns only the lease schema.
     baton::backends::pg_lease::provision(&pg.admin_url())
         .await
         .expect("provision the lease role");
     let mut base = base_config(BackendKind::PgLease);
     base.pg_lease.database_url = pg.lease_url();
-    run_suite(base, opts(), &Check::ALL).await;
+    base
 }
 
 /// pg-lease's database stops answering (the connection's backend stopped: the kernel still
@@ -185,13 +191,8 @@ async fn pg_lease_backend_passes_the_conformance_suite() {
 async fn pg_lease_replaces_a_connection_the_database_never_answers() {
     let _serial = serial();
     let mut servers = Servers::new();
-    servers.start_pg();
+    let mut cfg = pg_lease_base(&mut servers).await;
     let pg = servers.pg.as_ref().unwrap();
-    baton::backends::pg_lease::provision(&pg.admin_url())
-        .await
-        .expect("provision the lease role");
-    let mut cfg = base_config(BackendKind::PgLease);
-    cfg.pg_lease.database_url = pg.lease_url();
     cfg.pg_lease.lease_name = "stopped-backend".into();
     cfg.node_id = "a".into();
     cfg.advertise_addr = Some("a.test:1".into());

@@ -19,6 +19,10 @@
 #                                      # stress-ng's default busy slices (random, up to 0.5 s flat
 #                                      # out on both cores) vs steady SLICE_MS (10) slices,
 #                                      # alternating, 30 s each with --plain-http (50k, 5 pairs)
+#   scripts/bench/perf.sh alternate [RATE] [PAIRS]  # two variants of bench next beside the
+#                                      # neighbour, alternating, 30 s each with --plain-http (50k,
+#                                      # 3 pairs): VARIANT_A / VARIANT_B are extra arguments (e.g.
+#                                      # "--connections 512"), TAG_A / TAG_B name the files
 #   scripts/bench/perf.sh saturation   # raft and etcd at 50k/70k/90k, without and with the neighbour
 #   scripts/bench/perf.sh ratio        # wrk closed loop: GET /healthz vs POST /next on a raft leader
 #                                      # (CONFIG=file: the fleet's base config; ROUNDS=2,
@@ -170,6 +174,21 @@ slices() {
     done
   done
   python3 scripts/bench/summarize.py next "$OUT"/slice0-*-run*.json "$OUT"/slice"$slice"-*-run*.json
+}
+
+alternate() {
+  local rate=${1:-50000} n=${2:-3}
+  : "${TAG_A:?}" "${TAG_B:?}"
+  for i in $(seq 1 "$n"); do
+    for v in A B; do
+      local tag=TAG_$v variant=VARIANT_$v
+      # Word splitting of the variant is the point: it is a list of arguments.
+      # shellcheck disable=SC2086
+      next_beside_neighbour "$BATON" "$rate" 30s "$OUT/${!tag}-$((rate / 1000))k-run$i.json" \
+        --plain-http ${!variant:-} >/dev/null
+    done
+  done
+  python3 scripts/bench/summarize.py next "$OUT/$TAG_A"-*-run*.json "$OUT/$TAG_B"-*-run*.json
 }
 
 saturation() {
@@ -378,6 +397,7 @@ case "${1:-}" in
   pairs) shift; pairs "$@" ;;
   session) shift; session "$@" ;;
   slices) shift; slices "$@" ;;
+  alternate) shift; alternate "$@" ;;
   saturation) saturation ;;
   ratio) ratio ;;
   ab) shift; ab "$@" ;;
