@@ -84,13 +84,17 @@ impl Conn {
         }
     }
 
-    /// `call`'s output, or `None` when it is not answered within `bound` (usually
-    /// [`answer_bound`]); the connection is then closed when this drops, whatever else still
-    /// holds it meanwhile.
+    /// `call`'s output, or `None` when it is not answered within `bound` (logged here, once for
+    /// every caller); the connection is then closed when this drops, whatever else still holds
+    /// it meanwhile.
     pub(crate) async fn within<F: Future>(&self, bound: Duration, call: F) -> Option<F::Output> {
         match tokio::time::timeout(bound, call).await {
             Ok(output) => Some(output),
             Err(_) => {
+                tracing::warn!(
+                    bound_ms = bound.as_millis() as u64,
+                    "PostgreSQL did not answer in time; closing that connection"
+                );
                 self.unanswered.store(true, Ordering::Relaxed);
                 None
             }

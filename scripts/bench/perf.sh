@@ -57,6 +57,8 @@ BATON=${BATON:-target/release/baton}
 OUT=${OUT:-experiments/results/bench-next}
 mkdir -p "$OUT"
 [ -x "$BATON" ] || { echo "build first: cargo build --release --bin baton" >&2; exit 2; }
+# shellcheck source=scripts/bench/fleet.sh
+. scripts/bench/fleet.sh
 
 # The raft leader's HTTP address in the fleet at $2 (run with binary $1), once there is one.
 leader_of() {
@@ -75,16 +77,6 @@ leader_of() {
 term_of() {
   "$1" fleet status --dir "$2" --json | python3 -c \
     'import json,sys; print(max([r.get("token") or 0 for r in json.load(sys.stdin)] or [0]))'
-}
-
-# A new 3-node raft fleet of binary $1 in dir $2 (whatever was there is taken down and removed);
-# further arguments go to `fleet up`.
-fresh_fleet() {
-  local bin=$1 dir=$2
-  shift 2
-  "$bin" fleet down --dir "$dir" >/dev/null 2>&1 || true
-  rm -rf "$dir"
-  "$bin" fleet up 3 --backend raft --dir "$dir" "$@" >/dev/null
 }
 
 # Fleets of two builds side by side: $1 in $3, $2 in $4, both taken down on exit.
@@ -152,30 +144,19 @@ pairs() {
 session() {
   local rate=${1:-50000} n=${2:-3}
   echo "# session: $(nproc) cores; sched_autogroup_enabled=$(cat /proc/sys/kernel/sched_autogroup_enabled)"
-  for i in $(seq 1 "$n"); do
-    for where in shared own; do
-      local flag=()
-      [ "$where" = own ] && flag=(--neighbour-own-session)
-      next_beside_neighbour "$BATON" "$rate" 30s "$OUT/$where-$((rate / 1000))k-run$i.json" \
-        --plain-http "${flag[@]}" >/dev/null
-    done
-  done
-  python3 scripts/bench/summarize.py next "$OUT"/shared-*-run*.json "$OUT"/own-*-run*.json
+  TAG_A=shared VARIANT_A="" TAG_B=own VARIANT_B="--neighbour-own-session" alternate "$rate" "$n"
 }
 
 # The neighbour's shape: the same 15% either in stress-ng's default busy slices (a random 0-500
 # ms each, both cores flat out, then a sleep) or in steady SLICE_MS ones, alternating, PAIRS pairs.
 slices() {
   local rate=${1:-50000} n=${2:-5} slice=${3:-10}
-  for i in $(seq 1 "$n"); do
-    for ms in 0 "$slice"; do
-      next_beside_neighbour "$BATON" "$rate" 30s "$OUT/slice$ms-$((rate / 1000))k-run$i.json" \
-        --plain-http --neighbour-slice-ms "$ms" >/dev/null
-    done
-  done
-  python3 scripts/bench/summarize.py next "$OUT"/slice0-*-run*.json "$OUT"/slice"$slice"-*-run*.json
+  TAG_A=slice0 VARIANT_A="--neighbour-slice-ms 0" TAG_B="slice$slice" \
+    VARIANT_B="--neighbour-slice-ms $slice" alternate "$rate" "$n"
 }
 
+# Two variants of `bench next` (VARIANT_A / VARIANT_B: extra arguments) beside the neighbour,
+# alternating, PAIRS pairs of 30 s runs with --plain-http at RATE; TAG_A / TAG_B name the files.
 alternate() {
   local rate=${1:-50000} n=${2:-3}
   : "${TAG_A:?}" "${TAG_B:?}"
@@ -205,7 +186,7 @@ saturation() {
 ratio() {
   local dir=state/bench/wrk leader
   fresh_fleet "$BATON" "$dir" ${CONFIG:+--config "$CONFIG"}
-  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  down_on_exit "$BATON" "$dir"
   leader=$(leader_of "$BATON" "$dir")
   warm_up "$leader"
   local log="$OUT/wrk-ratio.txt"
@@ -283,7 +264,7 @@ split() {
   local rate=${1:-15000} secs=${2:-20} neighbour=${3:-0} dir=state/bench/split
   # FLEET_CONFIG: another base node config (e.g. one [http] setting changed) for a control run.
   fresh_fleet "$BATON" "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"}
-  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  down_on_exit "$BATON" "$dir"
   local leader tag="raft-$((rate / 1000))k-${secs}s-n$neighbour${TAG:+-$TAG}"
   leader=$(leader_of "$BATON" "$dir")
   curl -s "http://$leader/metrics" >"$OUT/split-$tag-before.prom"
@@ -312,7 +293,7 @@ sample_under_wrk() {
 profile() {
   local rounds=${1:-2} dir=state/bench/profile leader
   fresh_fleet "$BATON" "$dir"
-  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  down_on_exit "$BATON" "$dir"
   leader=$(leader_of "$BATON" "$dir")
   local base="$OUT/profile"
   for round in $(seq 1 "$rounds"); do
@@ -335,7 +316,7 @@ profile() {
 gen() {
   local rate=${1:-30000} dir=state/bench/gen
   fresh_fleet "$BATON" "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"}
-  trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+  down_on_exit "$BATON" "$dir"
   leader_of "$BATON" "$dir" >/dev/null
   local tag="$OUT/gen-$((rate / 1000))k${TAG:+-$TAG}" pid
   "$BATON" load --dir "$dir" --rate "$rate" --duration "${LOAD_SECONDS:-12}s" --connections 256 --json >"$tag.json" &

@@ -8,12 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BATON=${BATON:-target/release/baton}
+# shellcheck source=scripts/bench/fleet.sh
+. scripts/bench/fleet.sh
 tag=$1 cut=${2:-15} dir=state/bench/resource-cut out=${OUT:-experiments/results/resource-cut}
 mkdir -p "$out"
-"$BATON" fleet down --dir "$dir" >/dev/null 2>&1 || true
-rm -rf "$dir"
-"$BATON" fleet up 3 --backend raft --netns --dir "$dir" >/dev/null
-trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+fresh_fleet "$BATON" "$dir" --netns
+down_on_exit "$BATON" "$dir"
 sleep 2
 "$BATON" load --dir "$dir" --rate 200 --duration $((cut + 30))s --connections 8 --json \
   --history "$out/$tag.jsonl" >"$out/$tag-load.json" 2>/dev/null &

@@ -12,12 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BATON=${BATON:-target/release/baton}
+# shellcheck source=scripts/bench/fleet.sh
+. scripts/bench/fleet.sh
 tag=$1 rate=${2:-50000} dir=state/bench/timeline out=${OUT:-experiments/results/bench-next/timeline}
 mkdir -p "$out"
-"$BATON" fleet down --dir "$dir" >/dev/null 2>&1 || true
-rm -rf "$dir"
-"$BATON" fleet up 3 --backend raft --dir "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"} >/dev/null
-trap '"$BATON" fleet down --dir "'"$dir"'" >/dev/null 2>&1 || true' EXIT
+fresh_fleet "$BATON" "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"}
+down_on_exit "$BATON" "$dir"
 sleep 2
 "$BATON" load --dir "$dir" --rate "$rate" --duration 5s --connections "${CONN:-256}" >/dev/null 2>&1
 python3 - "$dir/postgres/data/pg_wal" "$out/$tag.wal" 40 <<'PY' &

@@ -197,13 +197,7 @@ impl PgLeaseElector {
     ) -> ElectorResult<T> {
         match client.within(self.timeout, request).await {
             Some(r) => r.map_err(|e| unavailable(chain(&e))),
-            None => {
-                tracing::warn!(
-                    timeout_ms = self.timeout.as_millis() as u64,
-                    "pg-lease: the database did not answer in time; closing that connection"
-                );
-                Err(self.unanswered())
-            }
+            None => Err(self.unanswered()),
         }
     }
 

@@ -90,12 +90,8 @@ impl From<deadpool_postgres::PoolError> for FenceError {
     }
 }
 
-/// The error of a call unanswered past `bound` (logged: its connection is being closed).
+/// The error of a call unanswered past `bound` ([`Conn::within`] logged it).
 fn unanswered(bound: Duration) -> FenceError {
-    tracing::warn!(
-        bound_ms = bound.as_millis() as u64,
-        "PostgreSQL did not answer a fenced call in time; closing that connection"
-    );
     FenceError::Unavailable(format!(
         "PostgreSQL did not answer within {} ms; the connection is closed and the outcome is unknown",
         bound.as_millis()
