@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use baton::config::NodeConfig;
 use baton_lab::fleet::client::NodeClient;
+use baton_lab::fleet::servers::PgServer;
 use common::{assert_ledger_monotonic, config_with, next_anywhere, Fleet, NextLoad, BATON};
 
 const SETTLE: Duration = Duration::from_secs(30);
@@ -598,4 +599,116 @@ async fn wait_steady_leader(fleet: &Fleet, hold: Duration) {
         assert!(Instant::now() < until, "no steady leader: {rows:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The fenced resource goes away under a raft leader (PostgreSQL killed -9; the raft lease does
+/// not depend on it) and comes back on the same port and data. While it is down `POST /next`
+/// is answered 503 promptly, never a hang and never an ID that is not durable, and the leader
+/// says so in its log once, not once per failed commit. Once PostgreSQL is back, IDs are served
+/// again above every ID served before, and the log says when commits went through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_goes_away_gets_prompt_503s_and_one_warning_then_ids_resume() {
+    let _g = SERIAL.lock().await;
+    let fleet = raft_fleet(3);
+    let (leader, addr, token) = fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
+    let mut got = Vec::new();
+    let until = Instant::now() + SETTLE;
+    while got.len() < 20 {
+        assert!(Instant::now() < until, "the leader never served an ID");
+        if let Ok(r) = fleet.client.post(&addr, "/next").await {
+            if r.status == 200 {
+                let v = r.json();
+                got.push((v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap()));
+            }
+        }
+    }
+
+    let pg = fleet.state().postgres;
+    let killed = {
+        let pg = pg.clone();
+        tokio::task::spawn_blocking(move || pg.kill9())
+            .await
+            .unwrap()
+            .expect("kill -9 PostgreSQL")
+    };
+    // Twenty requests while it is down: each answered 503, each within the fence's bound.
+    for i in 0..20 {
+        let asked = Instant::now();
+        let r = fleet
+            .client
+            .post(&addr, "/next")
+            .await
+            .unwrap_or_else(|e| panic!("request {i} with PostgreSQL down got no answer: {e}"));
+        assert_eq!(
+            r.status,
+            503,
+            "request {i} with PostgreSQL down: {:?}",
+            String::from_utf8_lossy(&r.body)
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(4),
+            "request {i} took {:?}",
+            asked.elapsed()
+        );
+    }
+    let log_of = |id: &str| strip_ansi(&std::fs::read_to_string(fleet.node(id).log).unwrap());
+    let failing = "sequencer: a group commit failed for want of the database";
+    let log = log_of(&leader);
+    assert_eq!(
+        log.matches(failing).count(),
+        1,
+        "{leader} must warn once for the whole outage (killed {killed:?}):\n{log}"
+    );
+
+    let listen: Vec<std::net::IpAddr> = Vec::new();
+    tokio::task::spawn_blocking(move || {
+        PgServer::start_on(&pg.root, pg.port, &listen).expect("restart PostgreSQL")
+    })
+    .await
+    .unwrap();
+    let until = Instant::now() + SETTLE;
+    let resumed = loop {
+        let r = fleet.client.post(&addr, "/next").await;
+        if let Some(r) = r.as_ref().ok().filter(|r| r.status == 200) {
+            let v = r.json();
+            break (v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap());
+        }
+        assert!(
+            Instant::now() < until,
+            "no ID served within 30 s of the restart; last answer {r:?}\n{}",
+            fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    got.push(resumed);
+    assert_client_view_monotonic(&got);
+    let db = fleet.admin_db().await;
+    assert_ledger_monotonic(&db, &got).await;
+    // The same term carried on (nothing about the raft lease changed), so its log closes the
+    // outage; a new term would not have been failing.
+    assert_eq!(resumed.0, token, "a new term served after the restart");
+    let log = log_of(&leader);
+    assert!(
+        log.contains("sequencer: group commits go through again"),
+        "{leader} did not log the end of the outage:\n{log}"
+    );
+    eprintln!("{leader} logged the outage's edges; resumed at {resumed:?}");
+}
+
+/// Removes terminal colour codes (the node logs with ANSI colours).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

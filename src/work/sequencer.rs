@@ -82,12 +82,12 @@ pub enum SequencerMsg {
     /// The claim task finished: the last committed seq, or why not.
     Claimed(Result<i64, FenceError>),
     /// A group commit finished (the task already answered its clients). `pipe`: the
-    /// connection it took from the pool, for the commits after it; `broken`: it failed for
-    /// want of the database, so the next commit takes a fresh connection.
+    /// connection it took from the pool, for the commits after it; `unavailable`: it failed for
+    /// want of the database (why), so the next commit takes a fresh connection.
     Committed {
         fenced_out: Option<String>,
         pipe: Option<Arc<SeqPipe>>,
-        broken: bool,
+        unavailable: Option<String>,
     },
     /// Stop taking requests, let the in-flight commit finish, then reply.
     Checkpoint(RpcReplyPort<()>),
@@ -303,6 +303,9 @@ pub struct SequencerState {
     last_sent: Option<Instant>,
     /// A wake-up for the end of that interval is on its way (at most one at a time).
     linger_armed: bool,
+    /// Since when commits have failed for want of the database (logged once at the first
+    /// failure and once when one succeeds again, not once per commit).
+    failing_since: Option<Instant>,
     draining: Option<Vec<RpcReplyPort<()>>>,
 }
 
@@ -346,6 +349,7 @@ impl Actor for Sequencer {
             pipe: None,
             last_sent: None,
             linger_armed: false,
+            failing_since: None,
             draining: None,
         })
     }
@@ -392,6 +396,7 @@ impl Actor for Sequencer {
             }
             SequencerMsg::Claimed(Err(e)) => {
                 // Without a claim this term can never issue an ID: end it, the supervisor demotes.
+                tracing::warn!(token = state.ctx.token.0, error = %e, "sequencer: claiming the sequence failed; ending the term");
                 state.ctx.trace.step(
                     "sequencer",
                     "claim-failed",
@@ -403,13 +408,14 @@ impl Actor for Sequencer {
             SequencerMsg::Committed {
                 fenced_out,
                 pipe,
-                broken,
+                unavailable,
             } => {
                 state.in_flight -= 1;
+                state.note_unavailable(unavailable.as_deref(), fenced_out.is_none());
                 if state.pipe.is_none() {
                     state.pipe = pipe;
                 }
-                if broken || state.pipe.as_ref().is_some_and(|p| p.is_closed()) {
+                if unavailable.is_some() || state.pipe.as_ref().is_some_and(|p| p.is_closed()) {
                     state.pipe = None;
                 }
                 if let Some(why) = fenced_out {
@@ -447,6 +453,26 @@ impl Actor for Sequencer {
 }
 
 impl SequencerState {
+    /// Logs the edges of a run of commits that failed for want of the database (see
+    /// [`unavailable_edge`]).
+    fn note_unavailable(&mut self, why: Option<&str>, answered: bool) {
+        let token = self.ctx.token.0;
+        match unavailable_edge(&mut self.failing_since, why.is_some(), answered) {
+            Some(UnavailableEdge::Began) => tracing::warn!(
+                token,
+                error = why.unwrap_or_default(),
+                "sequencer: a group commit failed for want of the database; its callers were answered unavailable, the next commit takes a new connection"
+            ),
+            // At warn too: whoever reads the warnings sees where the outage ended.
+            Some(UnavailableEdge::Ended { failing_ms }) => tracing::warn!(
+                token,
+                failing_ms,
+                "sequencer: group commits go through again"
+            ),
+            None => {}
+        }
+    }
+
     /// Sends the next group commit if one may go: with none in flight, whatever waits (up to
     /// the batch bound); behind commits in flight (up to `commits_in_flight`, on the same
     /// connection), only a batch at least as large as the last one sent.
@@ -537,6 +563,39 @@ impl SequencerState {
     }
 }
 
+/// A change in whether group commits reach the database.
+#[derive(Debug, PartialEq, Eq)]
+enum UnavailableEdge {
+    /// The first commit of a run failed for want of the database.
+    Began,
+    /// A commit went through after such a run, which lasted this long.
+    Ended { failing_ms: u64 },
+}
+
+/// Tracks a run of commits that failed for want of the database in `failing_since`, and says
+/// when one begins or ends: that is what gets logged, one line each. A line per commit would be
+/// up to a thousand a second against a database that is down; no line at all left a term that
+/// served nothing but 503s with nothing in its log to say why.
+fn unavailable_edge(
+    failing_since: &mut Option<Instant>,
+    unavailable: bool,
+    answered: bool,
+) -> Option<UnavailableEdge> {
+    match (unavailable, *failing_since) {
+        (true, None) => {
+            *failing_since = Some(Instant::now());
+            Some(UnavailableEdge::Began)
+        }
+        (false, Some(since)) if answered => {
+            *failing_since = None;
+            Some(UnavailableEdge::Ended {
+                failing_ms: since.elapsed().as_millis() as u64,
+            })
+        }
+        _ => None,
+    }
+}
+
 /// One sent group commit's batch, answered when its outcome arrives.
 struct Answering {
     /// When the actor sent the commit (or, without a connection yet, started taking one).
@@ -592,15 +651,15 @@ impl Answering {
             next_seconds.record(p.arrived.elapsed().as_secs_f64());
             answers.push((p.reply, answer, p.home));
         }
-        let (fenced_out, broken) = match &res {
-            Ok(()) => (None, false),
-            Err(e @ FenceError::Rejected { .. }) => (Some(e.to_string()), false),
-            Err(_) => (None, true),
+        let (fenced_out, unavailable) = match &res {
+            Ok(()) => (None, None),
+            Err(e @ FenceError::Rejected { .. }) => (Some(e.to_string()), None),
+            Err(e) => (None, Some(e.to_string())),
         };
         let _ = me.cast(SequencerMsg::Committed {
             fenced_out,
             pipe,
-            broken,
+            unavailable,
         });
         // The actor first: it sends the next group commit (and the connection's task writes it)
         // before this thread spends the next millisecond writing this batch's answers, so
@@ -923,6 +982,41 @@ mod tests {
         assert!(
             matches!(append(9), Appended::Queued),
             "no threshold left over"
+        );
+    }
+
+    #[test]
+    fn a_run_of_unavailable_commits_is_reported_at_its_edges_only() {
+        let mut since = None;
+        assert_eq!(
+            unavailable_edge(&mut since, false, true),
+            None,
+            "healthy stays quiet"
+        );
+        assert_eq!(
+            unavailable_edge(&mut since, true, false),
+            Some(UnavailableEdge::Began)
+        );
+        assert!(since.is_some());
+        assert_eq!(
+            unavailable_edge(&mut since, true, false),
+            None,
+            "the second failure in a row is not reported again"
+        );
+        assert_eq!(
+            unavailable_edge(&mut since, false, false),
+            None,
+            "a fenced-out commit is not a recovery"
+        );
+        assert!(matches!(
+            unavailable_edge(&mut since, false, true),
+            Some(UnavailableEdge::Ended { .. })
+        ));
+        assert_eq!(since, None);
+        assert_eq!(
+            unavailable_edge(&mut since, true, false),
+            Some(UnavailableEdge::Began),
+            "a new run is reported again"
         );
     }
 
