@@ -47,20 +47,31 @@ def next_rows(paths):
     plain_rows(runs)
 
 
+def cpu_per_request_words(r):
+    """The whole machine's busy CPU per request served in each window (the neighbour's share
+    included in both alike), where the report has both windows."""
+    w, pw = r.get("machine_cpu"), r.get("plain_http_machine_cpu")
+    if not (w and pw and r["baton"]["ids_per_s"] and r["plain_http"]["ids_per_s"]):
+        return "-"
+    nxt = w["busy_cores"] * 1e6 / r["baton"]["ids_per_s"]
+    plain = pw["busy_cores"] * 1e6 / r["plain_http"]["ids_per_s"]
+    return f"{nxt:.1f} / {plain:.1f}"
+
+
 def plain_rows(runs):
     """`--plain-http` runs (path, report): the same open loop on GET /healthz beside POST /next."""
     runs = [(p, r) for p, r in runs if r.get("plain_http")]
     if not runs:
         return
-    print("\n| run | `/next` IDs/s | `/next` p99 ms | `/healthz` req/s | `/healthz` p99 ms | `/healthz` service p99 ms | `/healthz` errors | p99 `/next` : `/healthz` |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| run | `/next` IDs/s | `/next` p99 ms | `/healthz` req/s | `/healthz` p99 ms | `/healthz` service p99 ms | `/healthz` errors | p99 `/next` : `/healthz` | machine CPU µs per request, `/next` / `/healthz` |")
+    print("|---|---|---|---|---|---|---|---|---|")
     plain = []
     for p, r in runs:
         b, h = r["baton"], r["plain_http"]
         plain.append(h["p99_ms"])
         print(f"| {p.rsplit('/', 1)[-1]} | {b['ids_per_s']:.0f} | {b['p99_ms']:.2f} | {h['ids_per_s']:.0f} | "
               f"**{h['p99_ms']:.2f}** | {h.get('service_p99_ms') or float('nan'):.2f} | {h['errors']} | "
-              f"{r.get('p99_over_plain_http') or float('nan'):.2f} |")
+              f"{r.get('p99_over_plain_http') or float('nan'):.2f} | {cpu_per_request_words(r)} |")
     if len(plain) > 1:
         print(f"\nplain HTTP p99 over {len(plain)} runs: median {statistics.median(plain):.2f} ms, "
               f"min {min(plain):.2f}, max {max(plain):.2f}")

@@ -141,6 +141,11 @@ pub struct NextReport {
     /// `POST /next`'s p99 from schedule over plain HTTP's (1.0 = the sequencer adds no tail).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub p99_over_plain_http: Option<f64>,
+    /// The whole machine over the plain HTTP window: beside `machine_cpu`, what the fenced,
+    /// durable path costs the machine over a trivial answer at the same rate, neighbour and
+    /// host (FINDINGS §11.12).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_http_machine_cpu: Option<CpuWindow>,
     /// `/proc/loadavg` (1, 5, 15 min) when the measured window began and when it ended.
     pub loadavg_start: Option<[f64; 3]>,
     pub loadavg_end: Option<[f64; 3]>,
@@ -217,15 +222,17 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         )
         .await?;
 
-    let plain_http = if args.plain_http {
+    let (plain_http, plain_http_machine_cpu) = if args.plain_http {
         println!("plain HTTP: GET /healthz, the same open loop and neighbour");
         let mut probe = spec(args.duration);
         probe.path = "/healthz".into();
         probe.probe = true;
+        let cpu_start = machine_cpu();
         let report = load_beside_neighbour(probe, args).await?;
-        Some(open_loop_side(&report.summary()))
+        let window = cpu_window(cpu_start, machine_cpu());
+        (Some(open_loop_side(&report.summary())), window)
     } else {
-        None
+        (None, None)
     };
     let p99_over_plain_http = plain_http
         .as_ref()
@@ -269,6 +276,13 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
             p.ids_per_s, p.p50_ms, p.p99_ms, p.service_p99_ms.unwrap_or(0.0), p.errors
         );
     }
+    if let (Some(w), Some(pw)) = (&machine_cpu_window, &plain_http_machine_cpu) {
+        println!(
+            "machine over the plain HTTP window: {:.2} cores busy ({:.2} more for /next at the same rate)",
+            pw.busy_cores,
+            w.busy_cores - pw.busy_cores
+        );
+    }
     println!(
         "ratio {:.1}x; group commits {} (mean {:.1} IDs, max {}); ledger violations {:?}",
         ratio,
@@ -295,6 +309,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         neighbour_slice_ms: args.neighbour_slice_ms,
         plain_http,
         p99_over_plain_http,
+        plain_http_machine_cpu,
         loadavg_start,
         loadavg_end,
         machine_cpu: machine_cpu_window,
