@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::FleetNode;
-use common::{assert_ledger_monotonic, Fleet, NextLoad};
+use common::{assert_ledger_monotonic, strip_ansi, Fleet, NextLoad};
 
 const SETTLE: Duration = Duration::from_secs(40);
 
@@ -451,22 +451,4 @@ async fn redis_restart_without_persistence_regressed_token_is_refused_and_record
         "liveness came back {:.1?} after the restart: {recovered} claimed at token {recovered_token} (resource was at {before}) after {refused} refusals",
         restarted_at.elapsed()
     );
-}
-
-/// Removes terminal colour codes (the node logs with ANSI colours).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use baton::config::NodeConfig;
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::servers::PgServer;
-use common::{assert_ledger_monotonic, config_with, next_anywhere, Fleet, NextLoad, BATON};
+use common::{
+    assert_ledger_monotonic, config_with, next_anywhere, strip_ansi, Fleet, NextLoad, BATON,
+};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
@@ -693,22 +695,4 @@ async fn a_database_that_goes_away_gets_prompt_503s_and_one_warning_then_ids_res
         "{leader} did not log the end of the outage:\n{log}"
     );
     eprintln!("{leader} logged the outage's edges; resumed at {resumed:?}");
-}
-
-/// Removes terminal colour codes (the node logs with ANSI colours).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -434,3 +434,21 @@ impl Drop for Stopped {
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
+
+/// Removes terminal colour codes (the node logs with ANSI colours).
+pub fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
