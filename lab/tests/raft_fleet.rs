@@ -18,7 +18,7 @@ use baton::config::NodeConfig;
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::servers::PgServer;
 use common::{
-    assert_ledger_monotonic, config_with, next_anywhere, strip_ansi, Fleet, NextLoad, BATON,
+    assert_ledger_monotonic, config_with, issued, next_anywhere, strip_ansi, Fleet, NextLoad, BATON,
 };
 
 const SETTLE: Duration = Duration::from_secs(30);
@@ -619,8 +619,7 @@ async fn a_database_that_goes_away_gets_prompt_503s_and_one_warning_then_ids_res
         assert!(Instant::now() < until, "the leader never served an ID");
         if let Ok(r) = fleet.client.post(&addr, "/next").await {
             if r.status == 200 {
-                let v = r.json();
-                got.push((v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap()));
+                got.push(issued(&r));
             }
         }
     }
@@ -672,8 +671,7 @@ async fn a_database_that_goes_away_gets_prompt_503s_and_one_warning_then_ids_res
     let resumed = loop {
         let r = fleet.client.post(&addr, "/next").await;
         if let Some(r) = r.as_ref().ok().filter(|r| r.status == 200) {
-            let v = r.json();
-            break (v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap());
+            break issued(r);
         }
         assert!(
             Instant::now() < until,

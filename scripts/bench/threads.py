@@ -43,7 +43,7 @@ def main():
     b, t1 = snapshot(), time.monotonic()
     rows = []
     for key, (proc, name, ticks) in b.items():
-        before = a.get(key, (proc, name, ticks))[2] if key in a else 0
+        before = a[key][2] if key in a else 0
         rows.append(((ticks - before) / HZ / (t1 - t0) * 100, proc, name, key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)

@@ -82,17 +82,25 @@ pub enum SequencerMsg {
     /// The claim task finished: the last committed seq, or why not.
     Claimed(Result<i64, FenceError>),
     /// A group commit finished (the task already answered its clients). `pipe`: the
-    /// connection it took from the pool, for the commits after it; `unavailable`: it failed for
-    /// want of the database (why), so the next commit takes a fresh connection.
+    /// connection it took from the pool, for the commits after it.
     Committed {
-        fenced_out: Option<String>,
+        outcome: CommitOutcome,
         pipe: Option<Arc<SeqPipe>>,
-        unavailable: Option<String>,
     },
     /// Stop taking requests, let the in-flight commit finish, then reply.
     Checkpoint(RpcReplyPort<()>),
     /// `[sequencer] min_commit_interval_ms` has passed since the last commit was sent.
     LingerOver,
+}
+
+/// How a group commit ended, as the actor needs to know it (its callers are already answered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    Durable,
+    /// The fence refused this term (why): it ends.
+    FencedOut(String),
+    /// It failed for want of the database (why): the next commit takes a fresh connection.
+    Unavailable(String),
 }
 
 type Answer = Result<IdBlock, NextError>;
@@ -405,20 +413,17 @@ impl Actor for Sequencer {
                 );
                 myself.stop(Some(format!("sequence claim failed: {e}")));
             }
-            SequencerMsg::Committed {
-                fenced_out,
-                pipe,
-                unavailable,
-            } => {
+            SequencerMsg::Committed { outcome, pipe } => {
                 state.in_flight -= 1;
-                state.note_unavailable(unavailable.as_deref(), fenced_out.is_none());
+                state.note_outcome(&outcome);
                 if state.pipe.is_none() {
                     state.pipe = pipe;
                 }
-                if unavailable.is_some() || state.pipe.as_ref().is_some_and(|p| p.is_closed()) {
+                let unavailable = matches!(outcome, CommitOutcome::Unavailable(_));
+                if unavailable || state.pipe.as_ref().is_some_and(|p| p.is_closed()) {
                     state.pipe = None;
                 }
-                if let Some(why) = fenced_out {
+                if let CommitOutcome::FencedOut(why) = outcome {
                     myself.stop(Some(why));
                     return Ok(());
                 }
@@ -455,12 +460,12 @@ impl Actor for Sequencer {
 impl SequencerState {
     /// Logs the edges of a run of commits that failed for want of the database (see
     /// [`unavailable_edge`]).
-    fn note_unavailable(&mut self, why: Option<&str>, answered: bool) {
+    fn note_outcome(&mut self, outcome: &CommitOutcome) {
         let token = self.ctx.token.0;
-        match unavailable_edge(&mut self.failing_since, why.is_some(), answered) {
-            Some(UnavailableEdge::Began) => tracing::warn!(
+        match unavailable_edge(&mut self.failing_since, outcome) {
+            Some(UnavailableEdge::Began(why)) => tracing::warn!(
                 token,
-                error = why.unwrap_or_default(),
+                error = why,
                 "sequencer: a group commit failed for want of the database; its callers were answered unavailable, the next commit takes a new connection"
             ),
             // At warn too: whoever reads the warnings sees where the outage ended.
@@ -565,9 +570,9 @@ impl SequencerState {
 
 /// A change in whether group commits reach the database.
 #[derive(Debug, PartialEq, Eq)]
-enum UnavailableEdge {
-    /// The first commit of a run failed for want of the database.
-    Began,
+enum UnavailableEdge<'a> {
+    /// The first commit of a run failed for want of the database (why).
+    Began(&'a str),
     /// A commit went through after such a run, which lasted this long.
     Ended { failing_ms: u64 },
 }
@@ -576,17 +581,16 @@ enum UnavailableEdge {
 /// when one begins or ends: that is what gets logged, one line each. A line per commit would be
 /// up to a thousand a second against a database that is down; no line at all left a term that
 /// served nothing but 503s with nothing in its log to say why.
-fn unavailable_edge(
+fn unavailable_edge<'a>(
     failing_since: &mut Option<Instant>,
-    unavailable: bool,
-    answered: bool,
-) -> Option<UnavailableEdge> {
-    match (unavailable, *failing_since) {
-        (true, None) => {
+    outcome: &'a CommitOutcome,
+) -> Option<UnavailableEdge<'a>> {
+    match (outcome, *failing_since) {
+        (CommitOutcome::Unavailable(why), None) => {
             *failing_since = Some(Instant::now());
-            Some(UnavailableEdge::Began)
+            Some(UnavailableEdge::Began(why))
         }
-        (false, Some(since)) if answered => {
+        (CommitOutcome::Durable, Some(since)) => {
             *failing_since = None;
             Some(UnavailableEdge::Ended {
                 failing_ms: since.elapsed().as_millis() as u64,
@@ -651,16 +655,12 @@ impl Answering {
             next_seconds.record(p.arrived.elapsed().as_secs_f64());
             answers.push((p.reply, answer, p.home));
         }
-        let (fenced_out, unavailable) = match &res {
-            Ok(()) => (None, None),
-            Err(e @ FenceError::Rejected { .. }) => (Some(e.to_string()), None),
-            Err(e) => (None, Some(e.to_string())),
+        let outcome = match &res {
+            Ok(()) => CommitOutcome::Durable,
+            Err(e @ FenceError::Rejected { .. }) => CommitOutcome::FencedOut(e.to_string()),
+            Err(e) => CommitOutcome::Unavailable(e.to_string()),
         };
-        let _ = me.cast(SequencerMsg::Committed {
-            fenced_out,
-            pipe,
-            unavailable,
-        });
+        let _ = me.cast(SequencerMsg::Committed { outcome, pipe });
         // The actor first: it sends the next group commit (and the connection's task writes it)
         // before this thread spends the next millisecond writing this batch's answers, so
         // PostgreSQL works on the next batch meanwhile instead of waiting for them. Yielding
@@ -987,35 +987,37 @@ mod tests {
 
     #[test]
     fn a_run_of_unavailable_commits_is_reported_at_its_edges_only() {
+        let down = CommitOutcome::Unavailable("connection refused".into());
+        let fenced = CommitOutcome::FencedOut("stale-token".into());
         let mut since = None;
         assert_eq!(
-            unavailable_edge(&mut since, false, true),
+            unavailable_edge(&mut since, &CommitOutcome::Durable),
             None,
             "healthy stays quiet"
         );
         assert_eq!(
-            unavailable_edge(&mut since, true, false),
-            Some(UnavailableEdge::Began)
+            unavailable_edge(&mut since, &down),
+            Some(UnavailableEdge::Began("connection refused"))
         );
         assert!(since.is_some());
         assert_eq!(
-            unavailable_edge(&mut since, true, false),
+            unavailable_edge(&mut since, &down),
             None,
             "the second failure in a row is not reported again"
         );
         assert_eq!(
-            unavailable_edge(&mut since, false, false),
+            unavailable_edge(&mut since, &fenced),
             None,
             "a fenced-out commit is not a recovery"
         );
         assert!(matches!(
-            unavailable_edge(&mut since, false, true),
+            unavailable_edge(&mut since, &CommitOutcome::Durable),
             Some(UnavailableEdge::Ended { .. })
         ));
         assert_eq!(since, None);
         assert_eq!(
-            unavailable_edge(&mut since, true, false),
-            Some(UnavailableEdge::Began),
+            unavailable_edge(&mut since, &down),
+            Some(UnavailableEdge::Began("connection refused")),
             "a new run is reported again"
         );
     }

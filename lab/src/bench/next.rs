@@ -207,11 +207,9 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         args.rate, args.connections, args.duration
     );
     let loadavg_start = loadavg();
-    let cpu_start = machine_cpu();
-    let report = load_beside_neighbour(spec(args.duration), args).await;
-    let machine_cpu_window = cpu_window(cpu_start, machine_cpu());
+    let (report, machine_cpu_window) = load_beside_neighbour(spec(args.duration), args).await?;
     let loadavg_end = loadavg();
-    let s = report?.summary();
+    let s = report.summary();
     let baton = open_loop_side(&s);
     let (leadership_changes, tokens) = terms_since(&db, pos_before).await?;
     let batches = db
@@ -227,9 +225,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         let mut probe = spec(args.duration);
         probe.path = "/healthz".into();
         probe.probe = true;
-        let cpu_start = machine_cpu();
-        let report = load_beside_neighbour(probe, args).await?;
-        let window = cpu_window(cpu_start, machine_cpu());
+        let (report, window) = load_beside_neighbour(probe, args).await?;
         (Some(open_loop_side(&report.summary())), window)
     } else {
         (None, None)
@@ -320,16 +316,19 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
 
 /// One open-loop run with its own neighbour process beside it (stopped as the run ends, before
 /// anything else is measured); prints the run's summary.
+/// One open-loop run beside the neighbour, and the whole machine over it (`/proc/stat`).
 async fn load_beside_neighbour(
     spec: LoadSpec,
     args: &NextArgs,
-) -> anyhow::Result<load::LoadReport> {
+) -> anyhow::Result<(load::LoadReport, Option<CpuWindow>)> {
     let neighbour = Neighbour::start(args)?;
+    let cpu_start = machine_cpu();
     let report = load::run(spec).await;
+    let window = cpu_window(cpu_start, machine_cpu());
     drop(neighbour);
     let report = report?;
     println!("{}", report.render());
-    Ok(report)
+    Ok((report, window))
 }
 
 /// An open-loop run's side of the report (`ids` = requests answered 200).

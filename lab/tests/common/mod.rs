@@ -299,6 +299,12 @@ impl Fleet {
     }
 }
 
+/// The `(token, seq)` a `200` answer to `POST /next` issued.
+pub fn issued(r: &baton_lab::fleet::client::Reply) -> (i64, i64) {
+    let v = r.json();
+    (v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap())
+}
+
 /// One `POST /next` against whoever leads, following 409s; `(token, seq)` or why not.
 pub async fn next_anywhere(
     client: &NodeClient,
@@ -310,9 +316,8 @@ pub async fn next_anywhere(
     for addr in addrs {
         match client.post(&addr, "/next").await {
             Ok(r) if r.status == 200 => {
-                let v = r.json();
                 *hint = Some(addr);
-                return Ok((v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap()));
+                return Ok(issued(&r));
             }
             Ok(r) if r.status == 409 => {
                 if let Some(l) = r.leader_header {
