@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Issue 14 item 4 on a bare machine (the device tool's 16-core one): unpacks what
+# scripts/bench/device-pack.sh packed, installs only what the machine lacks, and runs the same
+# `baton bench next` as on the 2-core host at rising rates, nothing else running. Reports go to
+# $OUT (the device tool brings back up to 8 files), or experiments/results/bench-next/device.
+#
+#   bash scripts/bench/device-run.sh [RATES] [DURATION]   # default "100000 250000 500000", 20s
+#
+# After the rates, 500k again with two group commits in flight
+# (experiments/bench-configs/raft-commits-in-flight-2.toml), and the last rate's run also drives
+# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run.
+# DRY=1 installs and checks, and runs one 5 s bench at 20k: the rehearsal on a machine of ours.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rates=${1:-100000 250000 500000}
+duration=${2:-20s}
+out=${OUT:-experiments/results/bench-next/device}
+mkdir -p "$out"
+log="$out/device-run.log"
+exec > >(tee -a "$log") 2>&1
+say() { echo "## $*"; }
+
+unpacked=${DEVICE_DIR:-/opt/baton-device}
+say "unpacking .device/bundle.tar.xz into $unpacked"
+rm -rf "$unpacked"
+mkdir -p "$unpacked"
+tar -C "$unpacked" -xJf .device/bundle.tar.xz
+baton="$unpacked/baton"
+
+# PostgreSQL where `baton` looks for it (the newest /usr/lib/postgresql/N/bin/postgres), unless
+# the machine has one already.
+if ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  say "PostgreSQL already here: $(ls -d /usr/lib/postgresql/*/bin | tr '\n' ' ')"
+else
+  say "installing PostgreSQL's files under /usr/lib/postgresql and /usr/share/postgresql"
+  mkdir -p /usr/lib/postgresql /usr/share/postgresql
+  cp -a "$unpacked/root/usr/lib/postgresql/." /usr/lib/postgresql/
+  cp -a "$unpacked/root/usr/share/postgresql/." /usr/share/postgresql/
+fi
+if [ ! -e /usr/share/zoneinfo/UTC ]; then
+  say "installing UTC's time zone files (no tzdata here)"
+  mkdir -p /usr/share/zoneinfo
+  cp -an "$unpacked/root/usr/share/zoneinfo/." /usr/share/zoneinfo/
+fi
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+
+# Shared libraries: only those the loader cannot find, so nothing of the machine's own is
+# shadowed. A library brought in may need another: repeat until nothing is missing.
+missing_libs() {
+  for f in "$baton" "$pg_bin"/{postgres,initdb,pg_ctl,psql} "$pg_bin"/../lib/{plpgsql,dict_snowball}.so; do
+    ldd "$f" 2>/dev/null | awk '/=> not found/ {print $1}'
+  done | sort -u
+}
+libdir=/usr/local/lib/baton-device
+for _ in 1 2 3 4 5; do
+  missing=$(missing_libs)
+  [ -z "$missing" ] && break
+  mkdir -p "$libdir"
+  for lib in $missing; do
+    [ -f "$unpacked/lib/$lib" ] || { echo "no $lib in the bundle" >&2; exit 2; }
+    say "adding $lib"
+    cp "$unpacked/lib/$lib" "$libdir/"
+  done
+  echo "$libdir" >/etc/ld.so.conf.d/baton-device.conf
+  ldconfig
+done
+[ -z "$(missing_libs)" ] || { echo "still missing: $(missing_libs)" >&2; exit 2; }
+
+# PostgreSQL runs as `postgres` when we are root (initdb refuses root).
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  say "adding the user postgres"
+  useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin postgres
+fi
+
+say "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(uname -r)"
+"$baton" --version || true
+"$pg_bin/postgres" --version
+
+bench() { # TAG, then bench next's arguments
+  local tag=$1
+  shift
+  say "baton bench next $* --out $out/$tag.json"
+  "$baton" bench next --backend raft "$@" --out "$out/$tag.json" | tail -n 20
+}
+
+if [ -n "${DRY:-}" ]; then
+  bench dry-20k --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s
+  python3 scripts/bench/summarize.py next "$out/dry-20k.json"
+  exit 0
+fi
+last=${rates##* }
+for rate in $rates; do
+  plain=()
+  [ "$rate" = "$last" ] && plain=(--plain-http)
+  bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${plain[@]}"
+done
+bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" \
+  --config experiments/bench-configs/raft-commits-in-flight-2.toml
+python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
