@@ -37,6 +37,10 @@
 #                                      # histograms (sequencer wait+commit, commit alone)
 #   scripts/bench/perf.sh profile [ROUNDS]  # CPU per request by thread/process (perf record -a),
 #                                      # wrk on GET /healthz then POST /next, same leader, in turn
+#   scripts/bench/perf.sh httpthread [ROUNDS]  # the leader's HTTP thread alone, with call
+#                                      # graphs (perf --call-graph dwarf), under wrk on GET /healthz
+#                                      # then POST /next: the share of its time in each stage
+#                                      # (reading requests, the handler, writing responses, parked)
 #   scripts/bench/perf.sh gen [RATE]   # the open-loop generator's own cost: `baton load` at RATE
 #                                      # (default 30k) for 12 s, the machine sampled for 6 s; the
 #                                      # generator's threads summed apart from the nodes' (TAG= names the
@@ -313,6 +317,38 @@ profile() {
   python3 scripts/bench/summarize.py profile "$base" "$rounds"
 }
 
+# The HTTP thread's time by stage, from inclusive (children) shares of its own samples. The
+# frames named are hyper's and tokio's that every request passes through (with debug info, perf
+# resolves inlined frames); their shares say how much of the thread's time each stage takes.
+httpthread() {
+  local rounds=${1:-1} dir=state/bench/httpthread leader pid tid
+  fresh_fleet "$BATON" "$dir"
+  down_on_exit "$BATON" "$dir"
+  leader=$(leader_of "$BATON" "$dir")
+  pid=$("$BATON" fleet status --dir "$dir" --json | python3 -c \
+    'import json,sys; print(next(r["pid"] for r in json.load(sys.stdin) if r.get("role")=="leader"))')
+  tid=$(grep -l '^baton-http' /proc/"$pid"/task/*/comm | head -1 | cut -d/ -f5)
+  warm_up "$leader"
+  local log="$OUT/httpthread.txt"
+  echo "# the leader's HTTP thread (tid $tid), perf record -F 999 --call-graph dwarf for 3 s under wrk -t1 -c256; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for what in healthz next; do
+      local script=() data
+      [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
+      data=$(mktemp)
+      wrk -t1 -c256 -d8s "${script[@]}" "http://$leader/$what" >"$data.wrk" &
+      sleep 2
+      perf record -F 999 --call-graph dwarf,16384 -t "$tid" -o "$data" -- sleep 3 >/dev/null 2>&1
+      wait
+      echo "## round $round, $what: $(wrk_result "$data.wrk")" | tee -a "$log"
+      perf report -i "$data" --children --sort sym --stdio -g none 2>/dev/null |
+        grep -E 'Dispatcher<D,Bs,I,T>::poll_(flush|read_head) |Dispatch>::poll_msg |CoreGuard::block_on$|routes::bounded_route' |
+        sed -E 's/^ +([0-9.]+%) +[0-9.]+% +\[.\] /\1 /' | tee -a "$log"
+      rm -f "$data" "$data.wrk"
+    done
+  done
+}
+
 gen() {
   local rate=${1:-30000} dir=state/bench/gen
   fresh_fleet "$BATON" "$dir" ${FLEET_CONFIG:+--config "$FLEET_CONFIG"}
@@ -385,6 +421,7 @@ case "${1:-}" in
   starve) shift; starve "$@" ;;
   split) shift; split "$@" ;;
   profile) shift; profile "$@" ;;
+  httpthread) shift; httpthread "$@" ;;
   gen) shift; gen "$@" ;;
   pipe) shift; pipe "$@" ;;
   linger) shift; linger "$@" ;;
