@@ -20,6 +20,12 @@ log="$out/device-run.log"
 exec > >(tee -a "$log") 2>&1
 say() { echo "## $*"; }
 
+# What this script and `baton` call on the machine (baton runs PostgreSQL through runuser and
+# chown when root): say at once which is missing rather than halfway through.
+for cmd in tar xz ldd ldconfig chown runuser python3; do
+  command -v "$cmd" >/dev/null || { echo "this machine lacks $cmd" >&2; exit 2; }
+done
+
 unpacked=${DEVICE_DIR:-/opt/baton-device}
 say "unpacking .device/bundle.tar.xz into $unpacked"
 rm -rf "$unpacked"
@@ -69,7 +75,14 @@ done
 # PostgreSQL runs as `postgres` when we are root (initdb refuses root).
 if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   say "adding the user postgres"
-  useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin postgres
+  if [ -x "$(command -v useradd)" ]; then
+    useradd --system --user-group --home-dir /nonexistent --shell /usr/sbin/nologin postgres
+  else # a minimal image without the shadow tools: the two lines useradd would write
+    uid=990
+    while grep -q "^[^:]*:[^:]*:$uid:" /etc/passwd /etc/group; do uid=$((uid - 1)); done
+    echo "postgres:x:$uid:" >>/etc/group
+    echo "postgres:x:$uid:$uid:PostgreSQL:/nonexistent:/usr/sbin/nologin" >>/etc/passwd
+  fi
 fi
 
 say "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(uname -r)"
