@@ -26,8 +26,13 @@ pg=$(ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V | tail -1)
 [ -n "$pg" ] || { echo "no PostgreSQL here: bash scripts/ensure-deps.sh first" >&2; exit 2; }
 pg=$(dirname "$(dirname "$pg")")     # /usr/lib/postgresql/N
 version=$(basename "$pg")
+# The files whose libraries must load, relative to $pg: the programs baton runs, and the modules
+# a fresh database loads (plpgsql, snowball; the encoding conversions need nothing). The list
+# travels in the bundle, so device-run.sh checks the same files.
+needed="bin/postgres bin/initdb bin/pg_ctl bin/psql lib/plpgsql.so lib/dict_snowball.so"
 mkdir -p "$stage/root$pg/bin" "$stage/root$pg/lib" "$stage/root/usr/share/postgresql"
-cp "$pg"/bin/{postgres,initdb,pg_ctl,psql} "$stage/root$pg/bin/"
+echo "$needed" >"$stage/needed"
+for f in $needed; do [ "${f%%/*}" = bin ] && cp "$pg/$f" "$stage/root$pg/bin/"; done
 cp "$pg"/lib/*.so "$stage/root$pg/lib/"
 rm -f "$stage/root$pg/lib/llvmjit.so"
 cp -a "/usr/share/postgresql/$version" "$stage/root/usr/share/postgresql/"
@@ -37,17 +42,17 @@ mkdir -p "$stage/root/usr/share/zoneinfo/Etc"
 cp -L /usr/share/zoneinfo/{UTC,GMT} "$stage/root/usr/share/zoneinfo/"
 cp -L /usr/share/zoneinfo/Etc/UTC "$stage/root/usr/share/zoneinfo/Etc/"
 
-# What they load. Modules beyond plpgsql, snowball and the encoding conversions (which need
-# nothing) are not used by baton; their libraries stay behind, and they would fail to load.
+# What they load. Other modules are not used by baton: their libraries stay behind, and they
+# would fail to load.
 mkdir -p "$stage/lib"
-for f in "$stage/baton" "$stage/root$pg"/bin/* "$stage/root$pg"/lib/{plpgsql,dict_snowball}.so; do
+for f in "$stage/baton" $(printf "$stage/root$pg/%s " $needed); do
   ldd "$f" | awk '/=> \// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libresolv|libutil)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 
 rm -rf "$out"
 mkdir -p "$out"
-tar -C "$stage" -cf - baton root lib | xz -T0 -9 >"$out/bundle.tar.xz"
+tar -C "$stage" -cf - baton needed root lib | xz -T0 -9 >"$out/bundle.tar.xz"
 bundle=$(stat -c %s "$out/bundle.tar.xz")
 tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
 python3 - "$bundle" "$tree" <<'PY'

@@ -52,8 +52,14 @@ pg_bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 
 # Shared libraries: only those the loader cannot find, so nothing of the machine's own is
 # shadowed. A library brought in may need another: repeat until nothing is missing.
+# The files to check are the ones device-pack.sh listed in the bundle (`needed`); ldd on a file
+# that is not there would print no "not found" either, so their presence is checked first.
+checked=("$baton" $(printf "$pg_bin/../%s " $(cat "$unpacked/needed")))
+for f in "${checked[@]}"; do
+  [ -f "$f" ] || { echo "no $f" >&2; exit 2; }
+done
 missing_libs() {
-  for f in "$baton" "$pg_bin"/{postgres,initdb,pg_ctl,psql} "$pg_bin"/../lib/{plpgsql,dict_snowball}.so; do
+  for f in "${checked[@]}"; do
     ldd "$f" 2>/dev/null | awk '/=> not found/ {print $1}'
   done | sort -u
 }
@@ -70,7 +76,8 @@ for _ in 1 2 3 4 5; do
   echo "$libdir" >/etc/ld.so.conf.d/baton-device.conf
   ldconfig
 done
-[ -z "$(missing_libs)" ] || { echo "still missing: $(missing_libs)" >&2; exit 2; }
+missing=$(missing_libs)
+[ -z "$missing" ] || { echo "still missing: $missing" >&2; exit 2; }
 
 # PostgreSQL runs as `postgres` when we are root (initdb refuses root).
 if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then

@@ -279,15 +279,16 @@ split() {
   python3 scripts/bench/summarize.py split "$OUT/split-$tag"
 }
 
-# Samples the whole machine into $1.data for 6 s in the middle of a 12 s wrk run on the leader
-# $2's /$3 (wrk's report in $1-wrk.txt); further arguments go to `perf record`.
+# Samples into $1.data for 6 s in the middle of a 12 s wrk run on the leader $2's /$3 (wrk's
+# report in $1-wrk.txt); further arguments go to `perf record` and say what to sample (-a: the
+# whole machine, -t TID: one thread).
 sample_under_wrk() {
   local tag=$1 leader=$2 what=$3 script=()
   shift 3
   [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
   wrk -t1 -c256 -d12s "${script[@]}" "http://$leader/$what" >"$tag-wrk.txt" &
   sleep 3
-  perf record -a "$@" -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+  perf record "$@" -o "$tag.data" -- sleep 6 >/dev/null 2>&1
   wait
 }
 
@@ -303,12 +304,12 @@ profile() {
   for round in $(seq 1 "$rounds"); do
     for what in healthz next; do
       local tag="$base-$round-$what"
-      sample_under_wrk "$tag" "$leader" "$what" -F 499
+      sample_under_wrk "$tag" "$leader" "$what" -a -F 499
       perf report -i "$tag.data" --sort comm --stdio 2>/dev/null | grep -E '^ +[0-9]' >"$tag-comm.txt"
       rm -f "$tag.data"
     done
   done
-  sample_under_wrk "$base-pg" "$leader" next -F 999 -g
+  sample_under_wrk "$base-pg" "$leader" next -a -F 999 -g
   perf report -i "$base-pg.data" --comm postgres --children --sort sym --stdio -g none 2>/dev/null |
     grep -E '^ +[0-9]' | grep -v '0x0000' | awk 'NR <= 40' >"$base-pg-callers.txt"
   rm -f "$base-pg.data"
@@ -320,6 +321,7 @@ profile() {
 # The HTTP thread's time by stage, from inclusive (children) shares of its own samples. The
 # frames named are hyper's and tokio's that every request passes through (with debug info, perf
 # resolves inlined frames); their shares say how much of the thread's time each stage takes.
+# perf lists a frame again for the odd sample it resolved elsewhere: the first (largest) counts.
 httpthread() {
   local rounds=${1:-1} dir=state/bench/httpthread leader pid tid
   fresh_fleet "$BATON" "$dir"
@@ -329,22 +331,16 @@ httpthread() {
     'import json,sys; print(next(r["pid"] for r in json.load(sys.stdin) if r.get("role")=="leader"))')
   tid=$(grep -l '^baton-http' /proc/"$pid"/task/*/comm | head -1 | cut -d/ -f5)
   warm_up "$leader"
-  local log="$OUT/httpthread.txt"
-  echo "# the leader's HTTP thread (tid $tid), perf record -F 999 --call-graph dwarf for 3 s under wrk -t1 -c256; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
+  local log="$OUT/httpthread.txt" tag="$OUT/httpthread-sample"
+  echo "# the leader's HTTP thread (tid $tid), perf record -F 999 --call-graph dwarf for 6 s under wrk -t1 -c256; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
   for round in $(seq 1 "$rounds"); do
     for what in healthz next; do
-      local script=() data
-      [ "$what" = next ] && script=(-s scripts/bench/post-next.lua)
-      data=$(mktemp)
-      wrk -t1 -c256 -d8s "${script[@]}" "http://$leader/$what" >"$data.wrk" &
-      sleep 2
-      perf record -F 999 --call-graph dwarf,16384 -t "$tid" -o "$data" -- sleep 3 >/dev/null 2>&1
-      wait
-      echo "## round $round, $what: $(wrk_result "$data.wrk")" | tee -a "$log"
-      perf report -i "$data" --children --sort sym --stdio -g none 2>/dev/null |
+      sample_under_wrk "$tag" "$leader" "$what" -t "$tid" -F 999 --call-graph dwarf,16384
+      echo "## round $round, $what: $(wrk_result "$tag-wrk.txt")" | tee -a "$log"
+      perf report -i "$tag.data" --children --sort sym --stdio -g none 2>/dev/null |
         grep -E 'Dispatcher<D,Bs,I,T>::poll_(flush|read_head) |Dispatch>::poll_msg |CoreGuard::block_on$|routes::bounded_route' |
-        sed -E 's/^ +([0-9.]+%) +[0-9.]+% +\[.\] /\1 /' | tee -a "$log"
-      rm -f "$data" "$data.wrk"
+        sed -E 's/^ +([0-9.]+%) +[0-9.]+% +\[.\] /\1 /' | awk '!seen[substr($0, index($0, " "))]++' | tee -a "$log"
+      rm -f "$tag.data" "$tag-wrk.txt"
     done
   done
 }

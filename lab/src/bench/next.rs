@@ -315,8 +315,8 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
 }
 
 /// One open-loop run with its own neighbour process beside it (stopped as the run ends, before
-/// anything else is measured); prints the run's summary.
-/// One open-loop run beside the neighbour, and the whole machine over it (`/proc/stat`).
+/// anything else is measured), and the whole machine over the run (`/proc/stat`); prints the
+/// run's summary.
 async fn load_beside_neighbour(
     spec: LoadSpec,
     args: &NextArgs,
