@@ -142,6 +142,9 @@ pub fn lease_read_until(
     Some(sent_at + span.div_f64(1.0 + rate_bound.max(0.0)))
 }
 
+/// The most shards a fleet may run (each is a full term with its own backend session).
+pub const MAX_SHARDS: u32 = 4096;
+
 /// One node's whole configuration (`config/*.toml`, overlaid by flags). Every field has a
 /// default; [`NodeConfig::validate`] refuses combinations that cannot be safe.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -208,6 +211,51 @@ pub struct NodeConfig {
     pub sequencer: SequencerConfig,
     /// `[http]`: the client HTTP server's limits and TLS.
     pub http: HttpConfig,
+    /// `[shards]`: how many independent terms of leadership the fleet runs, and placement.
+    pub shards: ShardsConfig,
+}
+
+/// One member of a sharded fleet, for placement: its id and its client HTTP address (probed
+/// with `GET /healthz` to tell live members from dead ones).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MemberSpec {
+    /// The member's node id.
+    pub id: String,
+    /// `host:port` of the member's client HTTP server.
+    pub addr: String,
+}
+
+/// `[shards]`: K shards, each a full term (own election, token, watchdog and fence row),
+/// spread over the live members by balanced rendezvous hashing (see [`crate::shard`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShardsConfig {
+    /// K, the number of shards (1: one leader for the fleet, today's behaviour).
+    pub count: u32,
+    /// Every member that may own shards, this node included (K > 1 only). Empty: the raft
+    /// peers' ids and client addresses.
+    pub members: Vec<MemberSpec>,
+    /// How often each member's `GET /healthz` is probed.
+    pub probe_interval_ms: u64,
+    /// A member that has not answered a probe for this long is not live: its shards are
+    /// placed elsewhere (the backend still waits out its lease before a new owner wins).
+    pub down_after_ms: u64,
+    /// A shard with no leader for this long is campaigned for by every live member, whatever
+    /// the placement says: a disagreement between views never leaves a shard dark for longer.
+    pub orphan_grace_ms: u64,
+}
+
+impl Default for ShardsConfig {
+    fn default() -> Self {
+        ShardsConfig {
+            count: 1,
+            members: Vec::new(),
+            probe_interval_ms: 200,
+            down_after_ms: 1000,
+            orphan_grace_ms: 1500,
+        }
+    }
 }
 
 /// A credential (the admin token, the raft cluster secret): serialized as the plain string (node
@@ -589,6 +637,7 @@ impl Default for NodeConfig {
             scheduler: SchedulerConfig::default(),
             sequencer: SequencerConfig::default(),
             http: HttpConfig::default(),
+            shards: ShardsConfig::default(),
         }
     }
 }
@@ -825,7 +874,78 @@ impl NodeConfig {
             )));
         }
         self.validate_tls()?;
+        self.validate_shards()?;
         self.check_admin_surface(self.http_listen.ip())
+    }
+
+    /// The shard count K (`[shards] count`, at least 1).
+    pub fn shard_count(&self) -> u32 {
+        self.shards.count.max(1)
+    }
+
+    /// The members placement spreads shards over: `[shards] members`, or the raft peers.
+    pub fn shard_members(&self) -> Vec<MemberSpec> {
+        if !self.shards.members.is_empty() {
+            return self.shards.members.clone();
+        }
+        self.raft
+            .peers
+            .iter()
+            .map(|p| MemberSpec {
+                id: p.id.clone(),
+                addr: p.addr.clone(),
+            })
+            .collect()
+    }
+
+    /// This config as shard `shard`'s elector sees it: the backend's election key carries the
+    /// shard's suffix (unchanged for shard 0), so each shard is its own election.
+    pub fn for_shard(&self, shard: crate::shard::ShardId) -> NodeConfig {
+        let mut c = self.clone();
+        let sfx = shard.election_suffix();
+        c.etcd.election_name.push_str(&sfx);
+        c.redis.key.push_str(&sfx);
+        c.zk.election_path.push_str(&sfx);
+        c.pg_lease.lease_name.push_str(&sfx);
+        c
+    }
+
+    fn validate_shards(&self) -> Result<(), ConfigError> {
+        let k = self.shards.count;
+        if !(1..=MAX_SHARDS).contains(&k) {
+            return Err(ConfigError::Invalid(format!(
+                "[shards] count must be in 1..={MAX_SHARDS}, got {k}"
+            )));
+        }
+        if k == 1 {
+            return Ok(());
+        }
+        if self.backend == BackendKind::Raft {
+            return Err(ConfigError::Invalid(format!(
+                "[shards] count = {k} needs a lease backend (etcd, pg-lease, redis, zk): sharded raft is not built yet; use --shards 1 with raft"
+            )));
+        }
+        if self.http.tls_cert_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "[shards] count > 1 with HTTPS: placement probes members over plain HTTP; not supported yet".into(),
+            ));
+        }
+        let members = self.shard_members();
+        if !members.iter().any(|m| m.id == self.node_id) {
+            return Err(ConfigError::Invalid(format!(
+                "[shards] count = {k} needs [shards] members listing every member, this node ({}) included",
+                self.node_id
+            )));
+        }
+        if self.shards.probe_interval_ms == 0
+            || self.shards.down_after_ms < 2 * self.shards.probe_interval_ms
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[shards] down_after_ms ({}) must be at least 2 x probe_interval_ms ({}), and the interval > 0",
+                self.shards.down_after_ms, self.shards.probe_interval_ms
+            )));
+        }
+        Ok(())
     }
 
     /// The TLS options: the server's certificate and key together or not at all, the URL schemes

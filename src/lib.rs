@@ -46,9 +46,11 @@
 //! config.rs          NodeConfig: TOML + flags, timing validated at construction
 //! elector.rs         the Elector seam's types (the ground floor: imports nothing above it)
 //! node.rs            NodeBuilder -> NodeHandle: assemble and run one fleet member (entry point)
-//! leadership.rs      the status mirror (role, token, leader, deadline): written by the actors
-//!                    that own each fact, read by the handle, HTTP and leader work
-//! actors/            the supervision tree: NodeSupervisor, Elector loop, LeaseWatchdog
+//! leadership.rs      the status mirror (role, token, leader, deadline) of one shard's term:
+//!                    written by the actors that own each fact, read by the handle, HTTP, work
+//! shard.rs           shards: resource and key naming, the key hash, balanced rendezvous placement
+//! actors/            the supervision tree: per shard a NodeSupervisor, Elector loop and
+//!                    LeaseWatchdog; the Placement task that says which shards this node seeks
 //! backends/          the `Elector` seam, one module per backend, the conformance suite
 //! work/              leader-only work: the fence client + SQL, closure jobs, Sequencer, Scheduler
 //! http/              hyper 1 server: /status /next /read /metrics /stepdown /healthz
@@ -89,6 +91,7 @@ pub mod metrics;
 pub mod node;
 mod pg;
 pub mod rlimit;
+pub mod shard;
 pub mod tasks;
 #[cfg(feature = "tls")]
 pub mod tls;

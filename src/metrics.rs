@@ -9,11 +9,14 @@
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
-/// 1 while this node's leader work runs; the fleet's sum must be exactly 1.
+/// 1 while this node's leader work for a shard runs (label `shard`, `"0"` on an unsharded
+/// fleet); the fleet's sum per shard must be exactly 1.
 pub const LEADERS_ACTING: &str = "leaders_acting";
-/// 1 for this node's current role, 0 for the others (label `role`).
+/// 1 for this node's current role in a shard, 0 for the others (labels `role`, `shard`).
 pub const ROLE: &str = "baton_role";
-/// Counter of this node's leadership transitions, label `to`: `leader` when a term's leader work
+/// Gauge: how many shards this node leads (updated at each scrape); no labels.
+pub const SHARDS_LED: &str = "baton_shards_led";
+/// Counter of this node's leadership transitions, labels `to` and `shard`: `leader` when a term's leader work
 /// has started, `follower` when it has fully stopped after a demotion. A term whose work failed to
 /// start counts only `to="follower"`, so the two need not pair up.
 pub const TRANSITIONS: &str = "baton_leadership_transitions_total";
@@ -30,7 +33,7 @@ pub const RENEWALS: &str = "baton_lease_renewals_total";
 /// Counter of failed lease renewals, both transient errors and lost leases; no labels.
 pub const RENEWAL_FAILURES: &str = "baton_lease_renewal_failures_total";
 /// Gauge: the fencing token of the term whose leader work runs on this node, set when the work has
-/// started and reset to 0 when it has fully stopped; no labels.
+/// started and reset to 0 when it has fully stopped; label `shard`.
 pub const FENCE_TOKEN: &str = "baton_fence_token";
 /// Counter of this node's writes refused by the fenced resource, label `op`: `claim`, `next`,
 /// `tick`, `checkpoint`, or `user` (a [`Fence::begin`](crate::work::Fence::begin) transaction).
@@ -188,6 +191,7 @@ pub fn describe() {
         LEADERS_ACTING,
         "1 while this node's leader work runs; the fleet sum must be exactly 1"
     );
+    describe_gauge!(SHARDS_LED, "Shards this node leads");
     describe_gauge!(
         ROLE,
         "1 for this node's current role (leader, follower, candidate), 0 otherwise"

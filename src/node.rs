@@ -31,6 +31,7 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::actors::placement::{PlacementArgs, PlacementState, PlacementView};
 use crate::actors::supervisor::{
     NodeSupervisor, StepDownError, StepDownReport, SupervisorArgs, SupervisorMsg,
 };
@@ -41,6 +42,8 @@ use crate::elector::{Elector, FenceToken, LeaderInfo};
 #[cfg(feature = "http")]
 use crate::http::{self, HttpApp};
 use crate::leadership::{Leadership, Status};
+use crate::shard::ShardId;
+use crate::tasks::AbortOnDrop;
 use crate::trace::ActorTrace;
 use crate::work::job::{FnWork, Term};
 use crate::work::scheduler::SchedulerWork;
@@ -52,7 +55,9 @@ use crate::work::{Fence, LeaderWork, Registered, SupervisionPolicy};
 pub struct NodeBuilder {
     cfg: NodeConfig,
     works: Vec<Registered>,
-    sequencer: Option<SequencerHandle>,
+    /// Where in `works` the built-in sequencer goes (it needs one handle per shard, so it is
+    /// built in [`NodeBuilder::start`], once the shard count is final).
+    sequencer_at: Option<usize>,
     /// Whether the built-in scheduler is registered (`GET /read` then reports its cursor).
     scheduler: bool,
     elector: Option<Arc<dyn Elector>>,
@@ -66,7 +71,7 @@ impl NodeBuilder {
         NodeBuilder {
             cfg,
             works: Vec::new(),
-            sequencer: None,
+            sequencer_at: None,
             scheduler: false,
             elector: None,
             #[cfg(feature = "http")]
@@ -114,20 +119,27 @@ impl NodeBuilder {
         self.with_work_supervised(Arc::new(FnWork::new(name, job)), policy)
     }
 
+    /// A sharded job: [`NodeBuilder::with_job`] on a fleet of `shards` shards (sets
+    /// `[shards] count`). Each shard's term runs its own instance; [`Term::shard`] says which,
+    /// and [`Term::fence`] writes in that shard's fence domain.
+    pub fn with_sharded_job<F, Fut>(
+        mut self,
+        name: &'static str,
+        shards: u32,
+        job: F,
+    ) -> NodeBuilder
+    where
+        F: Fn(Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        self.cfg.shards.count = shards;
+        self.with_job(name, job)
+    }
+
     /// The built-in sequencer (`POST /next`) and scheduler, as enabled in the config.
     pub fn with_default_work(mut self) -> NodeBuilder {
         if self.cfg.sequencer.enabled {
-            let handle = SequencerHandle::default();
-            let work = Arc::new(SequencerWork {
-                handle: handle.clone(),
-                limits: CommitLimits {
-                    max_batch_ids: self.cfg.sequencer.max_batch_ids,
-                    in_flight: self.cfg.sequencer.commits_in_flight,
-                    min_interval: Duration::from_millis(self.cfg.sequencer.min_commit_interval_ms),
-                },
-            });
-            self = self.with_work(work);
-            self.sequencer = Some(handle);
+            self.sequencer_at = Some(self.works.len());
         }
         if self.cfg.scheduler.enabled {
             let work = Arc::new(SchedulerWork {
@@ -159,7 +171,34 @@ impl NodeBuilder {
         #[cfg_attr(not(feature = "http"), allow(unused_mut))]
         let mut cfg = self.cfg;
         cfg.validate().context("config")?;
-        check_stop_bounds(&cfg, &self.works)?;
+        let shard_count = cfg.shard_count();
+        anyhow::ensure!(
+            shard_count == 1 || self.elector.is_none(),
+            "config: a custom Elector serves one election; [shards] count must be 1 with it"
+        );
+        let mut works = self.works;
+        let sequencers: Option<Vec<SequencerHandle>> = self.sequencer_at.map(|at| {
+            let handles: Vec<SequencerHandle> = (0..shard_count)
+                .map(|_| SequencerHandle::default())
+                .collect();
+            let work = Arc::new(SequencerWork {
+                handles: handles.clone(),
+                limits: CommitLimits {
+                    max_batch_ids: cfg.sequencer.max_batch_ids,
+                    in_flight: cfg.sequencer.commits_in_flight,
+                    min_interval: Duration::from_millis(cfg.sequencer.min_commit_interval_ms),
+                },
+            });
+            works.insert(
+                at,
+                Registered {
+                    work,
+                    policy: SupervisionPolicy::Demote,
+                },
+            );
+            handles
+        });
+        check_stop_bounds(&cfg, &works)?;
         crate::metrics::describe();
         // The recorder is installed either way; only the HTTP server renders it (/metrics).
         #[cfg(feature = "prometheus")]
@@ -195,53 +234,103 @@ impl NodeBuilder {
 
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
-        let backend = match self.elector {
-            Some(e) => e,
-            None => backends::build(&cfg).await?,
-        };
-
-        let (leader_tx, leader_rx) = watch::channel(None);
-        let leadership = Arc::new(Leadership::new(
-            cfg.node_id.clone(),
-            http_addr.clone(),
-            cfg.backend,
-            leader_rx,
-        ));
-        #[cfg(feature = "http")]
-        let read_backend = (backend.clone(), fence.clone());
-        let args = SupervisorArgs {
-            cfg: cfg.clone(),
-            backend,
-            works: self.works,
-            fence,
-            trace: trace.clone(),
-            shared: leadership.clone(),
-            leader_tx,
-        };
-        let (supervisor, sup_handle) = Actor::spawn(None, NodeSupervisor, args)
-            .await
-            .context("starting the supervision tree")?;
-        tracing::info!(node = %cfg.node_id, http_addr = http_addr.as_deref().unwrap_or("-"), backend = %cfg.backend, "node started");
+        let placement = Arc::new(PlacementState::default());
+        let mut shards: Vec<ShardTree> = Vec::with_capacity(shard_count as usize);
+        let mut given_elector = self.elector;
+        for s in 0..shard_count {
+            let shard = ShardId(s);
+            let shard_cfg = cfg.for_shard(shard);
+            let backend = match given_elector.take() {
+                Some(e) => e,
+                None => backends::build(&shard_cfg)
+                    .await
+                    .with_context(|| format!("shard {s}: connecting its election backend"))?,
+            };
+            let shard_fence = if s == 0 {
+                fence.clone()
+            } else {
+                fence.for_shard(shard)?
+            };
+            let shard_trace = if shard_count > 1 {
+                trace.for_shard(shard)
+            } else {
+                trace.clone()
+            };
+            let (leader_tx, leader_rx) = watch::channel(None);
+            let leadership = Arc::new(Leadership::new(
+                cfg.node_id.clone(),
+                http_addr.clone(),
+                cfg.backend,
+                leader_rx,
+            ));
+            let args = SupervisorArgs {
+                cfg: shard_cfg,
+                backend: backend.clone(),
+                works: works.clone(),
+                fence: shard_fence.clone(),
+                trace: shard_trace,
+                shared: leadership.clone(),
+                leader_tx,
+                shard,
+                // At K = 1 every member seeks the one term, as before shards; at K > 1
+                // placement says which (after its first round of probes).
+                wanted: shard_count == 1,
+            };
+            let (supervisor, join) = match Actor::spawn(None, NodeSupervisor, args).await {
+                Ok(x) => x,
+                Err(e) => {
+                    for t in &shards {
+                        t.supervisor.stop(Some("node start failed".into()));
+                    }
+                    return Err(anyhow::Error::new(e).context("starting the supervision tree"));
+                }
+            };
+            shards.push(ShardTree {
+                leadership,
+                supervisor,
+                join,
+                elector: backend,
+                fence: shard_fence,
+                sequencer: sequencers.as_ref().map(|h| h[s as usize].clone()),
+            });
+        }
+        let placement_task = (shard_count > 1).then(|| {
+            AbortOnDrop(tokio::spawn(crate::actors::placement::run(PlacementArgs {
+                node_id: cfg.node_id.clone(),
+                members: cfg.shard_members(),
+                cfg: cfg.shards.clone(),
+                supervisors: shards.iter().map(|t| t.supervisor.clone()).collect(),
+                leaderships: shards.iter().map(|t| t.leadership.clone()).collect(),
+                trace: trace.clone(),
+                state: placement.clone(),
+            })))
+        });
+        tracing::info!(node = %cfg.node_id, http_addr = http_addr.as_deref().unwrap_or("-"), backend = %cfg.backend, shards = shard_count, "node started");
 
         let (http_stop_tx, http_stop_rx) = tokio::sync::oneshot::channel::<()>();
         #[cfg(feature = "http")]
         let server = self.http.map(|listener| -> std::io::Result<_> {
-            let (elector, fence) = read_backend;
             let app = Arc::new(HttpApp {
-                shared: leadership.clone(),
+                shards: shards
+                    .iter()
+                    .map(|t| http::ShardApp {
+                        shared: t.leadership.clone(),
+                        supervisor: t.supervisor.clone(),
+                        sequencer: t.sequencer.clone().unwrap_or_default(),
+                        elector: t.elector.clone(),
+                        fence: t.fence.clone(),
+                        confirms: Default::default(),
+                    })
+                    .collect(),
+                placement: placement.clone(),
                 read: http::ReadSettings {
                     default_mode: cfg.read_mode_default,
                     lease_margin: Duration::from_millis(cfg.read_lease_margin_ms),
                     rate_bound: cfg.clock_rate_error,
-                    sequencer: self.sequencer.is_some(),
+                    sequencer: sequencers.is_some(),
                     scheduler: self.scheduler,
-                    elector,
-                    fence,
                     node_rt: tokio::runtime::Handle::current(),
-                    confirms: Default::default(),
                 },
-                supervisor: supervisor.clone(),
-                sequencer: self.sequencer.unwrap_or_default(),
                 #[cfg(feature = "prometheus")]
                 prometheus,
                 admin_token: cfg.admin_token.clone(),
@@ -265,22 +354,40 @@ impl NodeBuilder {
         let server = match server.transpose() {
             Ok(s) => s,
             Err(e) => {
-                supervisor.stop(Some("the HTTP server did not start".into()));
+                for t in &shards {
+                    t.supervisor
+                        .stop(Some("the HTTP server did not start".into()));
+                }
                 return Err(anyhow::Error::new(e).context("starting the HTTP server"));
             }
         };
         #[cfg(not(feature = "http"))]
         let server: Option<tokio::sync::oneshot::Receiver<()>> = {
-            let _ = (http_stop_rx, self.sequencer, self.scheduler, nofile);
+            let _ = (http_stop_rx, &sequencers, self.scheduler, nofile);
             None
         };
+        let (handles, joins): (Vec<ShardHandle>, Vec<JoinHandle<()>>) = shards
+            .into_iter()
+            .map(|t| {
+                (
+                    ShardHandle {
+                        leadership: t.leadership,
+                        supervisor: t.supervisor,
+                    },
+                    t.join,
+                )
+            })
+            .unzip();
         Ok(NodeHandle {
-            leadership,
-            supervisor,
+            shards: Arc::new(handles),
+            placement,
+            drain_wait: (shard_count > 1)
+                .then(|| Duration::from_millis(cfg.shards.probe_interval_ms * 3)),
             tasks: Arc::new(tokio::sync::Mutex::new(NodeTasks {
-                tree: sup_handle,
+                trees: joins,
                 server,
                 http_stop: Some(http_stop_tx),
+                placement: placement_task,
             })),
             trace,
             stop_bound: cfg.work_stop_timeout() * 3 + Duration::from_secs(2),
@@ -308,20 +415,49 @@ impl NodeBuilder {
 
 /// A running node. Cheap to clone (every clone is the same node), so a service can hand it to
 /// its own request handlers. Dropping it does not stop the node; call [`NodeHandle::shutdown`].
+///
+/// The node-level accessors ([`NodeHandle::status`], [`NodeHandle::token`], ...) are about
+/// shard 0, the only shard of an unsharded node; [`NodeHandle::shard`] gives any shard's.
 #[derive(Clone)]
 pub struct NodeHandle {
-    leadership: Arc<Leadership>,
-    supervisor: ActorRef<SupervisorMsg>,
+    shards: Arc<Vec<ShardHandle>>,
+    placement: Arc<PlacementState>,
+    /// K > 1: how long a shutdown drains (answers 503 to probes so peers take its shards and
+    /// start campaigning) before it releases them.
+    drain_wait: Option<Duration>,
     tasks: Arc<tokio::sync::Mutex<NodeTasks>>,
     trace: ActorTrace,
     stop_bound: Duration,
 }
 
+/// One shard's term on this node: its status mirror and its supervisor.
+#[derive(Clone)]
+pub struct ShardHandle {
+    leadership: Arc<Leadership>,
+    supervisor: ActorRef<SupervisorMsg>,
+}
+
+/// What `start` assembles per shard before the handle exists.
+struct ShardTree {
+    leadership: Arc<Leadership>,
+    supervisor: ActorRef<SupervisorMsg>,
+    join: JoinHandle<()>,
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    elector: Arc<dyn Elector>,
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    fence: Fence,
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    sequencer: Option<SequencerHandle>,
+}
+
 struct NodeTasks {
-    tree: JoinHandle<()>,
+    /// One supervision tree per shard.
+    trees: Vec<JoinHandle<()>>,
     /// Resolves (or errs) when the HTTP server's thread has finished.
     server: Option<tokio::sync::oneshot::Receiver<()>>,
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The placement task (K > 1); aborted when dropped.
+    placement: Option<AbortOnDrop>,
 }
 
 /// Refuses a config whose supervisor would give up on a registered work before that work can
@@ -341,39 +477,38 @@ fn check_stop_bounds(cfg: &NodeConfig, works: &[Registered]) -> anyhow::Result<(
     Ok(())
 }
 
-impl NodeHandle {
-    /// What `GET /status` reports: role, token, time left on the lease, leader, acting.
+impl ShardHandle {
+    /// This shard's status: role, token, time left on the lease, leader, acting.
     pub fn status(&self) -> Status {
         self.leadership.status()
     }
 
-    /// Whether this node holds a term right now.
+    /// Whether this node holds this shard's term right now.
     pub fn is_leading(&self) -> bool {
         self.leadership.is_leading()
     }
 
-    /// The fencing token of the term this node holds, if any.
+    /// The fencing token of this shard's term held here, if any.
     pub fn token(&self) -> Option<FenceToken> {
         self.leadership.token()
     }
 
-    /// A watch of who leads, as the backend reports it.
+    /// A watch of who leads this shard, as the backend reports it.
     pub fn leader(&self) -> watch::Receiver<Option<LeaderInfo>> {
         self.leadership.leader_watch()
     }
 
-    /// Graceful demotion: checkpoint, stop, release; with `successor`, hand leadership to that
-    /// node where the backend can (raft).
-    pub async fn step_down(
+    async fn step_down(
         &self,
         successor: Option<&str>,
+        bound: Duration,
     ) -> Result<StepDownReport, StepDownError> {
         let successor = successor.map(str::to_owned);
         match self
             .supervisor
             .call(
                 |reply| SupervisorMsg::StepDown { successor, reply },
-                Some(self.stop_bound + Duration::from_secs(10)),
+                Some(bound),
             )
             .await
         {
@@ -383,27 +518,123 @@ impl NodeHandle {
             )),
         }
     }
+}
 
-    /// Resolves when the supervision tree has stopped: on its own (a fatal error, or leader work
+impl NodeHandle {
+    /// What `GET /status` reports: role, token, time left on the lease, leader, acting
+    /// (shard 0's).
+    pub fn status(&self) -> Status {
+        self.shards[0].status()
+    }
+
+    /// Whether this node holds shard 0's term right now.
+    pub fn is_leading(&self) -> bool {
+        self.shards[0].is_leading()
+    }
+
+    /// The fencing token of shard 0's term held here, if any.
+    pub fn token(&self) -> Option<FenceToken> {
+        self.shards[0].token()
+    }
+
+    /// A watch of who leads shard 0, as the backend reports it.
+    pub fn leader(&self) -> watch::Receiver<Option<LeaderInfo>> {
+        self.shards[0].leader()
+    }
+
+    /// The number of shards (K).
+    pub fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// Shard `shard`'s term on this node (`None` past K).
+    pub fn shard(&self, shard: ShardId) -> Option<&ShardHandle> {
+        self.shards.get(shard.0 as usize)
+    }
+
+    /// The shards this node leads right now.
+    pub fn shards_led(&self) -> Vec<ShardId> {
+        (0..self.shards.len() as u32)
+            .map(ShardId)
+            .filter(|s| self.shards[s.0 as usize].is_leading())
+            .collect()
+    }
+
+    /// Placement's current view (live members and each shard's owner; empty at K = 1).
+    pub fn placement(&self) -> PlacementView {
+        self.placement.view()
+    }
+
+    /// Graceful demotion of shard 0: checkpoint, stop, release; with `successor`, hand
+    /// leadership to that node where the backend can (raft).
+    pub async fn step_down(
+        &self,
+        successor: Option<&str>,
+    ) -> Result<StepDownReport, StepDownError> {
+        self.step_down_shard(ShardId::ZERO, successor).await
+    }
+
+    /// [`NodeHandle::step_down`] for one shard.
+    pub async fn step_down_shard(
+        &self,
+        shard: ShardId,
+        successor: Option<&str>,
+    ) -> Result<StepDownReport, StepDownError> {
+        let Some(h) = self.shard(shard) else {
+            return Err(StepDownError::Unsupported(format!(
+                "no shard {shard}: this node runs {}",
+                self.shards.len()
+            )));
+        };
+        h.step_down(successor, self.stop_bound + Duration::from_secs(10))
+            .await
+    }
+
+    /// Resolves when a supervision tree has stopped: on its own (a fatal error, or leader work
     /// under the `Shutdown` policy failed) or after [`NodeHandle::shutdown`].
     pub async fn stopped(&self) {
-        while !self.tasks.lock().await.tree.is_finished() {
+        while !self
+            .tasks
+            .lock()
+            .await
+            .trees
+            .iter()
+            .any(|t| t.is_finished())
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
-    /// Demotes if leading (checkpoint, stop, release), stops the tree and the HTTP server.
-    /// Idempotent.
+    /// Demotes every shard this node leads (checkpoint, stop, release), stops the trees and the
+    /// HTTP server. On a sharded node it first drains: `/healthz` answers 503, so peers place
+    /// its shards elsewhere and start campaigning for them, and each shard's release is then a
+    /// hand-over rather than a wait. Idempotent.
     pub async fn shutdown(&self) -> anyhow::Result<()> {
         let mut tasks = self.tasks.lock().await;
-        if !tasks.tree.is_finished() {
+        if tasks.trees.iter().any(|t| !t.is_finished()) {
             self.trace.step("node", "shutdown", None, "");
-            let _ = self
-                .supervisor
-                .call(SupervisorMsg::Shutdown, Some(self.stop_bound))
-                .await;
-            self.supervisor.stop(Some("shutdown".into()));
-            let _ = (&mut tasks.tree).await;
+            if let Some(wait) = self.drain_wait {
+                self.placement.start_draining();
+                self.trace.step(
+                    "node",
+                    "draining",
+                    None,
+                    &format!("wait_ms={}", wait.as_millis()),
+                );
+                tokio::time::sleep(wait).await;
+            }
+            tasks.placement.take();
+            let calls = self.shards.iter().map(|h| async move {
+                let _ = h
+                    .supervisor
+                    .call(SupervisorMsg::Shutdown, Some(self.stop_bound))
+                    .await;
+                h.supervisor.stop(Some("shutdown".into()));
+            });
+            futures::future::join_all(calls).await;
+            for tree in tasks.trees.iter_mut() {
+                let _ = tree.await;
+            }
         }
         if let Some(tx) = tasks.http_stop.take() {
             let _ = tx.send(());

@@ -15,6 +15,8 @@ use crate::elector::FenceToken;
 #[derive(Serialize)]
 struct TraceLine<'a> {
     node: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard: Option<u32>,
     actor: &'a str,
     event: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -29,6 +31,8 @@ struct TraceLine<'a> {
 #[derive(Clone)]
 pub struct ActorTrace {
     node: Arc<str>,
+    /// Set on a sharded node's per-shard traces (K > 1): every line names its shard.
+    shard: Option<u32>,
     clock: NodeClock,
     out: Option<Arc<Mutex<File>>>,
 }
@@ -43,6 +47,7 @@ impl ActorTrace {
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(ActorTrace {
             node: node.into(),
+            shard: None,
             clock,
             out: Some(Arc::new(Mutex::new(file))),
         })
@@ -52,8 +57,17 @@ impl ActorTrace {
     pub fn disabled(node: &str) -> ActorTrace {
         ActorTrace {
             node: node.into(),
+            shard: None,
             clock: NodeClock::default(),
             out: None,
+        }
+    }
+
+    /// The same log, every line tagged with `shard` (a sharded node's per-shard trees).
+    pub fn for_shard(&self, shard: crate::shard::ShardId) -> ActorTrace {
+        ActorTrace {
+            shard: Some(shard.0),
+            ..self.clone()
         }
     }
 
@@ -63,6 +77,7 @@ impl ActorTrace {
     pub fn step(&self, actor: &str, event: &str, token: Option<FenceToken>, detail: &str) {
         let line = TraceLine {
             node: &self.node,
+            shard: self.shard,
             actor,
             event,
             token,
@@ -70,7 +85,7 @@ impl ActorTrace {
             wall_ms: self.clock.wall_ms(),
             detail,
         };
-        tracing::info!(target: "baton::trace", actor, event, token = token.map(|t| t.0), detail);
+        tracing::info!(target: "baton::trace", shard = self.shard, actor, event, token = token.map(|t| t.0), detail);
         if let Some(out) = &self.out {
             let mut text = serde_json::to_string(&line).expect("trace line serializes");
             text.push('\n');

@@ -110,6 +110,10 @@ struct NodeArgs {
     state_dir: Option<PathBuf>,
     #[arg(long, env = "BATON_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// K shards, each its own term (election, token, fence row); K > 1 needs [shards] members
+    /// in the config (as `baton fleet up --shards K` writes it) and a lease backend.
+    #[arg(long)]
+    shards: Option<u32>,
 }
 
 #[derive(Args)]
@@ -172,6 +176,9 @@ enum FleetCmd {
         /// partition-leader`. Removed again by `fleet down`.
         #[arg(long)]
         netns: bool,
+        /// K shards, each its own term, placed over the nodes (a lease backend for K > 1).
+        #[arg(long, default_value_t = 1)]
+        shards: u32,
     },
     /// Print each node's id, pid, HTTP address, role and token.
     Status {
@@ -194,6 +201,18 @@ enum FleetCmd {
     /// (Re)start one node with its config and state dir.
     Start {
         id: String,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+    /// Restart every node, one at a time (SIGTERM: drain, demote, release; then start again).
+    Restart {
+        /// One node at a time, each given --settle to come back before the next (the only
+        /// mode there is; the flag says so in scripts).
+        #[arg(long)]
+        rolling: bool,
+        /// How long each restarted node is given before the next one stops.
+        #[arg(long, value_parser = parse_duration_ms, default_value = "3s")]
+        settle: u64,
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -265,6 +284,9 @@ fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
     }
     if let Some(v) = a.admin_token {
         c.admin_token = Some(v.into());
+    }
+    if let Some(v) = a.shards {
+        c.shards.count = v;
     }
     c.validate()?;
     Ok(c)
@@ -378,6 +400,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             foreground,
             run_for,
             netns,
+            shards,
         } => {
             let base_config = config.or_else(|| fleet::default_base_config(backend));
             let spec = FleetSpec {
@@ -388,6 +411,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 fencing,
                 lease_ttl_ms: lease_ttl,
                 node_args: Vec::new(),
+                shards,
             };
             let state = if netns {
                 baton_lab::chaos::netns::up_interruptible(&spec).await?
@@ -416,6 +440,10 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 eprintln!("{e:#}");
             }
             fleet::print_status(&fleet::status(&state).await);
+            if shards > 1 {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                fleet::print_placement(&fleet::status(&state).await);
+            }
             if foreground {
                 run_foreground(&state, run_for.map(Duration::from_millis)).await;
                 state.down();
@@ -430,6 +458,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 fleet::print_status(&rows);
+                fleet::print_placement(&rows);
             }
             Ok(())
         }
@@ -447,6 +476,22 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
         FleetCmd::Start { id, dir } => {
             let pid = FleetState::load(&dir)?.start_node(&id)?;
             println!("started {id} as pid {pid}");
+            Ok(())
+        }
+        FleetCmd::Restart {
+            rolling,
+            settle,
+            dir,
+        } => {
+            anyhow::ensure!(
+                rolling,
+                "only --rolling restarts exist (one node at a time)"
+            );
+            let mut state = FleetState::load(&dir)?;
+            state.restart_rolling(Duration::from_millis(settle)).await?;
+            println!("rolling restart done");
+            fleet::print_status(&fleet::status(&state).await);
+            fleet::print_placement(&fleet::status(&state).await);
             Ok(())
         }
         FleetCmd::Stepdown { to, dir } => fleet_stepdown(&FleetState::load(&dir)?, to).await,

@@ -43,6 +43,12 @@ pub enum ElectorMsg {
         result: Result<(), ElectorError>,
         backoff: bool,
     },
+    /// From the supervisor, on a placement change: whether this node seeks this shard's term.
+    /// Off withdraws a pending candidacy (a term already held is given up by the supervisor's
+    /// hand-over, which ends in `Release`); on campaigns at once.
+    SetCandidate(bool),
+    /// A withdrawn candidacy's session is closed: a campaign may start again.
+    Withdrawn,
 }
 
 pub struct ElectorArgs {
@@ -52,6 +58,8 @@ pub struct ElectorArgs {
     pub watchdog: ActorRef<WatchdogMsg>,
     pub trace: ActorTrace,
     pub leader_tx: tokio::sync::watch::Sender<Option<LeaderInfo>>,
+    /// Whether to campaign from the start (placement's first word; always true at K = 1).
+    pub candidate: bool,
 }
 
 #[derive(Debug, PartialEq)]
@@ -73,6 +81,11 @@ pub struct ElectorState {
     last_renew_ok: Option<Instant>,
     last_renew_attempt: Option<Instant>,
     last_renew_failed: bool,
+    /// Whether this node seeks the term (see [`ElectorMsg::SetCandidate`]).
+    candidate: bool,
+    /// A withdrawal's `close()` is in flight: no campaign may start until it is done, or the
+    /// close could end the new campaign's session.
+    withdrawing: bool,
 }
 
 pub struct ElectorActor;
@@ -100,8 +113,11 @@ impl Actor for ElectorActor {
             skew_ms: args.cfg.clock_skew_ms,
             drift: args.cfg.clock_drift,
         };
+        let candidate = args.candidate;
         Ok(ElectorState {
             args,
+            candidate,
+            withdrawing: false,
             clock,
             mode: Mode::Idle,
             campaign_task: None,
@@ -136,6 +152,11 @@ impl Actor for ElectorActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ElectorMsg::Campaign => state.start_campaign(&myself),
+            ElectorMsg::SetCandidate(on) => state.set_candidate(&myself, on),
+            ElectorMsg::Withdrawn => {
+                state.withdrawing = false;
+                state.start_campaign(&myself);
+            }
             ElectorMsg::CampaignDone { result, started } => {
                 state.on_campaign_done(&myself, result, started)
             }
@@ -184,8 +205,41 @@ impl Actor for ElectorActor {
 }
 
 impl ElectorState {
+    fn set_candidate(&mut self, myself: &ActorRef<ElectorMsg>, on: bool) {
+        if self.candidate == on {
+            return;
+        }
+        self.candidate = on;
+        self.args.trace.step(
+            "elector",
+            if on { "candidate" } else { "withdraw" },
+            None,
+            "",
+        );
+        match (on, &self.mode) {
+            (true, Mode::Idle) => self.start_campaign(myself),
+            (false, Mode::Campaigning) => {
+                // Cancel-safe by the Elector contract: drop the campaign, then close the session
+                // so no candidacy stays queued. A win that raced with this arrives as a
+                // CampaignDone in mode Idle and is ignored (no work starts without the
+                // supervisor's Elected), and close() gives that seat up too.
+                if let Some(t) = self.campaign_task.take() {
+                    t.abort();
+                }
+                self.mode = Mode::Idle;
+                self.withdrawing = true;
+                let (backend, me) = (self.args.backend.clone(), myself.clone());
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), backend.close()).await;
+                    let _ = me.cast(ElectorMsg::Withdrawn);
+                });
+            }
+            _ => {}
+        }
+    }
+
     fn start_campaign(&mut self, myself: &ActorRef<ElectorMsg>) {
-        if self.mode != Mode::Idle {
+        if self.mode != Mode::Idle || !self.candidate || self.withdrawing {
             return;
         }
         self.mode = Mode::Campaigning;

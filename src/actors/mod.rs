@@ -17,6 +17,7 @@
 //! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
 
 pub(crate) mod elector;
+pub mod placement;
 pub(crate) mod supervisor;
 pub(crate) mod watchdog;
 
@@ -44,6 +45,9 @@ pub enum DemotionReason {
     WorkFailed(String),
     /// The node is shutting down.
     Shutdown,
+    /// Placement moved this shard to another member: a planned hand-over (the new owner is
+    /// already campaigning and claims as soon as this node releases).
+    Handover,
 }
 
 impl fmt::Display for DemotionReason {
@@ -55,6 +59,7 @@ impl fmt::Display for DemotionReason {
             DemotionReason::StepDown { successor: Some(s) } => write!(f, "step-down to {s}"),
             DemotionReason::WorkFailed(d) => write!(f, "work-failed: {d}"),
             DemotionReason::Shutdown => f.write_str("shutdown"),
+            DemotionReason::Handover => f.write_str("handover"),
         }
     }
 }

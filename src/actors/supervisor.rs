@@ -30,6 +30,7 @@ use crate::clock::monotonic_ns;
 use crate::config::NodeConfig;
 use crate::leadership::Leadership;
 use crate::metrics as m;
+use crate::shard::ShardId;
 use crate::trace::ActorTrace;
 use crate::work::{Fence, Registered, RunningWork, SupervisionPolicy, WorkContext};
 
@@ -72,6 +73,11 @@ pub enum SupervisorMsg {
     },
     /// Demote if leading, then reply; the caller stops the tree afterwards.
     Shutdown(RpcReplyPort<()>),
+    /// From placement: whether this node should hold this shard's term. `false` while leading
+    /// is a hand-over: checkpoint, stop, release (the new owner is already campaigning).
+    Placement {
+        wanted: bool,
+    },
 }
 
 /// The outcome of a completed step-down: leader work was checkpointed and stopped, then the lease
@@ -112,6 +118,10 @@ pub struct SupervisorArgs {
     pub trace: ActorTrace,
     pub shared: Arc<Leadership>,
     pub leader_tx: tokio::sync::watch::Sender<Option<LeaderInfo>>,
+    /// The shard whose term this tree holds (shard 0 on an unsharded node).
+    pub shard: ShardId,
+    /// Whether placement wants this node to campaign from the start.
+    pub wanted: bool,
 }
 
 enum Phase {
@@ -185,6 +195,7 @@ impl Actor for NodeSupervisor {
             watchdog: watchdog.clone(),
             trace: args.trace.clone(),
             leader_tx: args.leader_tx.clone(),
+            candidate: args.wanted,
         };
         let (elector, _) = Actor::spawn_linked(None, ElectorActor, elector_args, cell).await?;
         args.trace
@@ -261,6 +272,12 @@ impl Actor for NodeSupervisor {
                 state.step_down_waiters.push(reply);
                 state.demote(&myself, None, DemotionReason::StepDown { successor });
             }
+            SupervisorMsg::Placement { wanted } => {
+                let _ = state.elector.cast(ElectorMsg::SetCandidate(wanted));
+                if !wanted {
+                    state.demote(&myself, None, DemotionReason::Handover);
+                }
+            }
             SupervisorMsg::Shutdown(reply) => {
                 if matches!(state.phase, Phase::Follower) {
                     let _ = reply.send(());
@@ -323,6 +340,11 @@ impl Actor for NodeSupervisor {
 }
 
 impl SupervisorState {
+    /// The `shard` label of this tree's metrics.
+    fn shard_label(&self) -> String {
+        self.args.shard.0.to_string()
+    }
+
     fn on_elected(
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
@@ -352,6 +374,7 @@ impl SupervisorState {
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
             leadership: self.args.shared.clone(),
+            shard: self.args.shard,
         };
         self.restarts.clear();
         let (works, me) = (self.args.works.clone(), myself.clone());
@@ -392,9 +415,10 @@ impl SupervisorState {
                 let ended = ended_early(&works);
                 self.phase = Phase::Leading { token, works };
                 self.args.shared.set_acting(Some(token));
-                metrics::gauge!(m::LEADERS_ACTING).set(1.0);
-                metrics::gauge!(m::FENCE_TOKEN).set(token.0 as f64);
-                metrics::counter!(m::TRANSITIONS, "to" => "leader").increment(1);
+                let shard = self.shard_label();
+                metrics::gauge!(m::LEADERS_ACTING, "shard" => shard.clone()).set(1.0);
+                metrics::gauge!(m::FENCE_TOKEN, "shard" => shard.clone()).set(token.0 as f64);
+                metrics::counter!(m::TRANSITIONS, "to" => "leader", "shard" => shard).increment(1);
                 self.args
                     .trace
                     .step("supervisor", "work-started", Some(token), "");
@@ -487,9 +511,10 @@ impl SupervisorState {
         let reason = reason.clone();
         let work_stopped_mono_ns = monotonic_ns();
         self.args.shared.set_acting(None);
-        metrics::gauge!(m::LEADERS_ACTING).set(0.0);
-        metrics::gauge!(m::FENCE_TOKEN).set(0.0);
-        metrics::counter!(m::TRANSITIONS, "to" => "follower").increment(1);
+        let shard = self.shard_label();
+        metrics::gauge!(m::LEADERS_ACTING, "shard" => shard.clone()).set(0.0);
+        metrics::gauge!(m::FENCE_TOKEN, "shard" => shard.clone()).set(0.0);
+        metrics::counter!(m::TRANSITIONS, "to" => "follower", "shard" => shard).increment(1);
         self.args.trace.step(
             "supervisor",
             "work-stopped",
@@ -504,8 +529,10 @@ impl SupervisorState {
             DemotionReason::StepDown { successor } => successor.clone(),
             _ => None,
         };
-        let backoff =
-            matches!(reason, DemotionReason::StepDown { .. }) || self.stop_after_release.is_some();
+        let backoff = matches!(
+            reason,
+            DemotionReason::StepDown { .. } | DemotionReason::Handover
+        ) || self.stop_after_release.is_some();
         self.phase = Phase::Releasing {
             token,
             reason,
@@ -621,6 +648,7 @@ impl SupervisorState {
             trace: self.args.trace.clone(),
             supervisor: myself.get_cell(),
             leadership: self.args.shared.clone(),
+            shard: self.args.shard,
         };
         let (work, me) = (self.args.works[index].work.clone(), myself.clone());
         tokio::spawn(async move {

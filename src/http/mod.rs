@@ -52,24 +52,32 @@ pub(crate) struct ReadSettings {
     pub sequencer: bool,
     /// See `sequencer`.
     pub scheduler: bool,
-    /// The election backend, for `quorum` reads.
-    pub elector: Arc<dyn Elector>,
-    /// The fenced resource, for `resource` reads.
-    pub fence: Fence,
     /// The node's runtime: backend and database clients run their calls there, not on the
     /// HTTP server's own thread (the sequencer's commits are the exception, see
     /// `work::sequencer`).
     pub node_rt: tokio::runtime::Handle,
+}
+
+/// One shard's term as the handlers see it (one entry at K = 1: shard 0).
+pub(crate) struct ShardApp {
+    pub shared: Arc<Leadership>,
+    pub supervisor: ActorRef<SupervisorMsg>,
+    pub sequencer: SequencerHandle,
+    /// The shard's election backend, for `quorum` reads.
+    pub elector: Arc<dyn Elector>,
+    /// The fenced resource in the shard's fence domain, for `resource` reads.
+    pub fence: Fence,
     /// Shares one backend confirmation among the `quorum` reads that arrived before it began.
     pub confirms: confirm::ConfirmBatches,
 }
 
 /// Everything a request handler may touch.
 pub(crate) struct HttpApp {
-    pub shared: Arc<Leadership>,
+    /// `shards[s]`: shard `s` (K entries; shard 0 answers requests that name no shard).
+    pub shards: Vec<ShardApp>,
+    /// Placement's view and this node's draining flag (`/healthz` answers 503 while draining).
+    pub placement: Arc<crate::actors::placement::PlacementState>,
     pub read: ReadSettings,
-    pub supervisor: ActorRef<SupervisorMsg>,
-    pub sequencer: SequencerHandle,
     /// baton's own Prometheus recorder, when it installed one (feature `prometheus`, and no
     /// recorder installed before it); `/metrics` answers 404 otherwise.
     #[cfg(feature = "prometheus")]
@@ -163,10 +171,12 @@ pub(crate) fn spawn_server(
             .enable_all()
             .thread_name("baton-http")
             .build()?;
-        if i == 0 {
-            // The sequencer's commit path runs on this thread (see `work::sequencer`); offered
-            // before the thread starts so no term that begins meanwhile runs elsewhere.
-            app.sequencer.offer_commit_runtime(rt.handle().clone());
+        // A shard's sequencer commit path runs on one of these threads (see
+        // `work::sequencer`), shard s on thread s mod threads, so K shards' commits use the
+        // threads side by side; offered before the thread starts so no term that begins
+        // meanwhile runs elsewhere.
+        for shard in app.shards.iter().skip(i).step_by(threads) {
+            shard.sequencer.offer_commit_runtime(rt.handle().clone());
         }
         let (app, slots, last_out) = (app.clone(), slots.clone(), last_out.clone());
         let (first_stop, mut stop_rx) = (shutdown.take(), stop_rx.clone());
@@ -358,17 +368,30 @@ fn on_accept_error(app: &Arc<HttpApp>, health: &mut AcceptHealth, e: &std::io::E
     if let Some(suppressed) = verdict.log_suppressed {
         tracing::warn!(error = %e, suppressed, "accept failed");
     }
-    if verdict.step_down && app.shared.is_leading() {
+    if verdict.step_down {
+        for shard in app.shards.iter().filter(|s| s.shared.is_leading()) {
+            step_down_unserviceable(app, shard, &verdict, e);
+        }
+    }
+}
+
+fn step_down_unserviceable(
+    app: &Arc<HttpApp>,
+    shard: &ShardApp,
+    verdict: &AcceptVerdict,
+    e: &std::io::Error,
+) {
+    {
         let failing_ms = verdict.failing_for.as_millis();
         tracing::error!(error = %e, failing_ms, "cannot accept client connections: stepping down");
         metrics::counter!(m::HTTP_UNSERVICEABLE_STEPDOWNS).increment(1);
         app.trace.step(
             "http",
             "unserviceable-stepdown",
-            app.shared.token(),
+            shard.shared.token(),
             &format!("accept failing for {failing_ms} ms: {e}"),
         );
-        let supervisor = app.supervisor.clone();
+        let supervisor = shard.supervisor.clone();
         // Not awaited here: the accept loop keeps running (and recovering) meanwhile.
         tokio::spawn(async move {
             let _ = supervisor

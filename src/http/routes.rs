@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::confirm::Confirmed;
 use super::slots::ConnState;
-use super::HttpApp;
+use super::{HttpApp, ShardApp};
 use crate::actors::supervisor::{StepDownError, SupervisorMsg};
 use crate::config::{lease_read_until, ReadMode};
 use crate::leadership::ReadView;
@@ -98,6 +98,12 @@ async fn route(
     match (path.as_str(), req.method()) {
         ("/status", &Method::GET) => status(app),
         ("/status", _) => method_not_allowed("GET"),
+        // A draining node (shutting down) answers 503, so its peers' placement moves its shards
+        // away before it releases them.
+        ("/healthz", &Method::GET) if app.placement.is_draining() => json_resp(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({ "ok": false, "draining": true }),
+        ),
         ("/healthz", &Method::GET) => json_resp(StatusCode::OK, json!({ "ok": true })),
         ("/healthz", _) => method_not_allowed("GET"),
         ("/metrics", &Method::GET) => metrics(app),
@@ -114,23 +120,46 @@ async fn route(
     }
 }
 
+/// Shard 0's status at the top level (today's fields); with K > 1, every shard's under
+/// `shards` and placement's view under `placement`.
 fn status(app: &HttpApp) -> Resp {
-    json_resp(
-        StatusCode::OK,
-        serde_json::to_value(app.shared.status()).expect("status serializes"),
-    )
+    let mut body = serde_json::to_value(app.shards[0].shared.status()).expect("status serializes");
+    if app.shards.len() > 1 {
+        let shards: Vec<serde_json::Value> = app
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(s, shard)| {
+                let st = shard.shared.status();
+                json!({
+                    "shard": s,
+                    "role": st.role,
+                    "token": st.fence_token,
+                    "leader": st.leader,
+                    "acting": st.acting,
+                    "lease_ttl_remaining_ms": st.lease_ttl_remaining_ms,
+                })
+            })
+            .collect();
+        body["shards"] = serde_json::Value::Array(shards);
+        body["placement"] = serde_json::to_value(app.placement.view()).unwrap_or_default();
+    }
+    json_resp(StatusCode::OK, body)
 }
 
 fn metrics(app: &HttpApp) -> Resp {
-    let st = app.shared.status();
-    for role in ["leader", "follower", "candidate"] {
-        metrics::gauge!(m::ROLE, "role" => role).set(if st.role.as_str() == role {
-            1.0
-        } else {
-            0.0
-        });
+    let mut led = 0u32;
+    for (s, shard) in app.shards.iter().enumerate() {
+        let st = shard.shared.status();
+        let label = s.to_string();
+        for role in ["leader", "follower", "candidate"] {
+            metrics::gauge!(m::ROLE, "role" => role, "shard" => label.clone())
+                .set(if st.role.as_str() == role { 1.0 } else { 0.0 });
+        }
+        metrics::gauge!(m::LEADERS_ACTING, "shard" => label).set(if st.acting { 1.0 } else { 0.0 });
+        led += u32::from(st.role == crate::leadership::Role::Leader);
     }
-    metrics::gauge!(m::LEADERS_ACTING).set(if st.acting { 1.0 } else { 0.0 });
+    metrics::gauge!(m::SHARDS_LED).set(f64::from(led));
     #[cfg(feature = "prometheus")]
     let text = app.prometheus.as_ref().map(|h| h.render());
     #[cfg(not(feature = "prometheus"))]
@@ -267,13 +296,58 @@ struct NextBody {
     n: Option<u32>,
 }
 
-fn not_leader(app: &HttpApp) -> Resp {
-    let st = app.shared.status();
-    match st.leader.filter(|l| l.node_id != app.shared.node_id()) {
+/// The shard a request is about: `?shard=S` (0..K) or `?key=K` (its FNV-1a hash mod K, see
+/// [`crate::shard::shard_of_key`]); neither is shard 0 on an unsharded node and a 400 on a
+/// sharded one (a request must not land on an arbitrary shard). Also whether it was named.
+fn pick_shard<'a>(
+    app: &'a HttpApp,
+    pairs: &[(&str, &str)],
+) -> Result<(usize, &'a ShardApp, bool), Resp> {
+    let k = app.shards.len();
+    let mut chosen: Option<usize> = None;
+    for (key, v) in pairs {
+        let s = match *key {
+            "shard" => match v.parse::<usize>() {
+                Ok(s) if s < k => s,
+                _ => {
+                    return Err(error(
+                        StatusCode::BAD_REQUEST,
+                        "bad_shard",
+                        format!("shard must be an integer in 0..{k}"),
+                    ))
+                }
+            },
+            "key" => crate::shard::shard_of_key(v.as_bytes(), k as u32).0 as usize,
+            _ => continue,
+        };
+        if chosen.is_some_and(|c| c != s) {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "bad_shard",
+                "shard and key name different shards",
+            ));
+        }
+        chosen = Some(s);
+    }
+    match chosen {
+        Some(s) => Ok((s, &app.shards[s], true)),
+        None if k == 1 => Ok((0, &app.shards[0], false)),
+        None => Err(error(
+            StatusCode::BAD_REQUEST,
+            "shard_required",
+            format!("this fleet runs {k} shards: name one with ?shard=S (0..{k}) or ?key=K"),
+        )),
+    }
+}
+
+fn not_leader(app: &HttpApp, shard: &ShardApp) -> Resp {
+    let _ = app;
+    let st = shard.shared.status();
+    match st.leader.filter(|l| l.node_id != shard.shared.node_id()) {
         Some(leader) => {
             let mut r = json_resp(
                 StatusCode::CONFLICT,
-                json!({ "error": "not_leader", "leader": leader }),
+                json!({ "error": "not_leader", "leader": leader, "shard": shard_number(app, shard) }),
             );
             if let Some(addr) = leader
                 .http_addr
@@ -299,9 +373,17 @@ async fn next(
     req: Request<Incoming>,
 ) -> Resp {
     let mut n: Option<u32> = None;
-    match query_pairs(&req, &["n"]) {
+    let pairs = match query_pairs(&req, &["n", "shard", "key"]) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (shard_no, shard, named) = match pick_shard(app, &pairs) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match Ok::<_, Resp>(pairs) {
         Ok(pairs) => {
-            for (_, v) in pairs {
+            for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "n") {
                 match v.parse::<u32>() {
                     Ok(k) if k >= 1 => n = Some(k),
                     _ => {
@@ -339,26 +421,39 @@ async fn next(
             format!("n must be an integer in 1..={}", app.max_block),
         );
     }
-    if !app.shared.is_leading() {
-        return not_leader(app);
+    if !shard.shared.is_leading() {
+        return not_leader(app, shard);
     }
-    let res = app
+    let res = shard
         .sequencer
         .next(n, NEXT_TIMEOUT, Some(home.clone()))
         .await;
+    // The shard is in the answer whenever there are shards or the client named one; a K = 1
+    // fleet asked without one answers exactly as before shards existed.
+    let with_shard = named || app.shards.len() > 1;
     match res {
-        // Two integers: written directly (the same text `json!` would produce).
-        Ok(block) if n == 1 => json_text_resp(
+        // A few integers: written directly (the same text `json!` would produce).
+        Ok(block) if n == 1 && !with_shard => json_text_resp(
             StatusCode::OK,
             format!(r#"{{"token":{},"seq":{}}}"#, block.token.0, block.first),
         ),
-        Ok(block) => json_resp(
+        Ok(block) if n == 1 => json_text_resp(
             StatusCode::OK,
-            json!({ "token": block.token, "seq": block.first, "first": block.first, "last": block.last, "n": n }),
+            format!(
+                r#"{{"shard":{shard_no},"token":{},"seq":{}}}"#,
+                block.token.0, block.first
+            ),
         ),
+        Ok(block) => {
+            let mut body = json!({ "token": block.token, "seq": block.first, "first": block.first, "last": block.last, "n": n });
+            if with_shard {
+                body["shard"] = json!(shard_no);
+            }
+            json_resp(StatusCode::OK, body)
+        }
         Err(NextCallError::NotRunning) | Err(NextCallError::Next(NextError::Demoting)) => {
-            if !app.shared.is_leading() {
-                not_leader(app)
+            if !shard.shared.is_leading() {
+                not_leader(app, shard)
             } else {
                 error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -397,9 +492,17 @@ fn count_read(mode: ReadMode, outcome: &'static str) {
 /// Followers answer 409 with the leader, like `POST /next`.
 async fn read(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     let mut mode = app.read.default_mode;
-    match query_pairs(&req, &["mode"]) {
+    let pairs = match query_pairs(&req, &["mode", "shard", "key"]) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (_, shard, _) = match pick_shard(app, &pairs) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match Ok::<_, Resp>(pairs) {
         Ok(pairs) => {
-            for (_, v) in pairs {
+            for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "mode") {
                 match v.parse::<ReadMode>() {
                     Ok(m) => mode = m,
                     Err(e) => return error(StatusCode::BAD_REQUEST, "bad_mode", e),
@@ -409,9 +512,9 @@ async fn read(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> R
         Err(r) => return r,
     }
     let _serving = conn.serving();
-    let Some(view) = app.shared.read_view() else {
+    let Some(view) = shard.shared.read_view() else {
         count_read(mode, "not_leader");
-        return not_leader(app);
+        return not_leader(app, shard);
     };
     match mode {
         ReadMode::Lease => {
@@ -425,22 +528,23 @@ async fn read(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> R
             match until {
                 Some(until) if now < until => {
                     let left = until - now;
-                    answer_from_memory(app, &view, ReadMode::Lease, mode, Some(left))
+                    answer_from_memory(app, shard, &view, ReadMode::Lease, mode, Some(left))
                 }
                 _ => {
                     metrics::counter!(m::READ_LEASE_FALLBACKS).increment(1);
-                    quorum_read(app, view, mode).await
+                    quorum_read(app, shard, view, mode).await
                 }
             }
         }
-        ReadMode::Quorum => quorum_read(app, view, mode).await,
-        ReadMode::Resource => resource_read(app, view).await,
+        ReadMode::Quorum => quorum_read(app, shard, view, mode).await,
+        ReadMode::Resource => resource_read(app, shard, view).await,
     }
 }
 
 /// The answer from this node's memory of what the fence accepted in this term.
 fn answer_from_memory(
     app: &HttpApp,
+    shard: &ShardApp,
     view: &ReadView,
     used: ReadMode,
     requested: ReadMode,
@@ -460,7 +564,8 @@ fn answer_from_memory(
     json_resp(
         StatusCode::OK,
         json!({
-            "node_id": app.shared.node_id(),
+            "node_id": shard.shared.node_id(),
+            "shard": shard_number(app, shard),
             "token": view.token,
             "seq": view.committed_seq.filter(|_| app.read.sequencer),
             "cursor": view.committed_cursor.filter(|_| app.read.scheduler),
@@ -473,15 +578,14 @@ fn answer_from_memory(
 }
 
 /// A linearizable check with the backend, then the answer from memory (if the term held).
-async fn quorum_read(app: &HttpApp, view: ReadView, requested: ReadMode) -> Resp {
+async fn quorum_read(app: &HttpApp, shard: &ShardApp, view: ReadView, requested: ReadMode) -> Resp {
     let (elector, me, token) = (
-        app.read.elector.clone(),
-        app.shared.node_id().to_owned(),
+        shard.elector.clone(),
+        shard.shared.node_id().to_owned(),
         view.token,
     );
     let rt = app.read.node_rt.clone();
-    let confirmed = app
-        .read
+    let confirmed = shard
         .confirms
         .confirm(token, || async move {
             // On the node's runtime: the backend's client lives there.
@@ -502,6 +606,7 @@ async fn quorum_read(app: &HttpApp, view: ReadView, requested: ReadMode) -> Resp
             count_read(ReadMode::Quorum, "not_leader");
             return deposed(
                 app,
+                shard,
                 "the backend no longer names this node's term as leader",
             );
         }
@@ -523,20 +628,20 @@ async fn quorum_read(app: &HttpApp, view: ReadView, requested: ReadMode) -> Resp
     }
     // Confirmed at some instant during the call: what this node had committed by then is the
     // latest (nobody else led that term). A fresh view can only be newer, never older.
-    match app.shared.read_view() {
+    match shard.shared.read_view() {
         Some(now) if now.token == view.token => {
-            answer_from_memory(app, &now, ReadMode::Quorum, requested, None)
+            answer_from_memory(app, shard, &now, ReadMode::Quorum, requested, None)
         }
         _ => {
             count_read(ReadMode::Quorum, "not_leader");
-            deposed(app, "this node's term ended during the read")
+            deposed(app, shard, "this node's term ended during the read")
         }
     }
 }
 
 /// One read of the fenced resource.
-async fn resource_read(app: &HttpApp, view: ReadView) -> Resp {
-    let fence = app.read.fence.clone();
+async fn resource_read(app: &HttpApp, shard: &ShardApp, view: ReadView) -> Resp {
+    let fence = shard.fence.clone();
     let res = app
         .read
         .node_rt
@@ -574,6 +679,7 @@ async fn resource_read(app: &HttpApp, view: ReadView) -> Resp {
         count_read(ReadMode::Resource, "fenced");
         return deposed(
             app,
+            shard,
             &format!(
                 "the resource has accepted token {} (holder {}); this node holds {}",
                 st.max_token, st.max_holder, view.token
@@ -584,7 +690,8 @@ async fn resource_read(app: &HttpApp, view: ReadView) -> Resp {
     json_resp(
         StatusCode::OK,
         json!({
-            "node_id": app.shared.node_id(),
+            "node_id": shard.shared.node_id(),
+            "shard": shard_number(app, shard),
             "token": view.token,
             "seq": st.last_seq.unwrap_or(0),
             "cursor": st.cursor.unwrap_or(0),
@@ -599,14 +706,14 @@ async fn resource_read(app: &HttpApp, view: ReadView) -> Resp {
 
 /// This node found out mid-read that it no longer leads: 409 with the leader when another
 /// one is known, else 503, never an answer.
-fn deposed(app: &HttpApp, detail: &str) -> Resp {
-    let st = app.shared.status();
+fn deposed(app: &HttpApp, shard: &ShardApp, detail: &str) -> Resp {
+    let st = shard.shared.status();
     if st
         .leader
         .as_ref()
-        .is_some_and(|l| l.node_id != app.shared.node_id())
+        .is_some_and(|l| l.node_id != shard.shared.node_id())
     {
-        return not_leader(app);
+        return not_leader(app, shard);
     }
     error(StatusCode::SERVICE_UNAVAILABLE, "deposed", detail)
 }
@@ -615,6 +722,14 @@ fn deposed(app: &HttpApp, detail: &str) -> Resp {
 #[serde(deny_unknown_fields)]
 struct StepDownBody {
     to: Option<String>,
+}
+
+/// The number of `shard` in `app.shards`.
+fn shard_number(app: &HttpApp, shard: &ShardApp) -> usize {
+    app.shards
+        .iter()
+        .position(|s| std::ptr::eq(s, shard))
+        .unwrap_or(0)
 }
 
 /// Equal-length comparison whose time does not depend on where the inputs differ, so the token
@@ -658,9 +773,17 @@ async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) 
         return refusal;
     }
     let mut to: Option<String> = None;
-    match query_pairs(&req, &["to"]) {
+    let pairs = match query_pairs(&req, &["to", "shard"]) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (_, shard, _) = match pick_shard(app, &pairs) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    match Ok::<_, Resp>(pairs) {
         Ok(pairs) => {
-            for (_, v) in pairs {
+            for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "to") {
                 if v.is_empty() {
                     return error(StatusCode::BAD_REQUEST, "bad_to", "to= needs a node id");
                 }
@@ -676,7 +799,7 @@ async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) 
     let _serving = conn.serving();
     let successor = to.or(body.to);
     if let Some(s) = &successor {
-        if s == app.shared.node_id() {
+        if s == shard.shared.node_id() {
             return error(
                 StatusCode::BAD_REQUEST,
                 "bad_to",
@@ -684,7 +807,7 @@ async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) 
             );
         }
     }
-    let res = app
+    let res = shard
         .supervisor
         .call(
             |reply| SupervisorMsg::StepDown { successor, reply },
@@ -695,7 +818,9 @@ async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) 
         Ok(ractor::rpc::CallResult::Success(Ok(report))) => {
             json_resp(StatusCode::OK, json!({ "stepped_down": report }))
         }
-        Ok(ractor::rpc::CallResult::Success(Err(StepDownError::NotLeader))) => not_leader(app),
+        Ok(ractor::rpc::CallResult::Success(Err(StepDownError::NotLeader))) => {
+            not_leader(app, shard)
+        }
         Ok(ractor::rpc::CallResult::Success(Err(StepDownError::Unsupported(d)))) => {
             error(StatusCode::NOT_IMPLEMENTED, "unsupported", d)
         }

@@ -21,7 +21,9 @@
 //!
 //! What the program gets, and what it can rely on:
 //! - It starts only with a token: env `BATON_TOKEN`, `BATON_HOLDER` (the holder the fence records),
-//!   `BATON_NODE_ID`, and `BATON_DATABASE_URL` (the protected resource, application role). It
+//!   `BATON_NODE_ID`, `BATON_SHARD` with `BATON_RESOURCE_SUFFIX` (`""` on shard 0, `#S` on shard
+//!   S of a sharded fleet: append it to every fenced resource name), and `BATON_DATABASE_URL`
+//!   (the protected resource, application role). It
 //!   fences its own writes with `baton.fence_assert(resource, $BATON_TOKEN, $BATON_HOLDER)` inside
 //!   each transaction (see `examples/fenced_child.py`). Its stdin is `/dev/null`; stdout and
 //!   stderr are the node's.
@@ -136,6 +138,10 @@ impl ChildWork {
             .env("BATON_TOKEN", ctx.token.0.to_string())
             .env("BATON_HOLDER", &ctx.node_id)
             .env("BATON_NODE_ID", &ctx.node_id)
+            // Sharded fleets: which shard this term is of, and the suffix its fenced resource
+            // names carry (`fence_assert('orders' || $BATON_RESOURCE_SUFFIX, ...)`).
+            .env("BATON_SHARD", ctx.shard.0.to_string())
+            .env("BATON_RESOURCE_SUFFIX", ctx.shard.resource(""))
             .stdin(Stdio::null());
         for k in SECRET_ENV {
             cmd.env_remove(k);

@@ -14,6 +14,7 @@ use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
 use crate::pg::{answer_bound, create_pool, error_chain, Conn};
+use crate::shard::ShardId;
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
@@ -108,7 +109,13 @@ pub struct Fence {
     /// The sequencer's own connection (see [`Fence::seq_pipe`]): made by the first pipe taken,
     /// so its I/O runs on the runtime the sequencer's commits run on.
     seq_pool: Pool,
+    /// What [`Fence::for_shard`] builds a shard's own sequencer pool from.
+    seq_pool_cfg: Arc<(PoolConfig, Option<std::path::PathBuf>, Duration)>,
     holder: String,
+    /// The shard whose fence domain this handle writes in: every resource name it is given
+    /// is written as `shard.resource(name)` (unchanged for shard 0), so a shard's leader can
+    /// only ever be checked against its own shard's fence row.
+    shard: ShardId,
     /// Claims refused in a row (shared by every clone: one count per node).
     refused_claims_in_a_row: Arc<AtomicU64>,
 }
@@ -167,15 +174,41 @@ impl Fence {
         seq_pc.pool = Some(size(1));
         let pool =
             create_pool(pc, cfg.tls_ca_file.as_deref(), wait).map_err(FenceError::Unavailable)?;
-        let seq_pool = create_pool(seq_pc, cfg.tls_ca_file.as_deref(), wait)
+        let seq_pool = create_pool(seq_pc.clone(), cfg.tls_ca_file.as_deref(), wait)
             .map_err(FenceError::Unavailable)?;
         Ok(Fence {
             pool,
             answer_bound: answer_bound(wait),
             seq_pool,
+            seq_pool_cfg: Arc::new((seq_pc, cfg.tls_ca_file.clone(), wait)),
             holder: holder.to_owned(),
+            shard: ShardId::ZERO,
             refused_claims_in_a_row: Arc::default(),
         })
+    }
+
+    /// A handle writing in `shard`'s fence domain (see [`crate::shard`]). It shares this
+    /// handle's pool, but its sequencer gets a connection of its own, so K shards' group
+    /// commits run side by side instead of queueing on one connection.
+    pub fn for_shard(&self, shard: ShardId) -> Result<Fence, FenceError> {
+        let (pc, ca, wait) = &*self.seq_pool_cfg;
+        let seq_pool =
+            create_pool(pc.clone(), ca.as_deref(), *wait).map_err(FenceError::Unavailable)?;
+        Ok(Fence {
+            shard,
+            seq_pool,
+            ..self.clone()
+        })
+    }
+
+    /// The shard this handle writes in.
+    pub fn shard(&self) -> ShardId {
+        self.shard
+    }
+
+    /// `name` as this handle's shard stores it.
+    fn named(&self, name: &str) -> String {
+        self.shard.resource(name)
     }
 
     /// The holder id (the node id) this handle records with every fenced write.
@@ -250,6 +283,7 @@ impl Fence {
 
     /// A new leader claims the sequence; returns the last committed seq.
     pub async fn seq_claim(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
+        let resource = &*self.named(resource);
         let row = self
             .call(
                 resource,
@@ -282,6 +316,7 @@ impl Fence {
     /// One ID allocated and committed inside the database, one round trip per ID (the baseline
     /// `baton bench next` compares group commit against).
     pub async fn seq_next(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
+        let resource = &*self.named(resource);
         let row = self
             .call(
                 resource,
@@ -296,6 +331,7 @@ impl Fence {
 
     /// A new leader claims the work-set cursor; returns the published position.
     pub async fn cursor_claim(&self, resource: &str, token: FenceToken) -> Result<i64, FenceError> {
+        let resource = &*self.named(resource);
         let row = self
             .call(
                 resource,
@@ -316,6 +352,7 @@ impl Fence {
         from: i64,
         limit: i32,
     ) -> Result<(i64, i64), FenceError> {
+        let resource = &*self.named(resource);
         let row = self
             .call(
                 resource,
@@ -335,6 +372,7 @@ impl Fence {
         token: FenceToken,
         position: i64,
     ) -> Result<(), FenceError> {
+        let resource = &*self.named(resource);
         self.call(
             resource,
             "checkpoint",
@@ -370,12 +408,13 @@ impl SeqPipe {
     /// after a failed one still run (each is its own transaction).
     pub fn send_commit(
         self: &Arc<Self>,
-        resource: &'static str,
+        resource: &str,
         token: FenceToken,
         lo: i64,
         hi: i64,
     ) -> impl Future<Output = Result<(), FenceError>> + Send + 'static {
         let pipe = self.clone();
+        let resource = pipe.fence.named(resource);
         let mut outcome = Box::pin(async move {
             let row = pipe
                 .client
@@ -384,7 +423,7 @@ impl SeqPipe {
                     &[&resource, &token.0, &pipe.fence.holder, &lo, &hi],
                 )
                 .await?;
-            pipe.fence.judge(resource, "next", token, row).map(drop)
+            pipe.fence.judge(&resource, "next", token, row).map(drop)
         });
         // The first poll encodes the call and hands it to the connection (the statement is
         // already prepared, so nothing is awaited before that). Nothing is woken by this poll;
@@ -427,6 +466,8 @@ impl Fence {
         seq_resource: &str,
         cursor_resource: &str,
     ) -> Result<ResourceState, FenceError> {
+        let (seq_resource, cursor_resource) =
+            (&*self.named(seq_resource), &*self.named(cursor_resource));
         let client = Conn::new(self.pool.get().await?);
         let asked = async {
             let stmt = client
@@ -478,6 +519,7 @@ impl Fence {
         resource: &str,
         token: FenceToken,
     ) -> Result<FencedTransaction, FenceError> {
+        let resource = &*self.named(resource);
         let client = Conn::new(self.pool.get().await?);
         let asked = async {
             client.batch_execute("BEGIN").await?;
@@ -548,7 +590,8 @@ impl Fence {
         verdict: Verdict,
     ) -> FenceError {
         let reason = verdict.reason(token);
-        metrics::counter!(m::FENCE_REJECTIONS, "op" => op).increment(1);
+        metrics::counter!(m::FENCE_REJECTIONS, "op" => op, "shard" => self.shard.0.to_string())
+            .increment(1);
         tracing::warn!(resource, op, %reason, token = token.0, holder = %self.holder, max_token = verdict.max_token,
             max_holder = %verdict.max_holder, "fenced write rejected by the resource");
         FenceError::Rejected {

@@ -46,9 +46,16 @@ pub struct Term {
     holder: String,
     fence: Fence,
     stopping: watch::Receiver<bool>,
+    shard: crate::shard::ShardId,
 }
 
 impl Term {
+    /// The shard this term is of (shard 0 on an unsharded node). [`Term::fence`] already writes
+    /// in this shard's fence domain: `begin("orders", ..)` is fenced as `orders#S`.
+    pub fn shard(&self) -> crate::shard::ShardId {
+        self.shard
+    }
+
     /// The fencing token of this term: pass it with every protected write.
     pub fn token(&self) -> FenceToken {
         self.token
@@ -123,6 +130,7 @@ impl LeaderWork for FnWork {
             holder: ctx.node_id.clone(),
             fence: ctx.fence.clone(),
             stopping: stop_rx,
+            shard: ctx.shard,
         };
         let fut = (self.job)(term);
         let args = JobArgs {

@@ -37,6 +37,9 @@ pub struct WorkContext {
     pub supervisor: ActorCell,
     /// The node's view of its term (e.g. [`Leadership::last_deadline`], the watchdog's deadline).
     pub leadership: std::sync::Arc<Leadership>,
+    /// The shard this term is of (shard 0 on an unsharded node). `fence` already writes in
+    /// this shard's fence domain.
+    pub shard: crate::shard::ShardId,
 }
 
 /// Why a piece of leader work could not start or checkpoint.

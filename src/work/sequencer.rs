@@ -751,9 +751,10 @@ pub enum NextCallError {
     Next(NextError),
 }
 
-/// The sequencer as registered leader work.
+/// The sequencer as registered leader work: one factory for every shard, each shard's term
+/// serving through that shard's handle (`handles[shard]`).
 pub struct SequencerWork {
-    pub handle: SequencerHandle,
+    pub handles: Vec<SequencerHandle>,
     pub limits: CommitLimits,
 }
 
@@ -769,13 +770,20 @@ impl LeaderWork for SequencerWork {
     }
 
     async fn start(&self, ctx: WorkContext) -> Result<Box<dyn RunningWork>, WorkError> {
+        let handle = self
+            .handles
+            .get(ctx.shard.0 as usize)
+            .cloned()
+            .ok_or_else(|| WorkError::Start {
+                work: "sequencer",
+                reason: format!("no sequencer handle for shard {}", ctx.shard),
+            })?;
         let sup = ctx.supervisor.clone();
         let intake = Arc::new(Intake::default());
         let args = (ctx, self.limits, intake.clone());
         // On the offered runtime, else this one (see the module docs): `spawn_linked` starts
         // the actor's task on the runtime it is called on.
-        let rt = self
-            .handle
+        let rt = handle
             .commit_rt
             .get()
             .cloned()
@@ -789,14 +797,11 @@ impl LeaderWork for SequencerWork {
                 work: "sequencer",
                 reason,
             })?;
-        self.handle.set(Some(Running {
+        handle.set(Some(Running {
             actor: actor.clone(),
             intake,
         }));
-        Ok(Box::new(RunningSequencer {
-            actor,
-            handle: self.handle.clone(),
-        }))
+        Ok(Box::new(RunningSequencer { actor, handle }))
     }
 }
 

@@ -40,6 +40,7 @@ pub(crate) fn bench_fleet_spec(
         fencing: Fencing::On,
         lease_ttl_ms,
         node_args: Vec::new(),
+        shards: 1,
     })
 }
 

@@ -389,6 +389,7 @@ pub async fn run_one(
         fencing: plan.fencing,
         lease_ttl_ms: Some(cfg.lease_ttl_ms),
         node_args: Vec::new(),
+        shards: 1,
     };
     let up = if spec.netns {
         fleet::up_netns(&fspec).await

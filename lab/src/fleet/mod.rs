@@ -124,6 +124,8 @@ pub struct FleetSpec {
     pub fencing: Fencing,
     pub lease_ttl_ms: Option<u64>,
     pub node_args: Vec<String>,
+    /// K shards (`[shards] count`); with K > 1 every node's config lists the fleet as members.
+    pub shards: u32,
 }
 
 impl FleetState {
@@ -241,6 +243,44 @@ impl FleetState {
         }
         // SAFETY: kill(2) on the pid we started, checked to be that process still.
         unsafe { libc::kill(node.pid as i32, libc::SIGKILL) };
+        Ok(())
+    }
+
+    /// Stops one node gracefully: SIGTERM (it drains and demotes: checkpoint, stop, release),
+    /// SIGKILL if it is still there after `bound`.
+    pub fn stop_node(&self, id: &str, bound: Duration) -> anyhow::Result<()> {
+        let node = self.node(id)?;
+        if pid_alive(node.pid) && node.pid_is_ours() {
+            stop_pid(node.pid, libc::SIGTERM, bound);
+        }
+        Ok(())
+    }
+
+    /// A rolling restart: each node in turn is stopped gracefully, started again, and given
+    /// `settle` (to be probed live again and take its shards back) before the next one goes.
+    pub async fn restart_rolling(&mut self, settle: Duration) -> anyhow::Result<()> {
+        let ids: Vec<String> = self.nodes.iter().map(|n| n.id.clone()).collect();
+        for id in ids {
+            let state = self.clone();
+            let stop_id = id.clone();
+            tokio::task::spawn_blocking(move || state.stop_node(&stop_id, Duration::from_secs(15)))
+                .await??;
+            self.start_node(&id)?;
+            let addr = self.node(&id)?.http_addr.clone();
+            let client = client::NodeClient::new(Duration::from_secs(1));
+            let until = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !client
+                .get(&addr, "/healthz")
+                .await
+                .is_ok_and(|r| r.status == 200)
+            {
+                if tokio::time::Instant::now() > until {
+                    bail!("node {id} did not answer /healthz within 30 s of its restart");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(settle).await;
+        }
         Ok(())
     }
 
@@ -453,6 +493,17 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             cfg.raft.peer_listen = Some(format!("127.0.0.1:{}", peer_ports[i]).parse()?);
             cfg.raft.cluster_secret = Some(cluster_secret.clone());
         }
+        if spec.shards > 1 {
+            cfg.shards.count = spec.shards;
+            cfg.shards.members = ports
+                .iter()
+                .enumerate()
+                .map(|(j, p)| baton::config::MemberSpec {
+                    id: format!("n{}", j + 1),
+                    addr: format!("127.0.0.1:{p}"),
+                })
+                .collect();
+        }
         if spec.backend == BackendKind::PgLease {
             // Its own role and schema: lease credentials cannot reach the fenced resource.
             cfg.pg_lease.database_url = postgres.lease_url();
@@ -631,6 +682,9 @@ pub struct NodeRow {
     pub role: Option<String>,
     pub token: Option<i64>,
     pub leader: Option<String>,
+    /// Sharded fleets: the shards this node leads, and its tokens, from `/status`'s `shards`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards_led: Vec<(u32, i64)>,
 }
 
 /// The leader among status rows: a live node answering `role = leader`, the highest token if
@@ -666,6 +720,7 @@ pub async fn status(state: &FleetState) -> Vec<NodeRow> {
                 leader: st
                     .as_ref()
                     .and_then(|s| s["leader"]["node_id"].as_str().map(str::to_owned)),
+                shards_led: st.as_ref().map(shards_led).unwrap_or_default(),
             }
         }
     });
@@ -688,6 +743,31 @@ pub async fn current_leader(
             bail!("no node reports itself leader (waited {within:?})");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `(shard, token)` of every shard a `/status` body says this node leads.
+pub fn shards_led(status: &serde_json::Value) -> Vec<(u32, i64)> {
+    status["shards"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|s| s["role"] == "leader")
+                .filter_map(|s| Some((s["shard"].as_u64()? as u32, s["token"].as_i64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The placement of a sharded fleet (node × shards led); prints nothing for an unsharded one.
+pub fn print_placement(rows: &[NodeRow]) {
+    if rows.iter().all(|r| r.shards_led.is_empty()) {
+        return;
+    }
+    println!("{:<6} {:>6}  shards led", "node", "count");
+    for r in rows {
+        let list: Vec<String> = r.shards_led.iter().map(|(s, _)| s.to_string()).collect();
+        println!("{:<6} {:>6}  {}", r.id, r.shards_led.len(), list.join(","));
     }
 }
 

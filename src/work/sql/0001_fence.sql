@@ -88,12 +88,19 @@ CREATE TABLE IF NOT EXISTS baton.workset_cursor (
     owner_token BIGINT NOT NULL DEFAULT 0
 );
 
--- One fence for all of a fleet's protected resources (the row 'leadership'): the first accepted
--- write of a new term, on any resource, fences the old term out of every resource at once, so two
--- leaders' effects never interleave even across resources. `p_resource` names what was written,
--- in fence_log and fence_rejections.
+-- One fence for all of a shard's protected resources (the row 'leadership' for shard 0, the
+-- only shard of an unsharded fleet; 'leadership#S' for shard S): the first accepted write of a
+-- new term, on any of the shard's resources, fences the old term out of all of them at once, so
+-- two leaders' effects never interleave even across resources. A shard's resources carry its
+-- number as a '#S' suffix (src/shard.rs), which is how a resource finds its fence row; shards
+-- never share one, so a stale leader of shard 3 is refused on shard 3 and touches nothing else.
+-- `p_resource` names what was written, in fence_log and fence_rejections.
 CREATE OR REPLACE FUNCTION baton.fence_domain() RETURNS TEXT
 LANGUAGE sql IMMUTABLE AS $$ SELECT 'leadership'::text $$;
+CREATE OR REPLACE FUNCTION baton.fence_domain(p_resource TEXT) RETURNS TEXT
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT 'leadership' || coalesce(substring(p_resource from '#[1-9][0-9]{0,9}$'), '')
+$$;
 
 -- The fence row exists from migration on; this only re-creates it if someone deleted it.
 INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
@@ -103,16 +110,18 @@ INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_
 -- takes this lock first, so concurrent writers serialize and the check and the write are atomic.
 -- The common case is one indexed SELECT ... FOR UPDATE: the sequencer's group commits call this
 -- thousands of times a second, so the (speculative) insert only runs when the row is missing.
-CREATE OR REPLACE FUNCTION baton.fence_lock(OUT max_token BIGINT, OUT max_holder TEXT)
+-- A shard's row is created by its first write (the same path).
+DROP FUNCTION IF EXISTS baton.fence_lock();
+CREATE OR REPLACE FUNCTION baton.fence_lock(p_domain TEXT, OUT max_token BIGINT, OUT max_holder TEXT)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     SELECT r.max_token, r.holder INTO max_token, max_holder
-        FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
+        FROM baton.fenced_resource r WHERE r.name = p_domain FOR UPDATE;
     IF NOT FOUND THEN
-        INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_domain(), 0, '')
+        INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (p_domain, 0, '')
             ON CONFLICT (name) DO NOTHING;
         SELECT r.max_token, r.holder INTO max_token, max_holder
-            FROM baton.fenced_resource r WHERE r.name = baton.fence_domain() FOR UPDATE;
+            FROM baton.fenced_resource r WHERE r.name = p_domain FOR UPDATE;
     END IF;
 END
 $$;
@@ -175,7 +184,7 @@ BEGIN
         -- holder writing again under its token leaves it alone (no dead tuple per commit).
         IF p_token > p_max_token OR (p_token = p_max_token AND p_holder <> p_max_holder) THEN
             UPDATE baton.fenced_resource SET max_token = p_token, holder = p_holder, updated_at = clock_timestamp()
-             WHERE name = baton.fence_domain();
+             WHERE name = baton.fence_domain(p_resource);
         END IF;
     ELSE
         reason := CASE WHEN p_token < p_max_token THEN 'stale-token' ELSE 'holder-mismatch' END;
@@ -197,7 +206,7 @@ DECLARE
 BEGIN
     PERFORM baton.check_args(p_resource, p_token, p_holder);
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock(baton.fence_domain(p_resource)) l;
     SELECT a.accepted, a.reason INTO accepted, reason
       FROM baton.fence_apply(p_resource, p_token, p_holder, p_op, v_fencing, max_token, max_holder) a;
 END
@@ -267,12 +276,12 @@ BEGIN
     SELECT r.max_token, r.holder, s.fencing, s.max_seq_advance, s.require_node_roles
       INTO max_token, max_holder, v_fencing, v_max_advance, v_require_node_roles
       FROM baton.fenced_resource r CROSS JOIN baton.settings s
-     WHERE r.name = baton.fence_domain()
+     WHERE r.name = baton.fence_domain(p_resource)
        FOR UPDATE OF r;
     IF NOT FOUND THEN
         -- The fence row (or the settings row) was deleted by an owner: the slow path, which
         -- re-creates the fence row as fence_lock does for every other entry point.
-        SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
+        SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock(baton.fence_domain(p_resource)) l;
         SELECT s.fencing, s.max_seq_advance, s.require_node_roles
           INTO v_fencing, v_max_advance, v_require_node_roles FROM baton.settings s;
     END IF;
@@ -313,7 +322,7 @@ BEGIN
     -- holder writing again under its token leaves it alone (no dead tuple per commit).
     IF p_token > max_token OR (p_token = max_token AND p_holder <> max_holder) THEN
         UPDATE baton.fenced_resource SET max_token = p_token, holder = p_holder, updated_at = clock_timestamp()
-         WHERE name = baton.fence_domain();
+         WHERE name = baton.fence_domain(p_resource);
     END IF;
     IF v_last IS NULL THEN
         -- Only with fencing off can a commit come before any claim created the row.
@@ -451,7 +460,7 @@ DECLARE
 BEGIN
     PERFORM baton.check_holder(p_holder);
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock() l;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock(baton.fence_domain(p_resource)) l;
     recorded := v_fencing AND p_token IS NOT NULL AND p_holder IS NOT NULL
                 AND (p_token < max_token OR (p_token = max_token AND p_holder <> max_holder));
     IF recorded THEN

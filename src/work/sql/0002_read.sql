@@ -15,7 +15,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            (SELECT c.position FROM baton.workset_cursor c WHERE c.name = p_cursor_resource),
            r.max_token, r.holder
       FROM baton.fenced_resource r
-     WHERE r.name = baton.fence_domain()
+     WHERE r.name = baton.fence_domain(p_seq_resource)
 $$;
 
 REVOKE EXECUTE ON FUNCTION baton.read_state(TEXT, TEXT) FROM PUBLIC;

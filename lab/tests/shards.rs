@@ -1,0 +1,461 @@
+//! Sharded leadership (issue 28) against real servers: K shards over a fleet of `baton node`
+//! processes, placed by balanced rendezvous hashing, each shard its own election, token and
+//! fence row.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Fleet;
+
+const SETTLE: Duration = Duration::from_secs(45);
+
+/// Who leads each shard: `shard -> (node id, http addr, token)`, once every shard `0..k` has
+/// exactly one leader among the live nodes and the live nodes' counts differ by at most one.
+async fn settled_placement(
+    fleet: &Fleet,
+    k: u32,
+    within: Duration,
+) -> BTreeMap<u32, (String, String, i64)> {
+    let until = Instant::now() + within;
+    loop {
+        let rows = baton_lab::fleet::status(&fleet.state()).await;
+        let live: Vec<_> = rows
+            .iter()
+            .filter(|r| r.alive && r.role.is_some())
+            .collect();
+        let mut leaders: BTreeMap<u32, Vec<(String, String, i64)>> = BTreeMap::new();
+        for r in &live {
+            for (s, t) in &r.shards_led {
+                leaders
+                    .entry(*s)
+                    .or_default()
+                    .push((r.id.clone(), r.http_addr.clone(), *t));
+            }
+        }
+        let counts: Vec<usize> = live.iter().map(|r| r.shards_led.len()).collect();
+        let balanced = counts
+            .iter()
+            .max()
+            .zip(counts.iter().min())
+            .is_some_and(|(a, b)| a - b <= 1);
+        let one_each = (0..k).all(|s| leaders.get(&s).is_some_and(|l| l.len() == 1));
+        if balanced && one_each {
+            return leaders
+                .into_iter()
+                .map(|(s, mut l)| (s, l.remove(0)))
+                .collect();
+        }
+        assert!(
+            Instant::now() < until,
+            "no settled placement of {k} shards within {within:?}: {rows:?}\n{}",
+            fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every actor-trace line of the fleet, sorted by the (shared, one machine) monotonic clock.
+fn traces(fleet: &Fleet) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for n in &fleet.state().nodes {
+        let path = Path::new(&n.config)
+            .parent()
+            .unwrap()
+            .join("actor-trace.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        out.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+        );
+    }
+    out.sort_by_key(|l| l["mono_ns"].as_u64().unwrap_or(0));
+    out
+}
+
+/// For every hand-over in the traces (a `demote-begin` with reason `handover`) that a new term
+/// followed: the old owner checkpointed, stopped and began releasing before the new owner was
+/// elected. Returns how many hand-overs were checked.
+fn assert_handover_order(lines: &[serde_json::Value]) -> usize {
+    let mut checked = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if !(l["actor"] == "supervisor"
+            && l["event"] == "demote-begin"
+            && l["detail"] == "handover")
+        {
+            continue;
+        }
+        let (node, shard, token) = (&l["node"], &l["shard"], l["token"].as_i64().unwrap());
+        let later = |pred: &dyn Fn(&serde_json::Value) -> bool| {
+            lines
+                .iter()
+                .skip(i + 1)
+                .position(|x| pred(x))
+                .map(|p| p + i + 1)
+        };
+        let Some(next_elected) = lines.iter().enumerate().skip(i).find(|(_, x)| {
+            x["shard"] == *shard
+                && x["event"] == "elected"
+                && x["token"].as_i64().unwrap_or(0) > token
+        }) else {
+            continue;
+        };
+        let same = |x: &serde_json::Value| x["node"] == *node && x["shard"] == *shard;
+        let checkpointed =
+            later(&|x| same(x) && x["event"] == "checkpointed" && x["token"] == token);
+        let stopped =
+            later(&|x| same(x) && x["actor"] == "supervisor" && x["event"] == "work-stopped");
+        let release = later(&|x| same(x) && x["event"] == "release-begin");
+        let (Some(c), Some(s), Some(r)) = (checkpointed, stopped, release) else {
+            let term: Vec<String> = lines[i..]
+                .iter()
+                .filter(|x| same(x))
+                .take(12)
+                .map(|x| x.to_string())
+                .collect();
+            panic!("hand-over of shard {shard} term {token} on {node} without checkpoint/stop/release in the trace:\n{}", term.join("\n"));
+        };
+        assert!(
+            c < s && s < r && r < next_elected.0,
+            "shard {shard}: term {token} on {node}: checkpoint {c}, stopped {s}, release {r} must all precede the next term's election at {} ({})",
+            next_elected.0,
+            next_elected.1
+        );
+        checked += 1;
+    }
+    checked
+}
+
+fn metric_sum(text: &str, name: &str, shard: u32) -> f64 {
+    let label = format!("shard=\"{shard}\"");
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_spread_evenly_and_every_interface_names_its_shard() {
+    const K: u32 = 8;
+    let fleet = Fleet::up_with("etcd", 3, &["--shards", "8"]);
+    let placed = settled_placement(&fleet, K, SETTLE).await;
+    let nodes = fleet.state().nodes;
+
+    // POST /next?shard=S: the shard's leader answers with its shard and token; every other
+    // node answers 409 naming that shard's leader.
+    for (s, (leader, addr, token)) in &placed {
+        let r = fleet
+            .client
+            .post(addr, &format!("/next?shard={s}"))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "shard {s} on {leader}: {:?}", r.body);
+        let v = r.json();
+        assert_eq!(v["shard"].as_u64(), Some(u64::from(*s)));
+        assert_eq!(v["token"].as_i64(), Some(*token));
+        assert!(v["seq"].as_i64().unwrap() >= 1);
+        for n in nodes.iter().filter(|n| &n.id != leader) {
+            let r = fleet
+                .client
+                .post(&n.http_addr, &format!("/next?shard={s}"))
+                .await
+                .unwrap();
+            assert_eq!(r.status, 409, "{} on shard {s}: {:?}", n.id, r.body);
+            assert_eq!(r.leader_header.as_deref(), Some(addr.as_str()));
+            assert_eq!(
+                r.json()["leader"]["node_id"].as_str(),
+                Some(leader.as_str())
+            );
+        }
+    }
+    // ?key=K goes to fnv1a64(K) mod 8, the documented hash.
+    let key = "customer-42";
+    let s = baton::shard::shard_of_key(key.as_bytes(), K).0;
+    let (_, addr, _) = &placed[&s];
+    let r = fleet
+        .client
+        .post(addr, &format!("/next?key={key}"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["shard"].as_u64(), Some(u64::from(s)));
+    // A sharded fleet refuses a request that names no shard, and a shard past K.
+    let any = &nodes[0].http_addr;
+    let r = fleet.client.post(any, "/next").await.unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"], "shard_required");
+    let r = fleet.client.post(any, "/next?shard=8").await.unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"], "bad_shard");
+    // GET /read?shard=S from the shard's leader.
+    let (_, addr3, token3) = &placed[&3];
+    let r = fleet
+        .client
+        .get(addr3, "/read?shard=3&mode=resource")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.json()["shard"].as_u64(), Some(3));
+    assert_eq!(r.json()["token"].as_i64(), Some(*token3));
+
+    // /status lists every shard; /metrics: leaders_acting{shard} sums to exactly 1 per shard.
+    let st = fleet.client.get(any, "/status").await.unwrap().json();
+    assert_eq!(
+        st["shards"].as_array().map(Vec::len),
+        Some(K as usize),
+        "{st}"
+    );
+    assert_eq!(
+        st["placement"]["live"].as_array().map(Vec::len),
+        Some(3),
+        "{st}"
+    );
+    let mut texts = Vec::new();
+    for n in &nodes {
+        let body = fleet
+            .client
+            .get(&n.http_addr, "/metrics")
+            .await
+            .unwrap()
+            .body;
+        texts.push(String::from_utf8(body.to_vec()).unwrap());
+    }
+    for s in 0..K {
+        let acting: f64 = texts
+            .iter()
+            .map(|t| metric_sum(t, "leaders_acting", s))
+            .sum();
+        assert_eq!(acting, 1.0, "shard {s}: leaders_acting sums to {acting}");
+    }
+    let led: f64 = texts
+        .iter()
+        .filter_map(|t| {
+            t.lines()
+                .find(|l| l.starts_with("baton_shards_led"))?
+                .rsplit(' ')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(led, f64::from(K));
+
+    // `baton fleet status` shows the placement.
+    let out = common::baton(&["fleet", "status", "--dir", fleet.path().to_str().unwrap()]);
+    assert!(out.contains("shards led"), "{out}");
+}
+
+/// A stale leader of shard 3 is refused on shard 3, and shard 4 keeps writing: the fence rows
+/// are per shard. Then a kill -9 moves the dead node's shards, a restart brings balance back
+/// with about K/N moves, and every hand-over ran checkpoint → stop → release first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_shard_fence_failover_and_rebalance_on_pg_lease() {
+    const K: u32 = 6;
+    let fleet = Fleet::up_with("pg-lease", 3, &["--shards", "6"]);
+    let placed = settled_placement(&fleet, K, SETTLE).await;
+
+    // Shard 3's leader steps down: its old token is now stale on shard 3.
+    let (old3, addr3, token3) = placed[&3].clone();
+    let r = fleet
+        .client
+        .post(&addr3, "/stepdown?shard=3")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let until = Instant::now() + SETTLE;
+    let new3 = loop {
+        let p = settled_placement(&fleet, K, SETTLE).await;
+        if p[&3].2 > token3 {
+            break p[&3].clone();
+        }
+        assert!(Instant::now() < until, "shard 3 got no new term");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // A write to shard 3 under the new term makes the fence row move (the claim already did).
+    let r = fleet.client.post(&new3.1, "/next?shard=3").await.unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let db = fleet.node_db(&old3).await;
+    let stale = db
+        .query_one(
+            "SELECT baton.fence_assert('orders#3', $1, $2)",
+            &[&token3, &old3],
+        )
+        .await;
+    let err = stale.expect_err("a stale shard-3 token must be refused");
+    assert_eq!(err.code().map(|c| c.code()), Some("BF409"), "{err}");
+    // Shard 4's leader keeps writing, and its fence row is untouched by shard 3's.
+    let p = settled_placement(&fleet, K, SETTLE).await;
+    let (l4, addr4, token4) = p[&4].clone();
+    let r = fleet.client.post(&addr4, "/next?shard=4").await.unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let db4 = fleet.node_db(&l4).await;
+    db4.query_one(
+        "SELECT baton.fence_assert('orders#4', $1, $2)",
+        &[&token4, &l4],
+    )
+    .await
+    .expect("shard 4's leader writes on");
+    let admin = fleet.admin_db().await;
+    let rows = admin
+        .query(
+            "SELECT name, max_token FROM baton.fenced_resource ORDER BY name",
+            &[],
+        )
+        .await
+        .unwrap();
+    let fence: BTreeMap<String, i64> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(fence.get("leadership#3"), Some(&new3.2), "{fence:?}");
+    assert_eq!(fence.get("leadership#4"), Some(&token4), "{fence:?}");
+
+    // kill -9 the node leading the most shards: they move to the others, balanced.
+    let before = settled_placement(&fleet, K, SETTLE).await;
+    let victim = before
+        .values()
+        .map(|(n, _, _)| n.clone())
+        .max_by_key(|n| before.values().filter(|(m, _, _)| m == n).count())
+        .unwrap();
+    fleet.kill9(&victim);
+    let after_kill = settled_placement(&fleet, K, SETTLE).await;
+    assert!(
+        after_kill.values().all(|(n, _, _)| *n != victim),
+        "{after_kill:?}"
+    );
+    // Restart: it takes about K/N shards back, and balance holds (max - min <= 1).
+    fleet.start(&victim);
+    let until = Instant::now() + SETTLE;
+    let after_start = loop {
+        let p = settled_placement(&fleet, K, SETTLE).await;
+        if p.values().any(|(n, _, _)| *n == victim) {
+            break p;
+        }
+        assert!(Instant::now() < until, "{victim} took no shard back: {p:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let moved = after_kill
+        .iter()
+        .filter(|(s, (n, _, _))| after_start[s].0 != *n)
+        .count();
+    assert!(
+        moved >= 1 && moved <= 4,
+        "a join of 1 of 3 moved {moved} of {K} shards"
+    );
+
+    let checked = assert_handover_order(&traces(&fleet));
+    assert!(
+        checked >= 2,
+        "expected hand-overs in the traces, checked {checked}"
+    );
+}
+
+/// A rolling restart of the whole fleet under load: every shard moves at least once, and no
+/// acknowledged ID is lost or issued twice (checked against each shard's ledger). A client
+/// only ever needs the retry that a 409 or 503 asks for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_moves_every_shard_without_losing_an_id() {
+    const K: u32 = 4;
+    let fleet = Fleet::up_with("etcd", 3, &["--shards", "4"]);
+    let placed = settled_placement(&fleet, K, SETTLE).await;
+    let addrs: Vec<String> = fleet
+        .state()
+        .nodes
+        .iter()
+        .map(|n| n.http_addr.clone())
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut loads = Vec::new();
+    for s in 0..K {
+        let (client, addrs, stop) = (fleet.client.clone(), addrs.clone(), stop.clone());
+        let mut target = placed[&s].1.clone();
+        loads.push(tokio::spawn(async move {
+            let (mut got, mut other) = (Vec::new(), Vec::new());
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match client.post(&target, &format!("/next?shard={s}")).await {
+                    Ok(r) if r.status == 200 => {
+                        let v = r.json();
+                        got.push((v["token"].as_i64().unwrap(), v["seq"].as_i64().unwrap()));
+                    }
+                    Ok(r) if r.status == 409 && r.leader_header.is_some() => {
+                        target = r.leader_header.unwrap();
+                    }
+                    Ok(r) if r.status == 409 || r.status == 503 => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Ok(r) => other.push(format!("{} {:?}", r.status, r.body)),
+                    // The node was restarting: ask another one who leads.
+                    Err(_) => {
+                        i += 1;
+                        target = addrs[i % addrs.len()].clone();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (got, other)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    common::baton(&[
+        "fleet",
+        "restart",
+        "--rolling",
+        "--settle",
+        "4s",
+        "--dir",
+        fleet.path().to_str().unwrap(),
+    ]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let admin = fleet.admin_db().await;
+    for (s, load) in loads.into_iter().enumerate() {
+        let (got, other) = load.await.unwrap();
+        assert!(
+            other.is_empty(),
+            "shard {s}: answers other than 200/409/503: {other:?}"
+        );
+        assert!(
+            got.len() > 20,
+            "shard {s}: only {} IDs during the restart",
+            got.len()
+        );
+        let tokens: HashSet<i64> = got.iter().map(|(t, _)| *t).collect();
+        assert!(
+            tokens.len() >= 2,
+            "shard {s} never moved: tokens {tokens:?}"
+        );
+        // Strictly increasing as issued, so none repeats.
+        assert!(
+            got.windows(2).all(|w| w[1].1 > w[0].1),
+            "shard {s}: IDs not increasing"
+        );
+        let resource = baton::shard::ShardId(s as u32).resource("sequence");
+        let bad: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM (SELECT token, seq_lo, lag(seq_hi) OVER w AS prev_hi, lag(token) OVER w AS prev_token
+                   FROM baton.fence_log WHERE op = 'next' AND resource = $1 WINDOW w AS (ORDER BY pos)) x
+                 WHERE seq_lo <= prev_hi OR token < prev_token",
+                &[&resource],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(bad, 0, "shard {s}: the ledger has non-increasing steps");
+        for (token, seq) in &got {
+            let n: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM baton.fence_log WHERE op = 'next' AND resource = $1 AND token = $2 AND $3 BETWEEN seq_lo AND seq_hi",
+                    &[&resource, token, seq],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(
+                n, 1,
+                "shard {s}: acknowledged ({token}, {seq}) is not in the ledger exactly once"
+            );
+        }
+    }
+    settled_placement(&fleet, K, SETTLE).await;
+    assert!(assert_handover_order(&traces(&fleet)) >= 4);
+}

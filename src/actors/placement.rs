@@ -1,0 +1,210 @@
+//! Placement: which shards this node seeks (K > 1 only; at K = 1 every node seeks the one term).
+//!
+//! One task per node. Every `probe_interval_ms` it probes each member's `GET /healthz`, keeps
+//! the set of live members, computes the balanced rendezvous assignment ([`crate::shard::assign`])
+//! and tells each shard's supervisor whether this node should hold that shard
+//! ([`SupervisorMsg::Placement`]). The supervisor owns what follows: a shard that stops being ours
+//! while we lead it is handed over (checkpoint → stop → release) and the new owner, already
+//! campaigning, claims at once; a shard that becomes ours is campaigned for.
+//!
+//! Placement only decides who *campaigns*. Who leads is still the backend's election, and what a
+//! leader may write is still the fence's decision, so two nodes whose views disagree for a moment
+//! can at worst both campaign for a shard: one wins, the other waits in line.
+//!
+//! * **Live**: a member that answered `200` within `down_after_ms`, and has done so for at
+//!   least two probe intervals (a member that just came up is given time to see itself as an
+//!   owner and start campaigning before anyone hands it a shard). A member that answers `503`
+//!   (draining: shutting down) is not live at once, so a planned stop moves its shards before
+//!   it releases them. This node counts itself live until it drains.
+//! * **Warm-up**: for its first `down_after_ms` a node seeks no shard (it has not heard from
+//!   every member yet); orphans are counted from the start.
+//! * **Orphans**: a shard with no known leader for `orphan_grace_ms` is sought by every live
+//!   member, so a wrong view never leaves a shard dark for longer than that.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use ractor::ActorRef;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::actors::supervisor::SupervisorMsg;
+use crate::config::{MemberSpec, ShardsConfig};
+use crate::leadership::Leadership;
+use crate::shard::{assign, ShardId};
+use crate::trace::ActorTrace;
+
+/// What placement currently believes (for `/status` and `baton fleet status`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PlacementView {
+    /// The members counted live, sorted.
+    pub live: Vec<String>,
+    /// `owners[s]`: the member placement assigns shard `s` to.
+    pub owners: Vec<String>,
+}
+
+/// Shared between the placement task, the node handle and HTTP.
+#[derive(Default)]
+pub struct PlacementState {
+    view: RwLock<PlacementView>,
+    /// Set when this node is shutting down: `/healthz` answers 503 so peers take its shards.
+    draining: AtomicBool,
+}
+
+impl PlacementState {
+    /// A snapshot of the current view.
+    pub fn view(&self) -> PlacementView {
+        self.view.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Whether this node is draining (shutting down; its shards are moving away).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct PlacementArgs {
+    pub node_id: String,
+    pub members: Vec<MemberSpec>,
+    pub cfg: ShardsConfig,
+    pub supervisors: Vec<ActorRef<SupervisorMsg>>,
+    pub leaderships: Vec<Arc<Leadership>>,
+    pub trace: ActorTrace,
+    pub state: Arc<PlacementState>,
+}
+
+/// How a probe went.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Probe {
+    Up,
+    Draining,
+    Down,
+}
+
+#[derive(Default, Clone, Copy)]
+struct MemberHealth {
+    /// The start of the current run of successful probes.
+    up_since: Option<Instant>,
+    last_up: Option<Instant>,
+}
+
+/// Runs until the owning node drops the returned handle's task (see `tasks::AbortOnDrop`).
+pub(crate) async fn run(args: PlacementArgs) {
+    let every = Duration::from_millis(args.cfg.probe_interval_ms);
+    let down_after = Duration::from_millis(args.cfg.down_after_ms);
+    let orphan_grace = Duration::from_millis(args.cfg.orphan_grace_ms);
+    let k = args.supervisors.len() as u32;
+    let mut health: HashMap<String, MemberHealth> = HashMap::new();
+    let mut sent: Vec<Option<bool>> = vec![None; k as usize];
+    let mut leaderless_since: Vec<Option<Instant>> = vec![None; k as usize];
+    let started = Instant::now();
+    let mut first_round = true;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let others: Vec<&MemberSpec> = args
+            .members
+            .iter()
+            .filter(|m| m.id != args.node_id)
+            .collect();
+        let probes = futures::future::join_all(others.iter().map(|m| probe(&m.addr, every))).await;
+        let now = Instant::now();
+        for (m, p) in others.iter().zip(probes) {
+            let h = health.entry(m.id.clone()).or_default();
+            if p == Probe::Up {
+                // A member already up when this node started is not "just joined".
+                h.up_since
+                    .get_or_insert(if first_round { now - 2 * every } else { now });
+                h.last_up = Some(now);
+            } else {
+                h.up_since = None;
+                if p == Probe::Draining {
+                    h.last_up = None;
+                }
+            }
+        }
+        first_round = false;
+        // Warm-up: a node that just started has not heard from every member yet and would
+        // otherwise claim everything for a moment (then hand most of it straight back). It says
+        // nothing until `down_after` has passed; a shard nobody holds by then is an orphan.
+        if now.duration_since(started) < down_after {
+            continue;
+        }
+        let draining = args.state.is_draining();
+        let mut live: Vec<&str> = others
+            .iter()
+            .filter(|m| {
+                health.get(&m.id).is_some_and(|h| {
+                    h.last_up
+                        .is_some_and(|t| now.duration_since(t) < down_after)
+                        && h.up_since
+                            .is_some_and(|t| now.duration_since(t) >= 2 * every)
+                })
+            })
+            .map(|m| m.id.as_str())
+            .collect();
+        if !draining {
+            live.push(&args.node_id);
+        }
+        live.sort_unstable();
+        let owners = assign(&live, k);
+        for s in 0..k as usize {
+            let leader_known = args.leaderships[s].status().leader.is_some();
+            leaderless_since[s] = if leader_known {
+                None
+            } else {
+                Some(leaderless_since[s].unwrap_or(now))
+            };
+            let orphaned =
+                leaderless_since[s].is_some_and(|t| now.duration_since(t) >= orphan_grace);
+            let wanted =
+                !draining && (owners.get(s).is_some_and(|o| *o == args.node_id) || orphaned);
+            if sent[s] != Some(wanted) {
+                if sent[s].is_some() || wanted {
+                    args.trace.for_shard(ShardId(s as u32)).step(
+                        "placement",
+                        if wanted { "assigned" } else { "unassigned" },
+                        None,
+                        &format!(
+                            "live={}{}",
+                            live.join(","),
+                            if orphaned { " orphaned" } else { "" }
+                        ),
+                    );
+                }
+                sent[s] = Some(wanted);
+                let _ = args.supervisors[s].cast(SupervisorMsg::Placement { wanted });
+            }
+        }
+        if let Ok(mut v) = args.state.view.write() {
+            v.live = live.iter().map(|m| (*m).to_owned()).collect();
+            v.owners = owners;
+        }
+    }
+}
+
+/// One `GET /healthz`: `Up` on 200, `Draining` on 503, `Down` on anything else or no answer
+/// within `bound`.
+async fn probe(addr: &str, bound: Duration) -> Probe {
+    let ask = async {
+        let mut conn = TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.ok()?;
+        let mut head = [0u8; 12];
+        conn.read_exact(&mut head).await.ok()?;
+        Some(head)
+    };
+    match tokio::time::timeout(bound, ask).await {
+        Ok(Some(head)) if head.starts_with(b"HTTP/1.1 200") => Probe::Up,
+        Ok(Some(head)) if head.starts_with(b"HTTP/1.1 503") => Probe::Draining,
+        _ => Probe::Down,
+    }
+}
