@@ -5,6 +5,7 @@
 //!   down) the leader under a steady sequential `POST /next` load, N times; failover = first
 //!   `next` write of the new leadership − last `next` write of the old one.
 //! * [`read`] — `baton bench read`: `GET /read` per mode and backend, side by side.
+//! * [`shards`] — `baton bench shards --shards 1,4,16`: aggregate `POST /next` IDs/s against K.
 //! * [`cost`] — `baton bench cost`: idle CPU, memory and backend requests per node, and election
 //!   latency after a leader kill, against fleet size, per backend.
 
@@ -12,6 +13,7 @@ pub mod cost;
 pub mod failover;
 pub mod next;
 pub mod read;
+pub mod shards;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -54,6 +56,8 @@ pub enum BenchCmd {
     Next(next::NextArgs),
     /// GET /read per mode (lease, quorum, resource) per backend: throughput, p50/p99, fallbacks.
     Read(read::ReadArgs),
+    /// Aggregate POST /next throughput against the shard count K (a fresh fleet per K).
+    Shards(shards::ShardsArgs),
 }
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -62,6 +66,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Failover(args) => failover::run(args).await.map(|_| ()),
         BenchCmd::Next(args) => next::run(args).await.map(|_| ()),
         BenchCmd::Read(args) => read::run(args).await.map(|_| ()),
+        BenchCmd::Shards(args) => shards::run(args).await.map(|_| ()),
     }
 }
 

@@ -233,6 +233,7 @@ fn start_read_probes(
                             kind: Some("read".into()),
                             mode: None,
                             fell_back: None,
+                            shard: None,
                         };
                         i += 1;
                         if let Ok(r) = reply {

@@ -14,6 +14,8 @@ const MIN_REFRESH_INTERVAL: Duration = Duration::from_millis(25);
 
 pub struct LeaderTracker {
     targets: Vec<String>,
+    /// The shard whose leader this tracks (`None`: the unsharded fleet's).
+    shard: Option<u32>,
     hint: RwLock<Option<String>>,
     /// Bumped on every change of the hint; a refresh requested for an older generation is
     /// already answered.
@@ -29,9 +31,15 @@ pub struct LeaderTracker {
 
 impl LeaderTracker {
     /// Must be called inside a tokio runtime (the one background sweeps will run on).
-    pub fn new(targets: Vec<String>, status_timeout: Duration) -> LeaderTracker {
+    /// `shard`: follow that shard's leader (from `/status`'s `shards`), or the fleet's.
+    pub fn new(
+        targets: Vec<String>,
+        status_timeout: Duration,
+        shard: Option<u32>,
+    ) -> LeaderTracker {
         LeaderTracker {
             targets,
+            shard,
             hint: RwLock::new(None),
             generation: AtomicU64::new(0),
             refreshing: tokio::sync::Mutex::new(None),
@@ -113,7 +121,15 @@ impl LeaderTracker {
         let mut named: Vec<String> = Vec::new();
         for (addr, r) in replies {
             let Ok(r) = r else { continue };
-            let v = r.json();
+            let all = r.json();
+            let v = match self.shard {
+                Some(s) => {
+                    let mut v = all["shards"][s as usize].clone();
+                    v["fence_token"] = v["token"].clone();
+                    v
+                }
+                None => all,
+            };
             if v["role"] == "leader" {
                 let tok = v["fence_token"].as_i64().unwrap_or(i64::MIN);
                 if best.as_ref().is_none_or(|(b, _)| tok > *b) {

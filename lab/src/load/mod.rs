@@ -79,6 +79,9 @@ pub struct LoadSpec {
     /// connection). One costs ~19 us of CPU per request on this project's 2-core machines, so it
     /// tops out around 50k requests/s; more only pays where there are cores to spare.
     pub threads: usize,
+    /// K shards of a sharded fleet (1: unsharded). Worker `w` is pinned to shard `w mod K`:
+    /// it sends `{path}?shard=S` and follows that shard's leader.
+    pub shards: u32,
 }
 
 impl LoadSpec {
@@ -96,7 +99,13 @@ impl LoadSpec {
             read_fraction: 0.0,
             read_modes: Vec::new(),
             threads: 1,
+            shards: 1,
         }
+    }
+
+    /// The shard worker `w` is pinned to (`None` on an unsharded fleet).
+    pub fn shard_of_worker(&self, w: u32) -> Option<u32> {
+        (self.shards > 1).then(|| w % self.shards)
     }
 
     /// Whether slot `id` is a read: a multiplicative hash of the id against the fraction.
@@ -188,6 +197,9 @@ pub struct Op {
     /// A `lease` read answered by `quorum` (its window was closed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fell_back: Option<bool>,
+    /// The shard this request was for, on a sharded fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
 }
 
 impl Op {
@@ -373,7 +385,8 @@ pub fn read_history(path: &Path) -> anyhow::Result<Vec<Op>> {
 
 struct Shared {
     spec: LoadSpec,
-    leader: Arc<LeaderTracker>,
+    /// One tracker per shard (one in all on an unsharded fleet).
+    leaders: Vec<Arc<LeaderTracker>>,
     next_slot: AtomicU64,
     total: u64,
     t0: Instant,
@@ -390,12 +403,19 @@ struct WorkerOut {
 pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     spec.validate()?;
     let total = (spec.rate * spec.duration.as_secs_f64()).round() as u64;
-    let leader = Arc::new(LeaderTracker::new(
-        spec.targets.clone(),
-        Duration::from_millis(500),
-    ));
+    let leaders: Vec<Arc<LeaderTracker>> = (0..spec.shards.max(1))
+        .map(|s| {
+            Arc::new(LeaderTracker::new(
+                spec.targets.clone(),
+                Duration::from_millis(500),
+                (spec.shards > 1).then_some(s),
+            ))
+        })
+        .collect();
     // Find the leader before the clock starts, so the first slots are not all redirects.
-    leader.refresh(leader.generation()).await;
+    for leader in &leaders {
+        leader.refresh(leader.generation()).await;
+    }
     // Each shard opens its connections before the clock starts: opening hundreds of them inside
     // the measured window put a ~100 ms connect storm into the first slots' latency. A
     // connection that fails here is simply opened (and its failure recorded) by its first
@@ -409,7 +429,7 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     for t in 0..threads {
         let workers: Vec<(u32, String)> = (t..spec.connections)
             .step_by(threads)
-            .map(|w| (w as u32, leader.current(w)))
+            .map(|w| (w as u32, leaders[w % leaders.len()].current(w)))
             .collect();
         shards.push(Shard::spawn(workers, per_worker_ops)?);
     }
@@ -423,7 +443,7 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     let shared = Arc::new(Shared {
         hard_deadline: t0 + spec.duration + spec.drain,
         spec: spec.clone(),
-        leader,
+        leaders,
         next_slot: AtomicU64::new(0),
         total,
         t0,
@@ -599,7 +619,9 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         kind: None,
         mode: None,
         fell_back: None,
+        shard: sh.spec.shard_of_worker(w),
     };
+    let leader = &sh.leaders[w as usize % sh.leaders.len()];
     let is_read = !sh.spec.probe && sh.spec.is_read_slot(id);
     let (method, path) = if sh.spec.probe {
         op.kind = Some("probe".into());
@@ -608,13 +630,16 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         op.kind = Some("read".into());
         (Method::GET, sh.spec.read_path(id))
     } else {
-        (Method::POST, sh.spec.path.clone())
+        match op.shard {
+            Some(shard) => (Method::POST, format!("{}?shard={shard}", sh.spec.path)),
+            None => (Method::POST, sh.spec.path.clone()),
+        }
     };
     let mut not_sent_retries = 0;
     loop {
         op.attempts += 1;
-        let generation = sh.leader.generation();
-        let addr = sh.leader.current(w as usize + id as usize);
+        let generation = leader.generation();
+        let addr = leader.current(w as usize + id as usize);
         op.node = addr.clone();
         let remaining = deadline.saturating_duration_since(Instant::now());
         if conn
@@ -629,7 +654,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                     op.outcome = Outcome::Rejected;
                     op.error = Some(e);
                     op.complete_ns = monotonic_ns();
-                    sh.leader.refresh_soon(generation);
+                    leader.refresh_soon(generation);
                     return op;
                 }
             }
@@ -680,13 +705,13 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                 if status == StatusCode::CONFLICT {
                     match leader_header {
                         Some(l) if l != addr && op.attempts <= MAX_HOPS => {
-                            sh.leader.set(&l);
+                            leader.set(&l);
                             continue;
                         }
                         _ => {
                             op.outcome = Outcome::Rejected;
                             op.error = Some(format!("409 {code}"));
-                            sh.leader.refresh_soon(generation);
+                            leader.refresh_soon(generation);
                             return op;
                         }
                     }
@@ -700,7 +725,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                     };
                     op.error = Some(format!("503 {code}"));
                     if code == "no_leader" {
-                        sh.leader.refresh_soon(generation);
+                        leader.refresh_soon(generation);
                     }
                     return op;
                 }
@@ -722,7 +747,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                 op.outcome = Outcome::Rejected;
                 op.error = Some(e);
                 op.complete_ns = monotonic_ns();
-                sh.leader.refresh_soon(generation);
+                leader.refresh_soon(generation);
                 return op;
             }
             Exchange::Unknown(e) => {
@@ -730,7 +755,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                 op.outcome = Outcome::Unknown;
                 op.error = Some(e);
                 op.complete_ns = monotonic_ns();
-                sh.leader.refresh_soon(generation);
+                leader.refresh_soon(generation);
                 return op;
             }
         }
