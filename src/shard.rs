@@ -64,6 +64,21 @@ impl ShardId {
     }
 }
 
+/// The shard a fenced resource name belongs to: its `#S` suffix (S ≥ 1, at most 10 digits),
+/// else shard 0 — the same rule as `baton.fence_domain(resource)` in PostgreSQL.
+pub fn shard_of_resource(name: &str) -> ShardId {
+    match name.rsplit_once('#') {
+        Some((_, digits))
+            if (1..=10).contains(&digits.len())
+                && !digits.starts_with('0')
+                && digits.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            digits.parse::<u32>().map(ShardId).unwrap_or(ShardId::ZERO)
+        }
+        _ => ShardId::ZERO,
+    }
+}
+
 /// FNV-1a, 64 bit: the documented, version-stable hash behind `?key=` and placement ranks.
 /// (std's `DefaultHasher` may change between Rust releases; a client computing shards itself
 /// needs a hash that never does.)
@@ -152,6 +167,17 @@ mod tests {
         assert_eq!(ShardId(3).resource("sequence"), "sequence#3");
         assert_eq!(ShardId(0).election_suffix(), "");
         assert_eq!(ShardId(12).election_suffix(), "-shard-12");
+    }
+
+    #[test]
+    fn a_resource_names_its_shard_by_suffix() {
+        for s in [0u32, 1, 7, 4095] {
+            assert_eq!(shard_of_resource(&ShardId(s).resource("sequence")), ShardId(s));
+        }
+        assert_eq!(shard_of_resource("orders#0"), ShardId::ZERO);
+        assert_eq!(shard_of_resource("orders#07"), ShardId::ZERO);
+        assert_eq!(shard_of_resource("orders#x1"), ShardId::ZERO);
+        assert_eq!(shard_of_resource("a#b#12"), ShardId(12));
     }
 
     #[test]

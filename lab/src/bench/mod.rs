@@ -13,6 +13,7 @@ pub mod cost;
 pub mod failover;
 pub mod next;
 pub mod read;
+pub mod shard_events;
 pub mod shards;
 
 use std::path::PathBuf;
@@ -58,6 +59,9 @@ pub enum BenchCmd {
     Read(read::ReadArgs),
     /// Aggregate POST /next throughput against the shard count K (a fresh fleet per K).
     Shards(shards::ShardsArgs),
+    /// Issue 28's experiment: membership events on a sharded fleet under load (moves, dark
+    /// time per shard, balance, backend load, the history check per shard).
+    ShardEvents(shard_events::ShardEventsArgs),
 }
 
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
@@ -67,6 +71,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Next(args) => next::run(args).await.map(|_| ()),
         BenchCmd::Read(args) => read::run(args).await.map(|_| ()),
         BenchCmd::Shards(args) => shards::run(args).await.map(|_| ()),
+        BenchCmd::ShardEvents(args) => shard_events::run(args).await.map(|_| ()),
     }
 }
 

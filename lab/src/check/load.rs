@@ -147,6 +147,14 @@ pub fn reads_from_histories(paths: &[PathBuf]) -> anyhow::Result<Vec<ReadObs>> {
 }
 
 /// Every `ok` outcome of every history file.
-pub fn acks_from_histories(paths: &[PathBuf]) -> anyhow::Result<Vec<Ack>> {
-    over_histories(paths, acks_from_ops)
+/// The acks of every history; with `shard`, only those of requests sent to that shard.
+pub fn acks_from_histories(paths: &[PathBuf], shard: Option<u32>) -> anyhow::Result<Vec<Ack>> {
+    over_histories(paths, |label, ops| {
+        let ops: Vec<Op> = ops
+            .iter()
+            .filter(|o| shard.is_none() || o.shard.unwrap_or(0) == shard.unwrap_or(0))
+            .cloned()
+            .collect();
+        acks_from_ops(label, &ops)
+    })
 }

@@ -290,6 +290,11 @@ pub struct CheckArgs {
     /// Check only this resource's ledger rows (default: every resource).
     #[arg(long)]
     pub resource: Option<String>,
+    /// A sharded fleet: check one shard's history alone (its resources, `name#S`, and the
+    /// requests the histories sent to it). Shards lead side by side, so the fleet's ledger as
+    /// a whole has K leaders acting at once by design; each shard must have one.
+    #[arg(long)]
+    pub shard: Option<u32>,
     /// Print the verdict as JSON.
     #[arg(long)]
     pub json: bool,
@@ -302,7 +307,12 @@ pub async fn cli_main(a: CheckArgs) -> anyhow::Result<i32> {
         None => crate::fleet::FleetState::load(&a.dir)?.postgres.admin_url(),
     };
     let mut input = load::from_database(&url, a.resource.as_deref()).await?;
-    input.acks = load::acks_from_histories(&a.history)?;
+    input.acks = load::acks_from_histories(&a.history, a.shard)?;
+    if let Some(s) = a.shard {
+        let ours = |r: &str| baton::shard::shard_of_resource(r).0 == s;
+        input.ledger.retain(|r| ours(&r.resource));
+        input.rejections.retain(|r| ours(&r.resource));
+    }
     input.reads = load::reads_from_histories(&a.history)?;
     // The ledger's rows witness accepted tokens too: map the resource's clock (PostgreSQL on
     // this machine) onto the monotonic clock the histories use, through readings taken now.
