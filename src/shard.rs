@@ -172,7 +172,10 @@ mod tests {
     #[test]
     fn a_resource_names_its_shard_by_suffix() {
         for s in [0u32, 1, 7, 4095] {
-            assert_eq!(shard_of_resource(&ShardId(s).resource("sequence")), ShardId(s));
+            assert_eq!(
+                shard_of_resource(&ShardId(s).resource("sequence")),
+                ShardId(s)
+            );
         }
         assert_eq!(shard_of_resource("orders#0"), ShardId::ZERO);
         assert_eq!(shard_of_resource("orders#07"), ShardId::ZERO);

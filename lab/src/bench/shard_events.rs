@@ -98,7 +98,13 @@ pub struct ShardEventsReport {
 }
 
 pub async fn run(args: ShardEventsArgs) -> anyhow::Result<ShardEventsReport> {
-    let mut spec = bench_fleet_spec(args.dir.clone(), args.nodes, args.backend, args.config.clone(), None)?;
+    let mut spec = bench_fleet_spec(
+        args.dir.clone(),
+        args.nodes,
+        args.backend,
+        args.config.clone(),
+        None,
+    )?;
     spec.shards = args.shards;
     spec.fencing = args.fencing;
     let mut state = fleet::up(&spec).await.context("starting the fleet")?;
@@ -133,8 +139,16 @@ async fn settle(state: &FleetState, k: u32, within: Duration) -> (BTreeMap<u32, 
     loop {
         let p = placement(state).await;
         let rows = fleet::status(state).await;
-        let counts: Vec<usize> = rows.iter().filter(|r| r.alive && r.role.is_some()).map(|r| r.shards_led.len()).collect();
-        let balanced = counts.iter().max().zip(counts.iter().min()).is_some_and(|(a, b)| a - b <= 1);
+        let counts: Vec<usize> = rows
+            .iter()
+            .filter(|r| r.alive && r.role.is_some())
+            .map(|r| r.shards_led.len())
+            .collect();
+        let balanced = counts
+            .iter()
+            .max()
+            .zip(counts.iter().min())
+            .is_some_and(|(a, b)| a - b <= 1);
         if p.len() == k as usize && balanced {
             return (p, true);
         }
@@ -150,7 +164,11 @@ async fn settle(state: &FleetState, k: u32, within: Duration) -> (BTreeMap<u32, 
 async fn backend_requests(state: &FleetState) -> BTreeMap<(String, u32), f64> {
     let client = NodeClient::new(Duration::from_secs(2));
     let mut out = BTreeMap::new();
-    for n in state.nodes.iter().filter(|n| fleet::servers::pid_alive(n.pid)) {
+    for n in state
+        .nodes
+        .iter()
+        .filter(|n| fleet::servers::pid_alive(n.pid))
+    {
         if let Ok(r) = client.get(&n.http_addr, "/metrics").await {
             let total = String::from_utf8_lossy(&r.body)
                 .lines()
@@ -163,10 +181,18 @@ async fn backend_requests(state: &FleetState) -> BTreeMap<(String, u32), f64> {
     out
 }
 
+/// `baton_backend_requests_total` summed over the fleet's live nodes.
+pub(crate) async fn fleet_backend_requests(state: &FleetState) -> f64 {
+    backend_requests(state).await.values().sum()
+}
+
 /// Requests sent between two readings: per process, its growth (all of it for a process that
 /// started in between). A process that ended in between is missed: a lower bound then.
 fn requests_between(a: &BTreeMap<(String, u32), f64>, b: &BTreeMap<(String, u32), f64>) -> f64 {
-    b.iter().map(|(k, v)| v - a.get(k).copied().unwrap_or(0.0)).filter(|d| *d > 0.0).sum()
+    b.iter()
+        .map(|(k, v)| v - a.get(k).copied().unwrap_or(0.0))
+        .filter(|d| *d > 0.0)
+        .sum()
 }
 
 /// Hand-over gaps (ms) from the actor traces: for every term that began inside `[m0, m1]`
@@ -176,15 +202,25 @@ fn handover_gaps(state: &FleetState, m0: u64, m1: u64) -> Vec<f64> {
     let mut lines: Vec<serde_json::Value> = Vec::new();
     for n in &state.nodes {
         let path = n.config.parent().map(|d| d.join("actor-trace.jsonl"));
-        let text = path.and_then(|p| std::fs::read_to_string(p).ok()).unwrap_or_default();
-        lines.extend(text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()));
+        let text = path
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default();
+        lines.extend(
+            text.lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+        );
     }
-    lines.retain(|l| l["actor"] == "supervisor" && (l["event"] == "work-started" || l["event"] == "work-stopped"));
+    lines.retain(|l| {
+        l["actor"] == "supervisor" && (l["event"] == "work-started" || l["event"] == "work-stopped")
+    });
     lines.sort_by_key(|l| l["mono_ns"].as_u64().unwrap_or(0));
     let mut last_stop: BTreeMap<u64, u64> = BTreeMap::new();
     let mut gaps = Vec::new();
     for l in &lines {
-        let (shard, at) = (l["shard"].as_u64().unwrap_or(0), l["mono_ns"].as_u64().unwrap_or(0));
+        let (shard, at) = (
+            l["shard"].as_u64().unwrap_or(0),
+            l["mono_ns"].as_u64().unwrap_or(0),
+        );
         if l["event"] == "work-stopped" {
             last_stop.insert(shard, at);
         } else if let Some(stop) = last_stop.remove(&shard) {
@@ -202,27 +238,45 @@ fn wall_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::Result<ShardEventsReport> {
+async fn experiment(
+    args: &ShardEventsArgs,
+    state: &mut FleetState,
+) -> anyhow::Result<ShardEventsReport> {
     let k = args.shards;
     let settle_bound = Duration::from_millis(args.settle);
     let t_start = Instant::now();
     let mut timeline: Vec<(f64, BTreeMap<String, usize>)> = Vec::new();
     let (first, ok) = settle(state, k, Duration::from_secs(90)).await;
-    anyhow::ensure!(ok, "the fleet did not settle: {} of {k} shards led", first.len());
+    anyhow::ensure!(
+        ok,
+        "the fleet did not settle: {} of {k} shards led",
+        first.len()
+    );
     let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let load_spec = LoadSpec {
         connections: k as usize,
         shards: k,
         stop: Some(stop.clone()),
-        ..LoadSpec::new(targets, args.rate_per_shard * f64::from(k), Duration::from_secs(3600))
+        ..LoadSpec::new(
+            targets,
+            args.rate_per_shard * f64::from(k),
+            Duration::from_secs(3600),
+        )
     };
     let load = tokio::spawn(load::run(load_spec));
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let victim = state.nodes[0].id.clone();
     let spare = state.nodes[state.nodes.len() - 1].id.clone();
-    let events = ["kill-9", "restart", "remove", "add", "rolling-restart", "pause-leader"];
+    let events = [
+        "kill-9",
+        "restart",
+        "remove",
+        "add",
+        "rolling-restart",
+        "pause-leader",
+    ];
     let mut rows = Vec::new();
     let mut windows = Vec::new();
     for event in events {
@@ -237,7 +291,8 @@ async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::R
             "remove" => {
                 let s = state.clone();
                 let id = spare.clone();
-                tokio::task::spawn_blocking(move || s.stop_node(&id, Duration::from_secs(15))).await??;
+                tokio::task::spawn_blocking(move || s.stop_node(&id, Duration::from_secs(15)))
+                    .await??;
             }
             "add" => {
                 state.start_node(&spare)?;
@@ -264,7 +319,11 @@ async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::R
         let gaps = handover_gaps(state, m0, baton::clock::monotonic_ns());
         let moved = (0..k).filter(|s| before.get(s) != after.get(s)).count();
         let rows_now = fleet::status(state).await;
-        let counts: Vec<usize> = rows_now.iter().filter(|r| r.alive && r.role.is_some()).map(|r| r.shards_led.len()).collect();
+        let counts: Vec<usize> = rows_now
+            .iter()
+            .filter(|r| r.alive && r.role.is_some())
+            .map(|r| r.shards_led.len())
+            .collect();
         let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
         for r in rows_now.iter().filter(|r| r.alive) {
             per_node.insert(r.id.clone(), r.shards_led.len());
@@ -280,7 +339,10 @@ async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::R
             event: event.into(),
             seconds: secs,
             shards_moved: moved,
-            balance_max_min: (counts.iter().copied().max().unwrap_or(0), counts.iter().copied().min().unwrap_or(0)),
+            balance_max_min: (
+                counts.iter().copied().max().unwrap_or(0),
+                counts.iter().copied().min().unwrap_or(0),
+            ),
             settled,
             dark_ms: None,
             handover_gap_ms: Summary::of(&gaps),
@@ -293,7 +355,9 @@ async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::R
 
     let db = connect_admin(state).await?;
     for (row, (w0, w1)) in rows.iter_mut().zip(&windows) {
-        row.dark_ms = dark_times(&db, k, *w0, *w1).await?.and_then(|v| Summary::of(&v));
+        row.dark_ms = dark_times(&db, k, *w0, *w1)
+            .await?
+            .and_then(|v| Summary::of(&v));
     }
     let ledger_violations: i64 = db
         .query_one(
@@ -321,15 +385,30 @@ async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::R
             acked_not_once += 1;
         }
     }
-    let errors = report.ops.iter().filter(|o| o.outcome != Outcome::Ok).count();
+    let errors = report
+        .ops
+        .iter()
+        .filter(|o| o.outcome != Outcome::Ok)
+        .count();
     let check_passed = ledger_violations == 0 && acked_not_once == 0;
     println!("\n| event | s | shards moved | balance max/min | dark ms, resource clock: p50 / p99 / max (n) | hand-over gap ms: p50 / p99 / max (n) | backend req/s |");
     println!("|---|---|---|---|---|---|---|");
-    let fmt = |d: &Option<Summary>| d.as_ref().map_or("-".to_owned(), |d| format!("{:.0} / {:.0} / {:.0} ({})", d.median, d.p99, d.max, d.n));
+    let fmt = |d: &Option<Summary>| {
+        d.as_ref().map_or("-".to_owned(), |d| {
+            format!("{:.0} / {:.0} / {:.0} ({})", d.median, d.p99, d.max, d.n)
+        })
+    };
     for r in &rows {
         println!(
             "| {} | {:.1} | {} | {}/{} | {} | {} | {:.0} |",
-            r.event, r.seconds, r.shards_moved, r.balance_max_min.0, r.balance_max_min.1, fmt(&r.dark_ms), fmt(&r.handover_gap_ms), r.backend_requests_per_s
+            r.event,
+            r.seconds,
+            r.shards_moved,
+            r.balance_max_min.0,
+            r.balance_max_min.1,
+            fmt(&r.dark_ms),
+            fmt(&r.handover_gap_ms),
+            r.backend_requests_per_s
         );
     }
     println!(
@@ -358,7 +437,12 @@ async fn experiment(args: &ShardEventsArgs, state: &mut FleetState) -> anyhow::R
 /// Dark time (ms) of every shard whose term changed between wall times `w0` and `w1` (seconds):
 /// the first `next` commit of the new term − the last `next` commit of the term before, on
 /// PostgreSQL's clock. `None` when no term changed.
-async fn dark_times(db: &tokio_postgres::Client, k: u32, w0: f64, w1: f64) -> anyhow::Result<Option<Vec<f64>>> {
+async fn dark_times(
+    db: &tokio_postgres::Client,
+    k: u32,
+    w0: f64,
+    w1: f64,
+) -> anyhow::Result<Option<Vec<f64>>> {
     let rows = db
         .query(
             "WITH firsts AS (
@@ -373,7 +457,10 @@ async fn dark_times(db: &tokio_postgres::Client, k: u32, w0: f64, w1: f64) -> an
             &[&w0, &w1],
         )
         .await?;
-    let v: Vec<f64> = rows.iter().filter_map(|r| r.get::<_, Option<f64>>(1)).collect();
+    let v: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.get::<_, Option<f64>>(1))
+        .collect();
     let _ = k;
     Ok((!v.is_empty()).then_some(v))
 }

@@ -50,6 +50,13 @@ pub struct ShardsArgs {
     /// Write the report as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Before the load: an idle window this long in which the backend requests the whole
+    /// fleet sends (renewals, campaigns, observation) are counted. 0 = skip.
+    #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
+    pub idle: u64,
+    /// Only the idle window (no load): for the cost of K alone.
+    #[arg(long)]
+    pub idle_only: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,6 +78,8 @@ pub struct ShardRun {
     pub ratio: f64,
     /// Shards led per node when the window began (node id, count).
     pub placement: Vec<(String, usize)>,
+    /// Backend requests per second from the whole fleet in the idle window before the load.
+    pub idle_backend_requests_per_s: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,11 +132,14 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
         config,
         machine: machine_info(),
     };
-    println!("\n| K | connections | IDs/s | ratio vs K={} | p50 ms | p99 ms | errors | group commits (mean IDs) | ledger violations |", args.shards[0]);
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "\n| K | connections | IDs/s | ratio vs K={} | p50 ms | p99 ms | errors | group commits (mean IDs) | ledger violations | idle backend req/s (fleet) |",
+        args.shards[0]
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &report.runs {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} ({:.1}) | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} ({:.1}) | {} | {:.1} |",
             r.shards,
             r.connections,
             r.ids_per_s,
@@ -137,7 +149,8 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
             r.errors,
             r.commits,
             r.mean_batch_ids,
-            r.ledger_violations
+            r.ledger_violations,
+            r.idle_backend_requests_per_s.unwrap_or(f64::NAN)
         );
     }
     if let Some(out) = &args.out {
@@ -152,7 +165,33 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
 
 /// Waits until every shard `0..k` has a leader, then runs the warm-up and the measured window.
 async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Result<ShardRun> {
-    let placement = settled(state, k, Duration::from_secs(60)).await?;
+    let placement = settled(state, k, Duration::from_secs(120)).await?;
+    let idle_backend_requests_per_s = if args.idle > 0 {
+        let a = super::shard_events::fleet_backend_requests(state).await;
+        tokio::time::sleep(Duration::from_millis(args.idle)).await;
+        let b = super::shard_events::fleet_backend_requests(state).await;
+        Some((b - a).max(0.0) / (args.idle as f64 / 1000.0))
+    } else {
+        None
+    };
+    if args.idle_only {
+        return Ok(ShardRun {
+            shards: k,
+            connections: 0,
+            ids: 0,
+            ids_per_s: 0.0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            service_p50_ms: 0.0,
+            errors: 0,
+            commits: 0,
+            mean_batch_ids: 0.0,
+            ledger_violations: 0,
+            ratio: 1.0,
+            placement,
+            idle_backend_requests_per_s,
+        });
+    }
     let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
     let connections = args.connections.max(k as usize).div_ceil(k as usize) * k as usize;
     let spec = |ms: u64| LoadSpec {
@@ -192,6 +231,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         ledger_violations: ledger_violations(state).await?,
         ratio: 1.0,
         placement,
+        idle_backend_requests_per_s,
     })
 }
 
