@@ -296,6 +296,18 @@ struct NextBody {
     n: Option<u32>,
 }
 
+/// [`query_pairs`] then [`pick_shard`]: the request's parameters and the shard it names.
+#[allow(clippy::type_complexity)]
+fn shard_query<'a, 'r>(
+    app: &'a HttpApp,
+    req: &'r Request<Incoming>,
+    allowed: &[&str],
+) -> Result<(Vec<(&'r str, &'r str)>, (usize, &'a ShardApp, bool)), Resp> {
+    let pairs = query_pairs(req, allowed)?;
+    let shard = pick_shard(app, &pairs)?;
+    Ok((pairs, shard))
+}
+
 /// The shard a request is about: `?shard=S` (0..K) or `?key=K` (its FNV-1a hash mod K, see
 /// [`crate::shard::shard_of_key`]); neither is shard 0 on an unsharded node and a 400 on a
 /// sharded one (a request must not land on an arbitrary shard). Also whether it was named.
@@ -373,30 +385,21 @@ async fn next(
     req: Request<Incoming>,
 ) -> Resp {
     let mut n: Option<u32> = None;
-    let pairs = match query_pairs(&req, &["n", "shard", "key"]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let (shard_no, shard, named) = match pick_shard(app, &pairs) {
+    let (pairs, (shard_no, shard, named)) = match shard_query(app, &req, &["n", "shard", "key"]) {
         Ok(x) => x,
         Err(r) => return r,
     };
-    match Ok::<_, Resp>(pairs) {
-        Ok(pairs) => {
-            for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "n") {
-                match v.parse::<u32>() {
-                    Ok(k) if k >= 1 => n = Some(k),
-                    _ => {
-                        return error(
-                            StatusCode::BAD_REQUEST,
-                            "bad_n",
-                            format!("n must be an integer in 1..={}", app.max_block),
-                        )
-                    }
-                }
+    for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "n") {
+        match v.parse::<u32>() {
+            Ok(k) if k >= 1 => n = Some(k),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "bad_n",
+                    format!("n must be an integer in 1..={}", app.max_block),
+                )
             }
         }
-        Err(r) => return r,
     }
     let body: NextBody = match read_json(app, req).await {
         Ok(b) => b,
@@ -492,24 +495,15 @@ fn count_read(mode: ReadMode, outcome: &'static str) {
 /// Followers answer 409 with the leader, like `POST /next`.
 async fn read(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> Resp {
     let mut mode = app.read.default_mode;
-    let pairs = match query_pairs(&req, &["mode", "shard", "key"]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let (_, shard, _) = match pick_shard(app, &pairs) {
+    let (pairs, (_, shard, _)) = match shard_query(app, &req, &["mode", "shard", "key"]) {
         Ok(x) => x,
         Err(r) => return r,
     };
-    match Ok::<_, Resp>(pairs) {
-        Ok(pairs) => {
-            for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "mode") {
-                match v.parse::<ReadMode>() {
-                    Ok(m) => mode = m,
-                    Err(e) => return error(StatusCode::BAD_REQUEST, "bad_mode", e),
-                }
-            }
+    for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "mode") {
+        match v.parse::<ReadMode>() {
+            Ok(m) => mode = m,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "bad_mode", e),
         }
-        Err(r) => return r,
     }
     let _serving = conn.serving();
     let Some(view) = shard.shared.read_view() else {
@@ -773,24 +767,15 @@ async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) 
         return refusal;
     }
     let mut to: Option<String> = None;
-    let pairs = match query_pairs(&req, &["to", "shard"]) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let (_, shard, _) = match pick_shard(app, &pairs) {
+    let (pairs, (_, shard, _)) = match shard_query(app, &req, &["to", "shard"]) {
         Ok(x) => x,
         Err(r) => return r,
     };
-    match Ok::<_, Resp>(pairs) {
-        Ok(pairs) => {
-            for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "to") {
-                if v.is_empty() {
-                    return error(StatusCode::BAD_REQUEST, "bad_to", "to= needs a node id");
-                }
-                to = Some(v.to_owned());
-            }
+    for (_, v) in pairs.into_iter().filter(|(k, _)| *k == "to") {
+        if v.is_empty() {
+            return error(StatusCode::BAD_REQUEST, "bad_to", "to= needs a node id");
         }
-        Err(r) => return r,
+        to = Some(v.to_owned());
     }
     let body: StepDownBody = match read_json(app, req).await {
         Ok(b) => b,

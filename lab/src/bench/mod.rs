@@ -75,6 +75,21 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     }
 }
 
+/// Writes a bench's report as pretty JSON to `out` (creating its directory), if one is given.
+pub(crate) fn write_report(
+    out: Option<&std::path::Path>,
+    report: &impl Serialize,
+) -> anyhow::Result<()> {
+    if let Some(out) = out {
+        if let Some(parent) = out.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(out, serde_json::to_vec_pretty(report)?)?;
+        println!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
 /// Order statistics of a sample, in the sample's unit.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {

@@ -122,13 +122,7 @@ pub async fn run(args: ReadArgs) -> anyhow::Result<ReadReport> {
         errors,
         machine: machine_info(),
     };
-    if let Some(out) = &args.out {
-        if let Some(parent) = out.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(out, serde_json::to_vec_pretty(&report)?)?;
-        println!("wrote {}", out.display());
-    }
+    super::write_report(args.out.as_deref(), &report)?;
     Ok(report)
 }
 

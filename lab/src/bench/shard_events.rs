@@ -112,13 +112,7 @@ pub async fn run(args: ShardEventsArgs) -> anyhow::Result<ShardEventsReport> {
     let down = state.clone();
     let _ = tokio::task::spawn_blocking(move || down.down()).await;
     let report = outcome?;
-    if let Some(out) = &args.out {
-        if let Some(parent) = out.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(out, serde_json::to_vec_pretty(&report)?)?;
-        println!("wrote {}", out.display());
-    }
+    super::write_report(args.out.as_deref(), &report)?;
     Ok(report)
 }
 

@@ -153,13 +153,7 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
             r.idle_backend_requests_per_s.unwrap_or(f64::NAN)
         );
     }
-    if let Some(out) = &args.out {
-        if let Some(parent) = out.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(out, serde_json::to_vec_pretty(&report)?)?;
-        println!("wrote {}", out.display());
-    }
+    super::write_report(args.out.as_deref(), &report)?;
     Ok(report)
 }
 
