@@ -59,14 +59,13 @@ pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 /// Histogram, seconds: one demotion from its start (checkpoint of the leader work) to the
 /// lease-release answer, whether the release succeeded or not; no labels.
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
-/// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
+/// Counter of restarts of leader work inside a term under a `Restart` supervision policy (label
+/// `work`, e.g. `child` for `baton run`'s program), counted when the restart is attempted (after
+/// its backoff, in a term that still runs); the one restart counter.
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
 /// Gauge: the pid of the external program `baton run` runs as leader work (see
 /// [`ChildWork`](crate::work::child::ChildWork)), 0 while none runs; no labels.
 pub const CHILD_PID: &str = "baton_child_pid";
-/// Counter of starts of that program after the first in the same term (the supervision policy's
-/// restarts after it exited on its own); no labels.
-pub const CHILD_RESTARTS: &str = "baton_child_restarts_total";
 /// Raft peer requests refused by authentication (label `reason`: missing, bad_mac, stale,
 /// unknown_sender); a refused request changes nothing.
 pub const PEER_AUTH_FAILURES: &str = "baton_peer_auth_failures_total";
@@ -253,10 +252,6 @@ pub fn describe() {
     describe_gauge!(
         CHILD_PID,
         "Pid of the program baton run runs as leader work (0 when none runs)"
-    );
-    describe_counter!(
-        CHILD_RESTARTS,
-        "Starts of baton run's program after the first in the same term"
     );
     describe_counter!(
         WORK_RESTARTS,

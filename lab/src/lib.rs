@@ -11,6 +11,7 @@
 //! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
 //! fence_admin.rs     `baton fence status|reset`: inspect the fence, recover from a poisoned max_token
 //! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
+//! logging.rs         the binary's log lines: plain text off a terminal, openraft's repeats limited
 //! main.rs            the `baton` binary (clap)
 //! ```
 
@@ -21,6 +22,7 @@ pub mod exp;
 pub mod fence_admin;
 pub mod fleet;
 pub mod load;
+pub mod logging;
 
 use std::path::{Path, PathBuf};
 

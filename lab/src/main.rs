@@ -286,13 +286,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,baton::trace=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    baton_lab::logging::init();
     match Cli::parse().cmd {
         Cmd::Node(args) => {
             let cfg = node_config(args)?;

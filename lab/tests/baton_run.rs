@@ -727,11 +727,34 @@ async fn exiting_program_is_restarted_or_demotes_by_policy() {
         .steps("child-exited")
         .iter()
         .any(|v| v["detail"].as_str().unwrap().contains("exit=3")));
+    // One restart counter, and it agrees with the trace: every start after the first in this
+    // term was a restart (the counter moves just before the restart's start is traced).
+    let starts_before = nodes[0].steps("child-started").len() as f64;
+    let restarts = metric(&client, &nodes[0], "baton_work_restarts_total")
+        .await
+        .expect("baton_work_restarts_total");
+    let starts_after = nodes[0].steps("child-started").len() as f64;
     assert!(
-        metric(&client, &nodes[0], "baton_child_restarts_total")
-            .await
-            .unwrap_or(0.0)
-            >= 2.0
+        (starts_before - 1.0..=starts_after).contains(&restarts),
+        "baton_work_restarts_total = {restarts}, starts traced {starts_before}..{starts_after}"
+    );
+    assert_eq!(
+        metric(&client, &nodes[0], "baton_child_restarts_total").await,
+        None
+    );
+    // `baton run` runs no sequencer: POST /next says so, instead of 503 "retry" forever.
+    let r = client
+        .post(&nodes[0].http, "/next")
+        .await
+        .expect("POST /next");
+    let body = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status.as_u16(), 404, "{body}");
+    assert!(body.contains("no_sequencer"), "{body}");
+    // Its log is a file: plain text, no colour codes.
+    assert!(
+        nodes[0].log_text().contains("WARN") && !nodes[0].log_text().contains('\u{1b}'),
+        "a WARN line, without ANSI codes:\n{}",
+        nodes[0].log_text()
     );
     assert!(
         nodes[0]

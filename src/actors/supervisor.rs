@@ -597,7 +597,6 @@ impl SupervisorState {
                     Some(token),
                     &format!("{why}; backoff_ms={}", backoff.as_millis()),
                 );
-                metrics::counter!(m::WORK_RESTARTS, "work" => name).increment(1);
                 myself.send_after(backoff, move || SupervisorMsg::RestartDue { token, index });
             }
         }
@@ -614,6 +613,8 @@ impl SupervisorState {
             return;
         }
         self.restarting += 1;
+        let name = self.args.works[index].work.name();
+        metrics::counter!(m::WORK_RESTARTS, "work" => name).increment(1);
         let ctx = WorkContext {
             token,
             node_id: self.args.cfg.node_id.clone(),

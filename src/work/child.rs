@@ -102,8 +102,6 @@ pub enum ChildError {
 /// An external program as a [`LeaderWork`] (see the module docs).
 pub struct ChildWork {
     spec: ChildSpec,
-    /// The term of the last start: a second start in the same term is a restart.
-    last_token: Mutex<Option<FenceToken>>,
 }
 
 impl ChildWork {
@@ -115,19 +113,7 @@ impl ChildWork {
         if spec.stop_timeout.is_zero() {
             return Err(ChildError::ZeroStopTimeout);
         }
-        Ok(ChildWork {
-            spec,
-            last_token: Mutex::new(None),
-        })
-    }
-
-    fn count_restart(&self, token: FenceToken) {
-        if let Ok(mut last) = self.last_token.lock() {
-            if *last == Some(token) {
-                metrics::counter!(m::CHILD_RESTARTS).increment(1);
-            }
-            *last = Some(token);
-        }
+        Ok(ChildWork { spec })
     }
 
     fn command(&self, ctx: &WorkContext) -> Command {
@@ -159,7 +145,6 @@ impl LeaderWork for ChildWork {
             reason: format!("{:?}: {e}", self.spec.command[0]),
         };
         let group = spawn_group(self.command(&ctx)).map_err(start_err)?;
-        self.count_restart(ctx.token);
         let pid = group.pgid;
         metrics::gauge!(m::CHILD_PID).set(f64::from(pid));
         let deadline = deadline_detail(&ctx.leadership, ctx.token);
