@@ -512,3 +512,124 @@ async fn run_foreground(state: &FleetState, run_for: Option<Duration>) {
         }
     }
 }
+
+/// The justfile is how the project was specified to be used (SPEC §1: `just fleet 9`, `just exp
+/// graceful-stepdown`, `just test`): `just` itself runs (scripts/ensure-deps.sh installs it), and
+/// every `baton` command line its recipes expand to parses with this binary's CLI as it is.
+#[cfg(test)]
+mod justfile_tests {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    use clap::Parser;
+
+    use super::Cli;
+
+    const BATON_IN_RECIPES: &str = "target/release/baton";
+
+    fn repo() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    fn just(args: &[&str]) -> Output {
+        Command::new("just")
+            .arg("--justfile")
+            .arg(repo().join("justfile"))
+            .args(args)
+            .output()
+            .expect("`just` on PATH: scripts/ensure-deps.sh installs it (PyPI rust-just)")
+    }
+
+    /// The `baton` invocations in one shell line of a recipe, a `$(...)` inside it included.
+    fn baton_invocations(line: &str) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        let mut line = line.to_owned();
+        if let (Some(open), Some(close)) = (line.find("$("), line.rfind(')')) {
+            found.extend(baton_invocations(&line[open + 2..close]));
+            line.replace_range(open..=close, "n1");
+        }
+        for part in line.split(['|', ';', '>', '&']) {
+            if let Some(args) = part.trim().strip_prefix(BATON_IN_RECIPES) {
+                found.push(args.split_whitespace().map(str::to_owned).collect());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn just_lists_the_recipes_the_spec_names() {
+        let out = just(&["--list"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        for recipe in ["fleet", "exp", "test", "build", "promtool", "kill-leader"] {
+            assert!(
+                text.lines().any(
+                    |l| l.trim_start().starts_with(&format!("{recipe} ")) || l.trim() == recipe
+                ),
+                "no recipe {recipe}:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_recipes_baton_command_parses_with_the_cli() {
+        let calls: &[&[&str]] = &[
+            &["fleet", "9"],
+            &["fleet", "3", "etcd"],
+            &["up"],
+            &["status"],
+            &["down"],
+            &["kill-leader"],
+            &["exp", "graceful-stepdown"],
+            &["exp", "churn", "--backends", "etcd", "--duration", "90s"],
+            &["exp", "clean-kill", "--quick"],
+            &["bench-failover", "etcd", "20"],
+            &["test"],
+        ];
+        for call in calls {
+            let mut args = vec!["--dry-run"];
+            args.extend_from_slice(call);
+            let out = just(&args);
+            // --dry-run prints each recipe line (its dependencies' too) on stderr.
+            let lines = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "just {call:?}: {lines}");
+            let mut checked = 0;
+            for line in lines.lines() {
+                for argv in baton_invocations(line) {
+                    let parsed = Cli::try_parse_from(
+                        std::iter::once("baton".to_owned()).chain(argv.clone()),
+                    );
+                    assert!(
+                        parsed.is_ok(),
+                        "just {call:?} runs `baton {}`, which the CLI refuses: {}",
+                        argv.join(" "),
+                        parsed.err().map(|e| e.to_string()).unwrap_or_default()
+                    );
+                    checked += 1;
+                }
+                if let Some(script) = line.strip_prefix("bash ") {
+                    assert!(
+                        repo().join(script.trim()).is_file(),
+                        "just {call:?}: no {script}"
+                    );
+                    checked += 1;
+                }
+            }
+            assert!(checked > 0, "just {call:?} ran nothing checkable:\n{lines}");
+        }
+        // `just exp NAME` reads experiments/NAME.toml.
+        assert!(repo().join("experiments/graceful-stepdown.toml").is_file());
+    }
+
+    /// One recipe run for real: the cheap one (promtool on the shipped Prometheus files).
+    #[test]
+    fn just_promtool_passes() {
+        let out = just(&["promtool"]);
+        assert!(
+            out.status.success(),
+            "just promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
