@@ -336,8 +336,12 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
     // The supervisor must wait out the whole barrier, never give up on it first.
     let needed_ms = (stop_timeout + KILL_GRACE).as_millis() as u64;
     cfg.work_stop_timeout_ms = cfg.work_stop_timeout_ms.max(needed_ms);
-    cfg.validate()
-        .context("config with the child stop margin")?;
+    cfg.validate().with_context(|| {
+        format!(
+            "baton run demotes --child-stop-margin ({} ms) before each lease deadline, so the program is gone before the lease can expire; the lease must leave room for that",
+            cfg.work_stop_margin_ms
+        )
+    })?;
     let spec = ChildSpec {
         command: args.command,
         stop_timeout,
