@@ -716,6 +716,16 @@ impl NodeConfig {
             + self.work_stop_margin()
     }
 
+    /// How long after the watchdog's deadline the lease itself can expire, by this node's clock
+    /// with the clock-rate error already allowed for: the watchdog stops `deadline_margin_ms` +
+    /// `work_stop_margin_ms` before `sent_at + TTL x (1 - clock_rate_error)` (through the same
+    /// clock model as the deadline). What an audit of "gone before the lease could expire" adds
+    /// to a time measured against the watchdog's deadline.
+    pub fn lease_expiry_after_watchdog_deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_margin_ms + self.work_stop_margin_ms)
+            .div_f64(1.0 + self.clock_drift)
+    }
+
     /// [`NodeConfig::work_stop_margin_ms`] as a duration.
     pub fn work_stop_margin(&self) -> Duration {
         Duration::from_millis(self.work_stop_margin_ms)

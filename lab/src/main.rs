@@ -358,8 +358,10 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
         .with_context(|| format!("binding {}", cfg.http_listen))?;
+    let work = ChildWork::new(spec)?
+        .with_lease_expiry_after_deadline(cfg.lease_expiry_after_watchdog_deadline());
     baton::node::NodeBuilder::new(cfg)
-        .with_work_supervised(Arc::new(ChildWork::new(spec)?), policy)
+        .with_work_supervised(Arc::new(work), policy)
         .run(listener, shutdown_signal())
         .await
 }

@@ -85,6 +85,8 @@ impl Pg {
 /// One `baton run` process, stopped (SIGCONT, SIGTERM, then SIGKILL) on drop.
 struct RunNode {
     id: String,
+    /// The election backend, for the figures printed.
+    backend: &'static str,
     http: String,
     state_dir: PathBuf,
     log: PathBuf,
@@ -129,8 +131,10 @@ impl RunNode {
     }
 }
 
-impl Drop for RunNode {
-    fn drop(&mut self) {
+impl RunNode {
+    /// SIGCONT and SIGTERM to this baton (a graceful shutdown), SIGKILL after 10 s; waits for
+    /// it to exit.
+    fn terminate(&mut self) {
         let Some(mut p) = self.proc.take() else {
             return;
         };
@@ -148,6 +152,12 @@ impl Drop for RunNode {
         }
         let _ = p.kill();
         let _ = p.wait();
+    }
+}
+
+impl Drop for RunNode {
+    fn drop(&mut self) {
+        self.terminate();
     }
 }
 
@@ -279,6 +289,7 @@ fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str
         .expect("start baton run");
     RunNode {
         id: c.node_id.clone(),
+        backend: c.backend.as_str(),
         http: c.http_listen.to_string(),
         state_dir: c.state_dir.clone(),
         log,
@@ -308,6 +319,49 @@ fn detail(v: &Value, key: &str) -> Option<i64> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
         .and_then(|x| x.parse::<f64>().ok())
         .map(|x| x as i64)
+}
+
+/// `key=value` from a trace line's detail, as a float.
+fn detail_f64(v: &Value, key: &str) -> Option<f64> {
+    v["detail"]
+        .as_str()?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
+        .parse()
+        .ok()
+}
+
+/// The promise of `baton run`: when its program was gone (`gone`, a `child-gone` step), the
+/// lease could not yet have expired. Returns the time that was left (ms), printed per path.
+fn assert_gone_before_lease_expiry(gone: &Value, path: &str) -> f64 {
+    let lease_ms = detail_f64(gone, "before_lease_expiry_ms")
+        .unwrap_or_else(|| panic!("{path}: child-gone without before_lease_expiry_ms: {gone}"));
+    let watchdog_ms = detail_f64(gone, "before_watchdog_deadline_ms").unwrap_or_else(|| {
+        panic!("{path}: child-gone without before_watchdog_deadline_ms: {gone}")
+    });
+    eprintln!(
+        "lease margin, {path}: program gone {lease_ms:.1} ms before the lease could expire \
+         ({watchdog_ms:.1} ms before the watchdog's deadline)"
+    );
+    assert!(
+        lease_ms > 0.0,
+        "{path}: the program outlived its lease by {:.1} ms: {gone}",
+        -lease_ms
+    );
+    lease_ms
+}
+
+/// Gracefully stops the node whose program runs now (SIGTERM: demote, then exit) and checks
+/// that program was gone before its lease could expire.
+fn shutdown_leader(nodes: &mut [RunNode], backend: &str) {
+    let (i, token, _, _) = running_child(nodes).expect("a running program to shut down");
+    nodes[i].terminate();
+    let gone = nodes[i]
+        .steps("child-gone")
+        .into_iter()
+        .rfind(|v| v["token"].as_i64() == Some(token))
+        .expect("child-gone traced on shutdown");
+    assert_gone_before_lease_expiry(&gone, &format!("{backend} shutdown"));
 }
 
 fn mono(v: &Value) -> u64 {
@@ -482,6 +536,7 @@ async fn stepdown_handover(pg: &Pg, nodes: &[RunNode], client: &NodeClient) -> (
         .cloned()
         .expect("child-gone traced");
     assert_eq!(gone["token"].as_i64(), Some(token));
+    assert_gone_before_lease_expiry(&gone, &format!("{} step-down", nodes[i].backend));
     let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
     assert!(
         t_start > mono(&gone),
@@ -532,6 +587,7 @@ async fn pg_lease_program_runs_only_on_the_leader_and_hands_over_after_it_is_gon
          (resource {kill_res_ms:.1} ms)"
     );
     assert!(dead_ms < 1000.0, "PDEATHSIG + sentinel took {dead_ms} ms");
+    shutdown_leader(&mut nodes, "pg-lease");
     assert_no_overlap(&nodes);
     assert_table_monotonic(&pg).await;
 }
@@ -627,6 +683,7 @@ async fn handover_on(backend: BackendKind, n: usize, timing: Timing) {
         backend.as_str()
     );
     assert!(dead_ms < 1000.0, "PDEATHSIG + sentinel took {dead_ms} ms");
+    shutdown_leader(&mut nodes, backend.as_str());
     assert_no_overlap(&nodes);
     assert_table_monotonic(&pg).await;
     drop(nodes);
@@ -805,16 +862,19 @@ async fn watchdog_stops_the_program_before_the_lease_deadline_by_the_margin() {
     .await;
     assert!(!live_member(pgid));
     let _ = std::fs::remove_file(&isolate);
-    // `before_deadline_ms` is measured against the watchdog's deadline, which already has the
-    // margin taken off: the lease deadline without it is `margin` later.
-    let after_watchdog_ms = -(detail(&gone, "before_deadline_ms").expect("deadline traced") as f64);
-    let before_lease_ms = RAFT.child_stop_margin_ms as f64 - after_watchdog_ms;
+    // The watchdog fired at its deadline, which the margin moved earlier than the lease's
+    // expiry: the program is gone after the one, and before the other.
+    let before_lease_ms = assert_gone_before_lease_expiry(&gone, "raft watchdog");
+    let after_watchdog_ms = -detail_f64(&gone, "before_watchdog_deadline_ms").unwrap();
     eprintln!(
         "watchdog: program gone {after_watchdog_ms:.0} ms after the watchdog deadline, \
-         {before_lease_ms:.0} ms before the unmargined deadline (margin {} ms, stop timeout {} ms)",
+         {before_lease_ms:.0} ms before the lease could expire (margin {} ms, stop timeout {} ms)",
         RAFT.child_stop_margin_ms, RAFT.stop_timeout_ms
     );
-    assert!(before_lease_ms > 0.0, "the program outlived the deadline");
+    assert!(
+        after_watchdog_ms >= 0.0,
+        "demoted before the watchdog's deadline?"
+    );
 }
 
 /// The canonical split brain: the leader's whole "machine" (baton and its program's group) is
@@ -843,13 +903,23 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
         libc::kill(-pgid, libc::SIGCONT);
         libc::kill(nodes[i].pid(), libc::SIGCONT);
     }
-    wait_for("the stale program gone", 30, || {
+    let gone = wait_for("the stale program gone", 30, || {
         nodes[i]
             .steps("child-gone")
             .into_iter()
             .find(|v| v["token"].as_i64() == Some(token))
     })
     .await;
+    // Paused past its lease, the program cannot have been gone in time: that is the case the
+    // fence is for, and the trace says so with a negative figure.
+    let late_ms = -detail_f64(&gone, "before_lease_expiry_ms").expect("lease expiry traced");
+    eprintln!(
+        "lease margin, pg-lease pause: program gone {late_ms:.1} ms after the lease could expire"
+    );
+    assert!(
+        late_ms > 0.0,
+        "a paused node's program cannot beat its lease: {gone}"
+    );
     let q = format!(
         "SELECT max_token FROM baton.fence_rejections WHERE op = 'user' AND token = {token} AND holder = '{}'",
         nodes[i].id
