@@ -208,6 +208,35 @@ pub struct NodeConfig {
     pub sequencer: SequencerConfig,
     /// `[http]`: the client HTTP server's limits and TLS.
     pub http: HttpConfig,
+    /// `[term_backoff]`: how long this node waits before campaigning again after terms whose
+    /// leader work failed.
+    pub term_backoff: TermBackoffConfig,
+}
+
+/// `[term_backoff]`: after a term whose leader work failed, this node waits before campaigning
+/// again, `base_ms x 2^(failed terms in a row - 1)` up to `max_ms`, stretched by up to 20% at
+/// random (see `actors::backoff`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TermBackoffConfig {
+    /// The wait after one failed term; 0 turns the wait off (failures are still logged and
+    /// counted).
+    pub base_ms: u64,
+    /// The longest wait.
+    pub max_ms: u64,
+    /// A failed term that had run at least this long starts a new streak instead of extending
+    /// the last one (work that fails once a day is not crash-looping).
+    pub reset_after_ms: u64,
+}
+
+impl Default for TermBackoffConfig {
+    fn default() -> Self {
+        TermBackoffConfig {
+            base_ms: 1000,
+            max_ms: 60_000,
+            reset_after_ms: 60_000,
+        }
+    }
 }
 
 /// A credential (the admin token, the raft cluster secret): serialized as the plain string (node
@@ -589,6 +618,7 @@ impl Default for NodeConfig {
             scheduler: SchedulerConfig::default(),
             sequencer: SequencerConfig::default(),
             http: HttpConfig::default(),
+            term_backoff: TermBackoffConfig::default(),
         }
     }
 }
@@ -943,6 +973,15 @@ impl NodeConfig {
             )));
         }
         self.http.validate()?;
+        let tb = &self.term_backoff;
+        if tb.base_ms > 0 && tb.max_ms < tb.base_ms {
+            return Err(ConfigError::Invalid(format!(
+                "[term_backoff] max_ms ({}) must be at least base_ms ({}), e.g. max_ms = {}",
+                tb.max_ms,
+                tb.base_ms,
+                tb.base_ms * 60
+            )));
+        }
         // `POST /stepdown` must outlive the demotion it waits for.
         let stepdown_bound_ms = self.work_stop_timeout_ms.saturating_mul(3) + 2000;
         if self.http.request_timeout_ms <= stepdown_bound_ms {

@@ -784,6 +784,20 @@ async fn exiting_program_is_restarted_or_demotes_by_policy() {
         .steps("child-exited")
         .iter()
         .any(|v| v["detail"].as_str().unwrap().contains("exit=3")));
+    // The restarts back off exponentially from --restart-backoff (stretched by up to 20%).
+    let waits: Vec<i64> = nodes[0]
+        .steps("restart-scheduled")
+        .iter()
+        .filter_map(|v| detail(v, "backoff_ms"))
+        .collect();
+    assert!(waits.len() >= 2, "{waits:?}");
+    for (k, w) in waits.iter().take(3).enumerate() {
+        let want = 100i64 << k;
+        assert!(
+            (want..want * 6 / 5 + 1).contains(w),
+            "restart {k}: waited {w} ms, not ~{want}: {waits:?}"
+        );
+    }
     // One restart counter, and it agrees with the trace: every start after the first in this
     // term was a restart (the counter moves just before the restart's start is traced).
     let starts_before = nodes[0].steps("child-started").len() as f64;
@@ -940,4 +954,113 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
         rows.len()
     );
     assert_table_monotonic(&pg).await;
+}
+
+/// Starts of `node`'s program (`child-started`), CLOCK_MONOTONIC ns, and their tokens.
+fn starts(node: &RunNode) -> Vec<(u64, i64)> {
+    node.steps("child-started")
+        .iter()
+        .map(|v| (mono(v), v["token"].as_i64().unwrap()))
+        .collect()
+}
+
+/// A program that fails at once, with `--on-exit demote`, on a node alone: every term fails,
+/// and the node waits `base x 2^(k-1)` (capped, stretched by up to 20%) before its next
+/// campaign, logging each failure at WARN with the program's exit and counting it. Then the
+/// same program for the same while with the backoff off and with the defaults: the terms
+/// burned, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_terms_back_off_exponentially_and_say_why() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (base_ms, max_ms) = (300u64, 1200u64);
+    let cfgs = configs_with(&pg, dir.path(), BackendKind::PgLease, 3, PG_LEASE, &|c| {
+        match c.node_id.as_str() {
+            "n1" => (c.term_backoff.base_ms, c.term_backoff.max_ms) = (base_ms, max_ms),
+            "n2" => c.term_backoff.base_ms = 0, // off: the behaviour before the backoff
+            _ => {}                             // n3: the defaults
+        }
+    });
+    let failing = ["sh", "-c", "sleep 0.05; exit 3"];
+    let client = NodeClient::new(Duration::from_secs(3));
+    let nodes = vec![start(
+        &cfgs[0],
+        PG_LEASE,
+        &["--on-exit", "demote"],
+        &failing,
+    )];
+    wait_for("six terms", 60, || {
+        (starts(&nodes[0]).len() >= 6).then_some(())
+    })
+    .await;
+    let s = starts(&nodes[0]);
+    assert!(
+        s.windows(2).all(|w| w[0].1 < w[1].1),
+        "a new term each time: {s:?}"
+    );
+    for (k, w) in s.windows(2).enumerate() {
+        let gap_ms = (w[1].0 - w[0].0) as f64 / 1e6;
+        let pause_ms = (base_ms << k).min(max_ms) as f64;
+        eprintln!(
+            "failed term {}: next start {gap_ms:.0} ms later (pause {pause_ms} ms + up to 20%)",
+            k + 1
+        );
+        assert!(
+            gap_ms >= pause_ms,
+            "term {}: campaigned again after {gap_ms} ms, before its {pause_ms} ms pause",
+            k + 1
+        );
+        // The cap holds: the pause, its jitter, and one election and start on a loaded machine.
+        assert!(
+            gap_ms < pause_ms * 1.2 + 2500.0,
+            "term {}: {gap_ms} ms",
+            k + 1
+        );
+    }
+    let failed = metric(&client, &nodes[0], "baton_failed_terms_total").await;
+    assert!(
+        failed.is_some_and(|n| n >= 5.0),
+        "baton_failed_terms_total = {failed:?}"
+    );
+    let log = nodes[0].log_text();
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("leader work failed and ended the term"))
+        .collect();
+    assert!(warns.len() >= 5, "{log}");
+    assert!(
+        warns.iter().all(|l| l.contains("exit=3")),
+        "the WARN names the program's exit:\n{log}"
+    );
+    drop(nodes);
+
+    // Terms burned in the same time, without the backoff and with its defaults (1 s, doubling).
+    let mut burned = Vec::new();
+    for cfg in &cfgs[1..] {
+        let node = start(cfg, PG_LEASE, &["--on-exit", "demote"], &failing);
+        wait_for("the first term", 60, || {
+            (!starts(&node).is_empty()).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        burned.push(starts(&node).len());
+    }
+    eprintln!(
+        "failing program, one node, 8 s: {} terms with the backoff off, {} with the defaults ({:.0} vs {:.0} per minute)",
+        burned[0],
+        burned[1],
+        burned[0] as f64 * 7.5,
+        burned[1] as f64 * 7.5
+    );
+    assert!(
+        burned[1] <= 5,
+        "defaults: 1 + 2 + 4 s of pauses fit in 8 s, not {}",
+        burned[1]
+    );
+    assert!(
+        burned[0] > 2 * burned[1],
+        "off: {} terms, defaults: {}",
+        burned[0],
+        burned[1]
+    );
 }
