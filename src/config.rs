@@ -437,7 +437,8 @@ pub struct RaftConfig {
     /// The shared cluster secret keying every peer request's HMAC. Required whenever the group
     /// has more than one member or the peer listener is not on loopback.
     pub cluster_secret: Option<Secret>,
-    /// Or: a file holding it (surrounding whitespace trimmed). Not both.
+    /// The cluster secret read from this file instead (surrounding whitespace trimmed; keep it
+    /// 0600, the same on every member). Set this or `cluster_secret`, not both.
     pub cluster_secret_file: Option<PathBuf>,
 }
 
@@ -803,7 +804,7 @@ impl NodeConfig {
 
     /// The smallest granted lease (ms) whose usable part, after this config's safety margin,
     /// still has room for the renewal interval and the lease-read margin.
-    fn min_working_ttl_ms(&self) -> u64 {
+    pub fn min_working_ttl_ms(&self) -> u64 {
         let need = Duration::from_millis(self.renew_interval_ms.max(self.read_lease_margin_ms));
         let fixed_ms = self.deadline_margin_ms + self.work_stop_margin_ms;
         let rate = self.clock_rate_error.clamp(0.0, 0.49);

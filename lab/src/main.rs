@@ -55,11 +55,25 @@ enum Cmd {
         #[arg(long)]
         fencing: Option<Fencing>,
     },
+    /// Node configs: `init` writes a commented one for a real host from a few flags;
+    /// `reference` prints every key, its default and unit (deploy/config-reference.md).
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
+    },
     /// Inspect the fenced resource (`status`), or recover from a poisoned max_token (`reset`).
     Fence {
         #[command(subcommand)]
         cmd: baton_lab::fence_admin::FenceCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Write a commented node config for a real host (stdout, or --out FILE at 0600).
+    Init(baton_lab::config_doc::InitArgs),
+    /// Print the config reference (Markdown), generated from the code.
+    Reference,
 }
 
 #[derive(Args)]
@@ -312,6 +326,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
+        Cmd::Config { cmd } => config_cmd(cmd),
         Cmd::Fence { cmd } => baton_lab::fence_admin::run(cmd).await,
         Cmd::Load(args) => baton_lab::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),
@@ -319,6 +334,24 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Exp(args) => std::process::exit(baton_lab::exp::cli_main(args).await?),
         Cmd::Chaos(args) => baton_lab::chaos::cli_main(args).await,
     }
+}
+
+fn config_cmd(cmd: ConfigCmd) -> anyhow::Result<()> {
+    use baton_lab::config_doc as doc;
+    match cmd {
+        ConfigCmd::Reference => print!("{}", doc::reference()),
+        ConfigCmd::Init(args) => {
+            let text = doc::init_toml(&doc::init_config(&args)?);
+            match &args.out {
+                Some(path) => {
+                    doc::write_new_private(path, &text)?;
+                    println!("wrote {} (0600)", path.display());
+                }
+                None => print!("{text}"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `baton run`: a node whose only leader work is the program (no sequencer, no scheduler).
