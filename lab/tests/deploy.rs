@@ -61,6 +61,37 @@ fn private(path: &Path, text: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
+/// `baton config init` for one raft host whose /etc/baton is `etc`, written to
+/// `etc/node.toml`; panics with its stderr if it refuses.
+fn config_init(
+    id: &str,
+    http_port: u16,
+    peers: &str,
+    database_url: &str,
+    etc: &Path,
+    extra: &[&str],
+) {
+    let _ = std::fs::remove_file(etc.join("node.toml"));
+    let out = Command::new(BATON)
+        .args(["config", "init", "--node-id", id, "--backend", "raft"])
+        .args(["--listen", &format!("127.0.0.1:{http_port}")])
+        .args(["--peers", peers, "--database-url", database_url])
+        .arg("--cluster-secret-file")
+        .arg(etc.join("cluster-secret"))
+        .arg("--state-dir")
+        .arg(etc.with_file_name("var-lib-baton"))
+        .args(extra)
+        .arg("--out")
+        .arg(etc.join("node.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The node started the way the unit starts it.
 struct Host {
     id: String,
@@ -184,23 +215,13 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
             &format!("BATON_ADMIN_TOKEN={admin_token}\n"),
         );
         let id = format!("n{}", i + 1);
-        let out = Command::new(BATON)
-            .args(["config", "init", "--node-id", &id, "--backend", "raft"])
-            .args(["--listen", &format!("127.0.0.1:{}", http[i])])
-            .args(["--peers", &peers.join(",")])
-            .args(["--database-url", &pg.server.app_url()])
-            .arg("--cluster-secret-file")
-            .arg(etc.join("cluster-secret"))
-            .arg("--state-dir")
-            .arg(host.join("var-lib-baton"))
-            .arg("--out")
-            .arg(etc.join("node.toml"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        config_init(
+            &id,
+            http[i],
+            &peers.join(","),
+            &pg.server.app_url(),
+            &etc,
+            &[],
         );
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(etc.join("node.toml"))
@@ -277,27 +298,16 @@ fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
         "unit-test-cluster-secret-0123456789\n",
     );
     let http = free_ports(2).unwrap();
+    let peers = format!("n1=127.0.0.1:{}/{}", http[0], http[1]);
     let init = |extra: &[&str]| {
-        let _ = std::fs::remove_file(etc.join("node.toml"));
-        let out = Command::new(BATON)
-            .args(["config", "init", "--node-id", "n1", "--backend", "raft"])
-            .args(["--listen", &format!("127.0.0.1:{}", http[0])])
-            .args(["--peers", &format!("n1=127.0.0.1:{}/{}", http[0], http[1])])
-            .args(["--database-url", "postgres://baton_app@127.0.0.1:1/baton"])
-            .arg("--cluster-secret-file")
-            .arg(etc.join("cluster-secret"))
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(extra)
-            .arg("--out")
-            .arg(etc.join("node.toml"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        config_init(
+            "n1",
+            http[0],
+            &peers,
+            "postgres://baton_app@127.0.0.1:1/baton",
+            &etc,
+            extra,
+        )
     };
     let run = || {
         let argv: Vec<String> = exec.iter().map(|a| on_host(a, dir.path())).collect();
