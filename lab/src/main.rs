@@ -146,7 +146,8 @@ struct RunArgs {
     restart_max: u32,
     #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
     restart_within: u64,
-    /// With --on-exit restart: the wait before a restart.
+    /// With --on-exit restart: the wait before the first restart; each later one within
+    /// --restart-within waits twice as long (at most 30 s).
     #[arg(long, value_parser = parse_duration_ms, default_value = "1s")]
     restart_backoff: u64,
     /// The program and its arguments.
