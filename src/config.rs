@@ -1252,9 +1252,7 @@ mod tests {
     /// The value a timing error suggests for `flag` (`--lease-ttl 1327ms` -> "1327ms").
     fn suggested<'a>(err: &'a str, flag: &str) -> Option<&'a str> {
         let at = err.find(&format!("{flag} "))? + flag.len() + 1;
-        err[at..]
-            .split(|c: char| c == ')' || c == ' ' || c == ',' || c == ';')
-            .next()
+        err[at..].split([')', ' ', ',', ';']).next()
     }
 
     /// The trap from issue 30: README's raft advice for `baton run` (election timeout

@@ -71,7 +71,7 @@ enum Cmd {
 #[derive(Subcommand)]
 enum ConfigCmd {
     /// Write a commented node config for a real host (stdout, or --out FILE at 0600).
-    Init(baton_lab::config_doc::InitArgs),
+    Init(Box<baton_lab::config_doc::InitArgs>),
     /// Print the config reference (Markdown), generated from the code.
     Reference,
 }

@@ -201,7 +201,7 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
         .collect();
     let admin_token = "deploy-walk-admin-token-0123456789";
     let mut hosts = Vec::new();
-    for i in 0..3 {
+    for (i, port) in http.iter().copied().enumerate() {
         // Each "host": /etc/baton (0600 files) and /var/lib/baton.
         let host = dir.path().join(format!("host{}", i + 1));
         let etc = host.join("etc");
@@ -215,14 +215,7 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
             &format!("BATON_ADMIN_TOKEN={admin_token}\n"),
         );
         let id = format!("n{}", i + 1);
-        config_init(
-            &id,
-            http[i],
-            &peers.join(","),
-            &pg.server.app_url(),
-            &etc,
-            &[],
-        );
+        config_init(&id, port, &peers.join(","), &pg.server.app_url(), &etc, &[]);
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(etc.join("node.toml"))
             .unwrap()
@@ -231,7 +224,7 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
         assert_eq!(mode & 0o777, 0o600);
         hosts.push(Host::start(
             &id,
-            &format!("127.0.0.1:{}", http[i]),
+            &format!("127.0.0.1:{port}"),
             &host,
             &service,
         ));
