@@ -40,8 +40,28 @@ need_unless_files openssl            /usr/bin/openssl
 need_unless_files procps             /usr/bin/pgrep
 need_unless_files python3            /usr/bin/python3
 
+# `just` runs the justfile's recipes (`just fleet 9`, `just exp graceful-stepdown`, `just test`).
+# Debian 12 has no package for it; PyPI's rust-just wheel carries the prebuilt binary (seconds,
+# where `cargo install --locked just`, the fallback, compiles for minutes on 2 cores).
+JUST_VERSION=1.59.0
+JUST_DIR=/usr/local/lib/rust-just
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+ensure_just() {
+  command -v just >/dev/null 2>&1 && return 0
+  echo "ensure-deps: installing just $JUST_VERSION (PyPI rust-just) into $JUST_DIR"
+  if $SUDO python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+       --target "$JUST_DIR" "rust-just==$JUST_VERSION" && [ -x "$JUST_DIR/bin/just" ]; then
+    $SUDO ln -sf "$JUST_DIR/bin/just" /usr/local/bin/just
+  else
+    echo "ensure-deps: pip could not install rust-just; building just with cargo instead"
+    cargo install --locked --quiet "just@$JUST_VERSION"
+  fi
+}
+
 check_all() {
   local missing=()
+  command -v just >/dev/null 2>&1 || missing+=("just (PyPI rust-just or crates.io just)")
   [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=("google/protobuf/descriptor.proto (libprotobuf-dev)")
   command -v protoc >/dev/null 2>&1 || missing+=("protoc (protobuf-compiler)")
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=("initdb (postgresql)")
@@ -57,13 +77,12 @@ check_all() {
 }
 
 if [ ${#need[@]} -eq 0 ]; then
+  ensure_just
   check_all
   echo "ensure-deps: all OS packages present"
   exit 0
 fi
 echo "ensure-deps: installing missing Debian packages: ${need[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # Debian's packages may start their own system services; baton never uses them. policy-rc.d keeps
@@ -77,6 +96,7 @@ if [ ! -e "$policy" ]; then
 fi
 $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 [ "$made_policy" -eq 0 ] || $SUDO rm -f "$policy"
+ensure_just  # after apt: python3 may have been one of the packages
 for svc in etcd redis-server zookeeper prometheus prometheus-node-exporter postgresql; do
   if command -v service >/dev/null 2>&1; then $SUDO service "$svc" stop >/dev/null 2>&1 || true; fi
 done

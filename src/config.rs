@@ -213,6 +213,9 @@ pub struct NodeConfig {
     pub http: HttpConfig,
     /// `[shards]`: how many independent terms of leadership the fleet runs, and placement.
     pub shards: ShardsConfig,
+    /// `[term_backoff]`: how long this node waits before campaigning again after terms whose
+    /// leader work failed.
+    pub term_backoff: TermBackoffConfig,
 }
 
 /// One member of a sharded fleet, for placement: its id and its client HTTP address (probed
@@ -254,6 +257,32 @@ impl Default for ShardsConfig {
             probe_interval_ms: 200,
             down_after_ms: 1000,
             orphan_grace_ms: 1500,
+        }
+    }
+}
+
+/// `[term_backoff]`: after a term whose leader work failed, this node waits before campaigning
+/// again, `base_ms x 2^(failed terms in a row - 1)` up to `max_ms`, stretched by up to 20% at
+/// random (see `actors::backoff`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TermBackoffConfig {
+    /// The wait after one failed term; 0 turns the wait off (failures are still logged and
+    /// counted).
+    pub base_ms: u64,
+    /// The longest wait.
+    pub max_ms: u64,
+    /// A failed term that had run at least this long starts a new streak instead of extending
+    /// the last one (work that fails once a day is not crash-looping).
+    pub reset_after_ms: u64,
+}
+
+impl Default for TermBackoffConfig {
+    fn default() -> Self {
+        TermBackoffConfig {
+            base_ms: 1000,
+            max_ms: 60_000,
+            reset_after_ms: 60_000,
         }
     }
 }
@@ -456,7 +485,8 @@ pub struct RaftConfig {
     /// The shared cluster secret keying every peer request's HMAC. Required whenever the group
     /// has more than one member or the peer listener is not on loopback.
     pub cluster_secret: Option<Secret>,
-    /// Or: a file holding it (surrounding whitespace trimmed). Not both.
+    /// The cluster secret read from this file instead (surrounding whitespace trimmed; keep it
+    /// 0600, the same on every member). Set this or `cluster_secret`, not both.
     pub cluster_secret_file: Option<PathBuf>,
 }
 
@@ -638,6 +668,7 @@ impl Default for NodeConfig {
             sequencer: SequencerConfig::default(),
             http: HttpConfig::default(),
             shards: ShardsConfig::default(),
+            term_backoff: TermBackoffConfig::default(),
         }
     }
 }
@@ -765,6 +796,16 @@ impl NodeConfig {
             + self.work_stop_margin()
     }
 
+    /// How long after the watchdog's deadline the lease itself can expire, by this node's clock
+    /// with the clock-rate error already allowed for: the watchdog stops `deadline_margin_ms` +
+    /// `work_stop_margin_ms` before `sent_at + TTL x (1 - clock_rate_error)` (through the same
+    /// clock model as the deadline). What an audit of "gone before the lease could expire" adds
+    /// to a time measured against the watchdog's deadline.
+    pub fn lease_expiry_after_watchdog_deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_margin_ms + self.work_stop_margin_ms)
+            .div_f64(1.0 + self.clock_drift)
+    }
+
     /// [`NodeConfig::work_stop_margin_ms`] as a duration.
     pub fn work_stop_margin(&self) -> Duration {
         Duration::from_millis(self.work_stop_margin_ms)
@@ -794,7 +835,130 @@ impl NodeConfig {
         Ok((lo, hi))
     }
 
-    /// The construction-time checks. Rejects any config whose lease arithmetic cannot be safe.
+    /// The lease raft grants: `lease_ttl_ms`, capped by the minimum election timeout (see
+    /// `backends::raft`: no rival can win sooner, so no longer lease is safe).
+    pub fn raft_lease_ttl_ms(&self) -> Result<u64, ConfigError> {
+        let (emin, _) = self.election_timeout_range_ms()?;
+        Ok(self.lease_ttl_ms.min(emin))
+    }
+
+    /// The lease this config's backend grants: [`NodeConfig::raft_lease_ttl_ms`] on raft,
+    /// `lease_ttl_ms` elsewhere.
+    fn granted_lease_ttl_ms(&self) -> u64 {
+        match self.backend {
+            BackendKind::Raft => self.raft_lease_ttl_ms().unwrap_or(self.lease_ttl_ms),
+            _ => self.lease_ttl_ms,
+        }
+    }
+
+    /// The smallest granted lease (ms) whose usable part, after this config's safety margin,
+    /// still has room for the renewal interval and the lease-read margin.
+    pub fn min_working_ttl_ms(&self) -> u64 {
+        let need = Duration::from_millis(self.renew_interval_ms.max(self.read_lease_margin_ms));
+        let fixed_ms = self.deadline_margin_ms + self.work_stop_margin_ms;
+        let rate = self.clock_rate_error.clamp(0.0, 0.49);
+        // The closed form, less a little for rounding, then the exact check upward.
+        let mut ttl_ms = ((need.as_millis() as f64 + fixed_ms as f64) / (1.0 - rate)) as u64;
+        ttl_ms = ttl_ms.saturating_sub(2);
+        let usable = |ms: u64| {
+            let ttl = Duration::from_millis(ms);
+            ttl.saturating_sub(self.lease_safety_margin(ttl))
+        };
+        while usable(ttl_ms) <= need {
+            ttl_ms += 1;
+        }
+        ttl_ms
+    }
+
+    /// What to raise so the granted lease reaches `ttl_ms`: `lease_ttl_ms` and, on raft, the
+    /// minimum election timeout, with the flags that set them.
+    fn raise_ttl_advice(&self, ttl_ms: u64) -> String {
+        let mut raise = Vec::new();
+        if self.lease_ttl_ms < ttl_ms {
+            raise.push(format!(
+                "lease_ttl_ms to at least {ttl_ms} (--lease-ttl {ttl_ms}ms)"
+            ));
+        }
+        if self.backend == BackendKind::Raft {
+            let emin = self
+                .election_timeout_range_ms()
+                .map(|(lo, _)| lo)
+                .unwrap_or(0);
+            if emin < ttl_ms {
+                raise.push(format!(
+                    "the minimum election timeout to at least {ttl_ms} (election_timeout_ms = \"{ttl_ms}-{}\", --election-timeout {ttl_ms}-{}), since raft grants min(lease_ttl_ms, election timeout min)",
+                    2 * ttl_ms,
+                    2 * ttl_ms
+                ));
+            }
+        }
+        format!("raise {}", raise.join(" and "))
+    }
+
+    /// `renew_interval_ms` and `read_lease_margin_ms` must fit inside the usable part of a
+    /// granted lease of `granted` (what is left after [`NodeConfig::lease_safety_margin`]); the
+    /// error names each part of the margin and the settings (and flags) that would fix it.
+    pub fn check_usable_lease(&self, granted: Duration) -> Result<(), ConfigError> {
+        let margin = self.lease_safety_margin(granted);
+        let usable = granted.saturating_sub(margin);
+        let read_margin = Duration::from_millis(self.read_lease_margin_ms);
+        let (what, limit) = if self.renew_interval() >= usable {
+            ("renew_interval_ms", self.renew_interval_ms)
+        } else if read_margin >= usable {
+            // A lease read needs a window: the margin must leave some of the usable lease.
+            ("read_lease_margin_ms", self.read_lease_margin_ms)
+        } else {
+            return Ok(());
+        };
+        let granted_is = if self.backend == BackendKind::Raft && granted < self.lease_ttl() {
+            format!(
+                "raft's lease of {} ms (the minimum election timeout, below lease_ttl_ms)",
+                granted.as_millis()
+            )
+        } else {
+            format!("lease_ttl_ms {}", granted.as_millis())
+        };
+        let stop_margin = if self.work_stop_margin_ms > 0 {
+            format!(
+                " + work_stop_margin_ms {} (`baton run --child-stop-margin`)",
+                self.work_stop_margin_ms
+            )
+        } else {
+            String::new()
+        };
+        let mut fixes = vec![self.raise_ttl_advice(self.min_working_ttl_ms())];
+        let usable_ms = usable.as_millis() as u64;
+        if what == "renew_interval_ms" && usable_ms > self.retry_interval_ms + 1 {
+            fixes.push(format!(
+                "lower renew_interval_ms to at most {} (--renew-interval {}ms)",
+                usable_ms - 1,
+                usable_ms - 1
+            ));
+        }
+        if what == "read_lease_margin_ms" && usable_ms > 0 {
+            fixes.push(format!(
+                "lower read_lease_margin_ms to at most {} (--read-lease-margin {}ms)",
+                usable_ms - 1,
+                usable_ms - 1
+            ));
+        }
+        if self.work_stop_margin_ms > 0 {
+            fixes.push(
+                "give the program less time to stop (a smaller --stop-timeout and --child-stop-margin)"
+                    .into(),
+            );
+        }
+        Err(ConfigError::Timing(format!(
+            "{what} ({limit}) must be below the usable lease: {usable_ms} ms = {granted_is} minus the safety margin of {} ms (clock_rate_error {} x TTL + deadline_margin_ms {}{stop_margin}). To fix: {}",
+            margin.as_millis(),
+            self.clock_rate_error,
+            self.deadline_margin_ms,
+            fixes.join("; or ")
+        )))
+    }
+
+    /// The construction-time checks. Rejects any config whose lease arithmetic cannot be safe;
+    /// a timing error names the setting to change and a value that works.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (ttl, renew, retry) = (
             self.lease_ttl_ms,
@@ -802,35 +966,29 @@ impl NodeConfig {
             self.retry_interval_ms,
         );
         if retry == 0 {
-            return Err(ConfigError::Timing("retry_interval_ms must be > 0".into()));
-        }
-        if !(ttl > renew && renew > retry) {
-            return Err(ConfigError::Timing(format!(
-                "need lease_ttl_ms ({ttl}) > renew_interval_ms ({renew}) > retry_interval_ms ({retry})"
-            )));
-        }
-        if !(0.0..0.5).contains(&self.clock_rate_error) {
             return Err(ConfigError::Timing(
-                "clock_rate_error must be in [0, 0.5)".into(),
+                "retry_interval_ms must be > 0 (--retry-interval), e.g. a quarter of renew_interval_ms".into(),
             ));
         }
-        let usable = self
-            .lease_ttl()
-            .saturating_sub(self.lease_safety_margin(self.lease_ttl()));
-        if self.renew_interval() >= usable {
+        if !(0.0..0.5).contains(&self.clock_rate_error) {
             return Err(ConfigError::Timing(format!(
-                "renew_interval_ms ({renew}) must be below the usable lease ({} ms = TTL minus safety margin)",
-                usable.as_millis()
+                "clock_rate_error ({}) must be in [0, 0.5), e.g. 0.01 (1%)",
+                self.clock_rate_error
             )));
         }
-        // A lease read needs a window: the margin must leave some of the usable lease.
-        if Duration::from_millis(self.read_lease_margin_ms) >= usable {
+        if renew <= retry {
             return Err(ConfigError::Timing(format!(
-                "read_lease_margin_ms ({}) must be below the usable lease ({} ms)",
-                self.read_lease_margin_ms,
-                usable.as_millis()
+                "need renew_interval_ms ({renew}) > retry_interval_ms ({retry}): lower retry_interval_ms below {renew}, e.g. --retry-interval {}ms, or raise renew_interval_ms (--renew-interval)",
+                (renew / 4).max(1)
             )));
         }
+        if ttl <= renew {
+            return Err(ConfigError::Timing(format!(
+                "need lease_ttl_ms ({ttl}) > renew_interval_ms ({renew}): {}, or lower renew_interval_ms (--renew-interval)",
+                self.raise_ttl_advice(self.min_working_ttl_ms())
+            )));
+        }
+        self.check_usable_lease(Duration::from_millis(self.granted_lease_ttl_ms()))?;
         if self.node_id.is_empty()
             || self.node_id.len() > 64
             || !self
@@ -865,6 +1023,15 @@ impl NodeConfig {
             )));
         }
         self.http.validate()?;
+        let tb = &self.term_backoff;
+        if tb.base_ms > 0 && tb.max_ms < tb.base_ms {
+            return Err(ConfigError::Invalid(format!(
+                "[term_backoff] max_ms ({}) must be at least base_ms ({}), e.g. max_ms = {}",
+                tb.max_ms,
+                tb.base_ms,
+                tb.base_ms * 60
+            )));
+        }
         // `POST /stepdown` must outlive the demotion it waits for.
         let stepdown_bound_ms = self.work_stop_timeout_ms.saturating_mul(3) + 2000;
         if self.http.request_timeout_ms <= stepdown_bound_ms {
@@ -1200,6 +1367,112 @@ mod tests {
             ..NodeConfig::default()
         };
         assert!(matches!(c.validate(), Err(ConfigError::Timing(_))));
+    }
+
+    /// The value a timing error suggests for `flag` (`--lease-ttl 1327ms` -> "1327ms").
+    fn suggested<'a>(err: &'a str, flag: &str) -> Option<&'a str> {
+        let at = err.find(&format!("{flag} "))? + flag.len() + 1;
+        err[at..].split([')', ' ', ',', ';']).next()
+    }
+
+    /// The trap from issue 30: README's raft advice for `baton run` (election timeout
+    /// 1500-3000) on top of config/raft.toml's 150 ms lease, with `baton run`'s default stop
+    /// margin (1 s + 250 ms). The error names lease_ttl_ms and its flag, and the value it
+    /// suggests is one that validates.
+    #[test]
+    fn a_stop_margin_bigger_than_the_lease_names_the_ttl_that_works() {
+        let mut c = NodeConfig {
+            backend: BackendKind::Raft,
+            election_timeout_ms: "1500-3000".into(),
+            lease_ttl_ms: 150,
+            renew_interval_ms: 40,
+            retry_interval_ms: 20,
+            deadline_margin_ms: 20,
+            work_stop_margin_ms: 1250,
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("renew_interval_ms (40) must be below the usable lease: 0 ms"),
+            "{err}"
+        );
+        assert!(
+            err.contains("work_stop_margin_ms 1250 (`baton run --child-stop-margin`)"),
+            "{err}"
+        );
+        assert!(!err.contains("--election-timeout"), "1500 is enough: {err}");
+        let ttl = suggested(&err, "--lease-ttl").expect("a --lease-ttl to pass");
+        c.lease_ttl_ms = parse_duration_ms(ttl).unwrap();
+        c.validate().unwrap();
+        // One less does not: the suggestion is the least that works.
+        c.lease_ttl_ms -= 1;
+        assert!(c.validate().is_err());
+    }
+
+    /// On raft the granted lease is capped by the minimum election timeout: raising
+    /// lease_ttl_ms alone cannot help, and the error says which flags to pass together.
+    #[test]
+    fn raft_timing_errors_name_the_election_timeout_too() {
+        let mut c = NodeConfig {
+            backend: BackendKind::Raft,
+            election_timeout_ms: "150-250".into(),
+            lease_ttl_ms: 3000,
+            work_stop_margin_ms: 700,
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("raft's lease of 150 ms"), "{err}");
+        assert!(
+            !err.contains("--lease-ttl"),
+            "lease_ttl_ms is already high enough: {err}"
+        );
+        c.election_timeout_ms = suggested(&err, "--election-timeout")
+            .expect("an --election-timeout to pass")
+            .into();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn lease_timing_errors_offer_a_lower_renewal_that_works() {
+        let mut c = NodeConfig {
+            renew_interval_ms: 2900,
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("clock_rate_error 0.01 x TTL + deadline_margin_ms 100"),
+            "{err}"
+        );
+        let lower = suggested(&err, "--renew-interval").expect("a --renew-interval");
+        let raise = suggested(&err, "--lease-ttl").expect("a --lease-ttl");
+        let mut by_renew = c.clone();
+        by_renew.renew_interval_ms = parse_duration_ms(lower).unwrap();
+        by_renew.validate().unwrap();
+        c.lease_ttl_ms = parse_duration_ms(raise).unwrap();
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn interval_order_errors_name_a_value_that_works() {
+        let mut c = NodeConfig {
+            retry_interval_ms: 1000,
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        c.retry_interval_ms =
+            parse_duration_ms(suggested(&err, "--retry-interval").unwrap()).unwrap();
+        c.validate().unwrap();
+        let mut c = NodeConfig {
+            lease_ttl_ms: 900,
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("need lease_ttl_ms (900) > renew_interval_ms (1000)"),
+            "{err}"
+        );
+        c.lease_ttl_ms = parse_duration_ms(suggested(&err, "--lease-ttl").unwrap()).unwrap();
+        c.validate().unwrap();
     }
 
     #[test]

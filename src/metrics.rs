@@ -62,14 +62,21 @@ pub const SCHED_JOBS: &str = "baton_scheduler_jobs_run_total";
 /// Histogram, seconds: one demotion from its start (checkpoint of the leader work) to the
 /// lease-release answer, whether the release succeeded or not; no labels.
 pub const DEMOTION_SECONDS: &str = "baton_demotion_duration_seconds";
-/// Restarts of leader work inside a term under a `Restart` supervision policy (label `work`).
+/// Counter of restarts of leader work inside a term under a `Restart` supervision policy (label
+/// `work`, e.g. `child` for `baton run`'s program), counted when the restart is attempted (after
+/// its backoff, in a term that still runs); the one restart counter.
 pub const WORK_RESTARTS: &str = "baton_work_restarts_total";
+/// Counter of this node's terms that ended because their leader work failed (a term whose claim
+/// the fenced resource refused is not counted: see `FENCE_REFUSED_CLAIMS_IN_A_ROW`); no labels.
+pub const FAILED_TERMS: &str = "baton_failed_terms_total";
+/// Gauge: this node's failed terms in a row (reset by a term that ends any other way); no labels.
+pub const FAILED_TERMS_IN_A_ROW: &str = "baton_failed_terms_in_a_row";
+/// Gauge, seconds: how long this node waits after its last failed term before campaigning
+/// again (0 once a term ends otherwise); no labels.
+pub const CAMPAIGN_BACKOFF_SECONDS: &str = "baton_campaign_backoff_seconds";
 /// Gauge: the pid of the external program `baton run` runs as leader work (see
 /// [`ChildWork`](crate::work::child::ChildWork)), 0 while none runs; no labels.
 pub const CHILD_PID: &str = "baton_child_pid";
-/// Counter of starts of that program after the first in the same term (the supervision policy's
-/// restarts after it exited on its own); no labels.
-pub const CHILD_RESTARTS: &str = "baton_child_restarts_total";
 /// Raft peer requests refused by authentication (label `reason`: missing, bad_mac, stale,
 /// unknown_sender); a refused request changes nothing.
 pub const PEER_AUTH_FAILURES: &str = "baton_peer_auth_failures_total";
@@ -259,8 +266,14 @@ pub fn describe() {
         "Pid of the program baton run runs as leader work (0 when none runs)"
     );
     describe_counter!(
-        CHILD_RESTARTS,
-        "Starts of baton run's program after the first in the same term"
+        FAILED_TERMS,
+        "Terms of this node that ended because their leader work failed"
+    );
+    describe_gauge!(FAILED_TERMS_IN_A_ROW, "Failed terms of this node in a row");
+    describe_gauge!(
+        CAMPAIGN_BACKOFF_SECONDS,
+        Unit::Seconds,
+        "Wait after the last failed term before campaigning again"
     );
     describe_counter!(
         WORK_RESTARTS,

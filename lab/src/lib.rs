@@ -9,18 +9,22 @@
 //! check/             the history checker: one invariant per file over the ledger + histories (`baton check`)
 //! bench/             `baton bench failover|next`: kill -9 / step-down trials, the sequencer benchmark
 //! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
+//! config_doc.rs      `baton config reference|init`: the node config's reference and a host's config, from the code
 //! fence_admin.rs     `baton fence status|reset`: inspect the fence, recover from a poisoned max_token
 //! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
+//! logging.rs         the binary's log lines: plain text off a terminal, openraft's repeats limited
 //! main.rs            the `baton` binary (clap)
 //! ```
 
 pub mod bench;
 pub mod chaos;
 pub mod check;
+pub mod config_doc;
 pub mod exp;
 pub mod fence_admin;
 pub mod fleet;
 pub mod load;
+pub mod logging;
 
 use std::path::{Path, PathBuf};
 

@@ -55,11 +55,25 @@ enum Cmd {
         #[arg(long)]
         fencing: Option<Fencing>,
     },
+    /// Node configs: `init` writes a commented one for a real host from a few flags;
+    /// `reference` prints every key, its default and unit (deploy/config-reference.md).
+    Config {
+        #[command(subcommand)]
+        cmd: ConfigCmd,
+    },
     /// Inspect the fenced resource (`status`), or recover from a poisoned max_token (`reset`).
     Fence {
         #[command(subcommand)]
         cmd: baton_lab::fence_admin::FenceCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Write a commented node config for a real host (stdout, or --out FILE at 0600).
+    Init(Box<baton_lab::config_doc::InitArgs>),
+    /// Print the config reference (Markdown), generated from the code.
+    Reference,
 }
 
 #[derive(Args)]
@@ -136,7 +150,8 @@ struct RunArgs {
     restart_max: u32,
     #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
     restart_within: u64,
-    /// With --on-exit restart: the wait before a restart.
+    /// With --on-exit restart: the wait before the first restart; each later one within
+    /// --restart-within waits twice as long (at most 30 s).
     #[arg(long, value_parser = parse_duration_ms, default_value = "1s")]
     restart_backoff: u64,
     /// The program and its arguments.
@@ -308,13 +323,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,baton::trace=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    baton_lab::logging::init();
     match Cli::parse().cmd {
         Cmd::Node(args) => {
             let cfg = node_config(args)?;
@@ -340,6 +349,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
+        Cmd::Config { cmd } => config_cmd(cmd),
         Cmd::Fence { cmd } => baton_lab::fence_admin::run(cmd).await,
         Cmd::Load(args) => baton_lab::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),
@@ -347,6 +357,24 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Exp(args) => std::process::exit(baton_lab::exp::cli_main(args).await?),
         Cmd::Chaos(args) => baton_lab::chaos::cli_main(args).await,
     }
+}
+
+fn config_cmd(cmd: ConfigCmd) -> anyhow::Result<()> {
+    use baton_lab::config_doc as doc;
+    match cmd {
+        ConfigCmd::Reference => print!("{}", doc::reference()),
+        ConfigCmd::Init(args) => {
+            let text = doc::init_toml(&doc::init_config(&args)?);
+            match &args.out {
+                Some(path) => {
+                    doc::write_new_private(path, &text)?;
+                    println!("wrote {} (0600)", path.display());
+                }
+                None => print!("{text}"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `baton run`: a node whose only leader work is the program (no sequencer, no scheduler).
@@ -364,8 +392,12 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
     // The supervisor must wait out the whole barrier, never give up on it first.
     let needed_ms = (stop_timeout + KILL_GRACE).as_millis() as u64;
     cfg.work_stop_timeout_ms = cfg.work_stop_timeout_ms.max(needed_ms);
-    cfg.validate()
-        .context("config with the child stop margin")?;
+    cfg.validate().with_context(|| {
+        format!(
+            "baton run demotes --child-stop-margin ({} ms) before each lease deadline, so the program is gone before the lease can expire; the lease must leave room for that",
+            cfg.work_stop_margin_ms
+        )
+    })?;
     let spec = ChildSpec {
         command: args.command,
         stop_timeout,
@@ -382,8 +414,10 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
         .with_context(|| format!("binding {}", cfg.http_listen))?;
+    let work = ChildWork::new(spec)?
+        .with_lease_expiry_after_deadline(cfg.lease_expiry_after_watchdog_deadline());
     baton::node::NodeBuilder::new(cfg)
-        .with_work_supervised(Arc::new(ChildWork::new(spec)?), policy)
+        .with_work_supervised(Arc::new(work), policy)
         .run(listener, shutdown_signal())
         .await
 }
@@ -561,5 +595,126 @@ async fn run_foreground(state: &FleetState, run_for: Option<Duration>) {
             }
             last = now;
         }
+    }
+}
+
+/// The justfile is how the project was specified to be used (SPEC §1: `just fleet 9`, `just exp
+/// graceful-stepdown`, `just test`): `just` itself runs (scripts/ensure-deps.sh installs it), and
+/// every `baton` command line its recipes expand to parses with this binary's CLI as it is.
+#[cfg(test)]
+mod justfile_tests {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Output};
+
+    use clap::Parser;
+
+    use super::Cli;
+
+    const BATON_IN_RECIPES: &str = "target/release/baton";
+
+    fn repo() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    fn just(args: &[&str]) -> Output {
+        Command::new("just")
+            .arg("--justfile")
+            .arg(repo().join("justfile"))
+            .args(args)
+            .output()
+            .expect("`just` on PATH: scripts/ensure-deps.sh installs it (PyPI rust-just)")
+    }
+
+    /// The `baton` invocations in one shell line of a recipe, a `$(...)` inside it included.
+    fn baton_invocations(line: &str) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        let mut line = line.to_owned();
+        if let (Some(open), Some(close)) = (line.find("$("), line.rfind(')')) {
+            found.extend(baton_invocations(&line[open + 2..close]));
+            line.replace_range(open..=close, "n1");
+        }
+        for part in line.split(['|', ';', '>', '&']) {
+            if let Some(args) = part.trim().strip_prefix(BATON_IN_RECIPES) {
+                found.push(args.split_whitespace().map(str::to_owned).collect());
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn just_lists_the_recipes_the_spec_names() {
+        let out = just(&["--list"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        for recipe in ["fleet", "exp", "test", "build", "promtool", "kill-leader"] {
+            assert!(
+                text.lines().any(
+                    |l| l.trim_start().starts_with(&format!("{recipe} ")) || l.trim() == recipe
+                ),
+                "no recipe {recipe}:\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_recipes_baton_command_parses_with_the_cli() {
+        let calls: &[&[&str]] = &[
+            &["fleet", "9"],
+            &["fleet", "3", "etcd"],
+            &["up"],
+            &["status"],
+            &["down"],
+            &["kill-leader"],
+            &["exp", "graceful-stepdown"],
+            &["exp", "churn", "--backends", "etcd", "--duration", "90s"],
+            &["exp", "clean-kill", "--quick"],
+            &["bench-failover", "etcd", "20"],
+            &["test"],
+        ];
+        for call in calls {
+            let mut args = vec!["--dry-run"];
+            args.extend_from_slice(call);
+            let out = just(&args);
+            // --dry-run prints each recipe line (its dependencies' too) on stderr.
+            let lines = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "just {call:?}: {lines}");
+            let mut checked = 0;
+            for line in lines.lines() {
+                for argv in baton_invocations(line) {
+                    let parsed = Cli::try_parse_from(
+                        std::iter::once("baton".to_owned()).chain(argv.clone()),
+                    );
+                    assert!(
+                        parsed.is_ok(),
+                        "just {call:?} runs `baton {}`, which the CLI refuses: {}",
+                        argv.join(" "),
+                        parsed.err().map(|e| e.to_string()).unwrap_or_default()
+                    );
+                    checked += 1;
+                }
+                if let Some(script) = line.strip_prefix("bash ") {
+                    assert!(
+                        repo().join(script.trim()).is_file(),
+                        "just {call:?}: no {script}"
+                    );
+                    checked += 1;
+                }
+            }
+            assert!(checked > 0, "just {call:?} ran nothing checkable:\n{lines}");
+        }
+        // `just exp NAME` reads experiments/NAME.toml.
+        assert!(repo().join("experiments/graceful-stepdown.toml").is_file());
+    }
+
+    /// One recipe run for real: the cheap one (promtool on the shipped Prometheus files).
+    #[test]
+    fn just_promtool_passes() {
+        let out = just(&["promtool"]);
+        assert!(
+            out.status.success(),
+            "just promtool: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

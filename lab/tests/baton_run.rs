@@ -85,6 +85,8 @@ impl Pg {
 /// One `baton run` process, stopped (SIGCONT, SIGTERM, then SIGKILL) on drop.
 struct RunNode {
     id: String,
+    /// The election backend, for the figures printed.
+    backend: &'static str,
     http: String,
     state_dir: PathBuf,
     log: PathBuf,
@@ -129,8 +131,10 @@ impl RunNode {
     }
 }
 
-impl Drop for RunNode {
-    fn drop(&mut self) {
+impl RunNode {
+    /// SIGCONT and SIGTERM to this baton (a graceful shutdown), SIGKILL after 10 s; waits for
+    /// it to exit.
+    fn terminate(&mut self) {
         let Some(mut p) = self.proc.take() else {
             return;
         };
@@ -148,6 +152,12 @@ impl Drop for RunNode {
         }
         let _ = p.kill();
         let _ = p.wait();
+    }
+}
+
+impl Drop for RunNode {
+    fn drop(&mut self) {
+        self.terminate();
     }
 }
 
@@ -279,6 +289,7 @@ fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str
         .expect("start baton run");
     RunNode {
         id: c.node_id.clone(),
+        backend: c.backend.as_str(),
         http: c.http_listen.to_string(),
         state_dir: c.state_dir.clone(),
         log,
@@ -308,6 +319,49 @@ fn detail(v: &Value, key: &str) -> Option<i64> {
         .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
         .and_then(|x| x.parse::<f64>().ok())
         .map(|x| x as i64)
+}
+
+/// `key=value` from a trace line's detail, as a float.
+fn detail_f64(v: &Value, key: &str) -> Option<f64> {
+    v["detail"]
+        .as_str()?
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
+        .parse()
+        .ok()
+}
+
+/// The promise of `baton run`: when its program was gone (`gone`, a `child-gone` step), the
+/// lease could not yet have expired. Returns the time that was left (ms), printed per path.
+fn assert_gone_before_lease_expiry(gone: &Value, path: &str) -> f64 {
+    let lease_ms = detail_f64(gone, "before_lease_expiry_ms")
+        .unwrap_or_else(|| panic!("{path}: child-gone without before_lease_expiry_ms: {gone}"));
+    let watchdog_ms = detail_f64(gone, "before_watchdog_deadline_ms").unwrap_or_else(|| {
+        panic!("{path}: child-gone without before_watchdog_deadline_ms: {gone}")
+    });
+    eprintln!(
+        "lease margin, {path}: program gone {lease_ms:.1} ms before the lease could expire \
+         ({watchdog_ms:.1} ms before the watchdog's deadline)"
+    );
+    assert!(
+        lease_ms > 0.0,
+        "{path}: the program outlived its lease by {:.1} ms: {gone}",
+        -lease_ms
+    );
+    lease_ms
+}
+
+/// Gracefully stops the node whose program runs now (SIGTERM: demote, then exit) and checks
+/// that program was gone before its lease could expire.
+fn shutdown_leader(nodes: &mut [RunNode], backend: &str) {
+    let (i, token, _, _) = running_child(nodes).expect("a running program to shut down");
+    nodes[i].terminate();
+    let gone = nodes[i]
+        .steps("child-gone")
+        .into_iter()
+        .rfind(|v| v["token"].as_i64() == Some(token))
+        .expect("child-gone traced on shutdown");
+    assert_gone_before_lease_expiry(&gone, &format!("{backend} shutdown"));
 }
 
 fn mono(v: &Value) -> u64 {
@@ -482,6 +536,7 @@ async fn stepdown_handover(pg: &Pg, nodes: &[RunNode], client: &NodeClient) -> (
         .cloned()
         .expect("child-gone traced");
     assert_eq!(gone["token"].as_i64(), Some(token));
+    assert_gone_before_lease_expiry(&gone, &format!("{} step-down", nodes[i].backend));
     let (_, new_token, _, t_start) = wait_leader_child(pg, nodes, token).await;
     assert!(
         t_start > mono(&gone),
@@ -532,6 +587,7 @@ async fn pg_lease_program_runs_only_on_the_leader_and_hands_over_after_it_is_gon
          (resource {kill_res_ms:.1} ms)"
     );
     assert!(dead_ms < 1000.0, "PDEATHSIG + sentinel took {dead_ms} ms");
+    shutdown_leader(&mut nodes, "pg-lease");
     assert_no_overlap(&nodes);
     assert_table_monotonic(&pg).await;
 }
@@ -627,6 +683,7 @@ async fn handover_on(backend: BackendKind, n: usize, timing: Timing) {
         backend.as_str()
     );
     assert!(dead_ms < 1000.0, "PDEATHSIG + sentinel took {dead_ms} ms");
+    shutdown_leader(&mut nodes, backend.as_str());
     assert_no_overlap(&nodes);
     assert_table_monotonic(&pg).await;
     drop(nodes);
@@ -727,11 +784,48 @@ async fn exiting_program_is_restarted_or_demotes_by_policy() {
         .steps("child-exited")
         .iter()
         .any(|v| v["detail"].as_str().unwrap().contains("exit=3")));
+    // The restarts back off exponentially from --restart-backoff (stretched by up to 20%).
+    let waits: Vec<i64> = nodes[0]
+        .steps("restart-scheduled")
+        .iter()
+        .filter_map(|v| detail(v, "backoff_ms"))
+        .collect();
+    assert!(waits.len() >= 2, "{waits:?}");
+    for (k, w) in waits.iter().take(3).enumerate() {
+        let want = 100i64 << k;
+        assert!(
+            (want..want * 6 / 5 + 1).contains(w),
+            "restart {k}: waited {w} ms, not ~{want}: {waits:?}"
+        );
+    }
+    // One restart counter, and it agrees with the trace: every start after the first in this
+    // term was a restart (the counter moves just before the restart's start is traced).
+    let starts_before = nodes[0].steps("child-started").len() as f64;
+    let restarts = metric(&client, &nodes[0], "baton_work_restarts_total")
+        .await
+        .expect("baton_work_restarts_total");
+    let starts_after = nodes[0].steps("child-started").len() as f64;
     assert!(
-        metric(&client, &nodes[0], "baton_child_restarts_total")
-            .await
-            .unwrap_or(0.0)
-            >= 2.0
+        (starts_before - 1.0..=starts_after).contains(&restarts),
+        "baton_work_restarts_total = {restarts}, starts traced {starts_before}..{starts_after}"
+    );
+    assert_eq!(
+        metric(&client, &nodes[0], "baton_child_restarts_total").await,
+        None
+    );
+    // `baton run` runs no sequencer: POST /next says so, instead of 503 "retry" forever.
+    let r = client
+        .post(&nodes[0].http, "/next")
+        .await
+        .expect("POST /next");
+    let body = String::from_utf8_lossy(&r.body);
+    assert_eq!(r.status.as_u16(), 404, "{body}");
+    assert!(body.contains("no_sequencer"), "{body}");
+    // Its log is a file: plain text, no colour codes.
+    assert!(
+        nodes[0].log_text().contains("WARN") && !nodes[0].log_text().contains('\u{1b}'),
+        "a WARN line, without ANSI codes:\n{}",
+        nodes[0].log_text()
     );
     assert!(
         nodes[0]
@@ -782,16 +876,19 @@ async fn watchdog_stops_the_program_before_the_lease_deadline_by_the_margin() {
     .await;
     assert!(!live_member(pgid));
     let _ = std::fs::remove_file(&isolate);
-    // `before_deadline_ms` is measured against the watchdog's deadline, which already has the
-    // margin taken off: the lease deadline without it is `margin` later.
-    let after_watchdog_ms = -(detail(&gone, "before_deadline_ms").expect("deadline traced") as f64);
-    let before_lease_ms = RAFT.child_stop_margin_ms as f64 - after_watchdog_ms;
+    // The watchdog fired at its deadline, which the margin moved earlier than the lease's
+    // expiry: the program is gone after the one, and before the other.
+    let before_lease_ms = assert_gone_before_lease_expiry(&gone, "raft watchdog");
+    let after_watchdog_ms = -detail_f64(&gone, "before_watchdog_deadline_ms").unwrap();
     eprintln!(
         "watchdog: program gone {after_watchdog_ms:.0} ms after the watchdog deadline, \
-         {before_lease_ms:.0} ms before the unmargined deadline (margin {} ms, stop timeout {} ms)",
+         {before_lease_ms:.0} ms before the lease could expire (margin {} ms, stop timeout {} ms)",
         RAFT.child_stop_margin_ms, RAFT.stop_timeout_ms
     );
-    assert!(before_lease_ms > 0.0, "the program outlived the deadline");
+    assert!(
+        after_watchdog_ms >= 0.0,
+        "demoted before the watchdog's deadline?"
+    );
 }
 
 /// The canonical split brain: the leader's whole "machine" (baton and its program's group) is
@@ -820,13 +917,23 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
         libc::kill(-pgid, libc::SIGCONT);
         libc::kill(nodes[i].pid(), libc::SIGCONT);
     }
-    wait_for("the stale program gone", 30, || {
+    let gone = wait_for("the stale program gone", 30, || {
         nodes[i]
             .steps("child-gone")
             .into_iter()
             .find(|v| v["token"].as_i64() == Some(token))
     })
     .await;
+    // Paused past its lease, the program cannot have been gone in time: that is the case the
+    // fence is for, and the trace says so with a negative figure.
+    let late_ms = -detail_f64(&gone, "before_lease_expiry_ms").expect("lease expiry traced");
+    eprintln!(
+        "lease margin, pg-lease pause: program gone {late_ms:.1} ms after the lease could expire"
+    );
+    assert!(
+        late_ms > 0.0,
+        "a paused node's program cannot beat its lease: {gone}"
+    );
     let q = format!(
         "SELECT max_token FROM baton.fence_rejections WHERE op = 'user' AND token = {token} AND holder = '{}'",
         nodes[i].id
@@ -847,4 +954,113 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
         rows.len()
     );
     assert_table_monotonic(&pg).await;
+}
+
+/// Starts of `node`'s program (`child-started`), CLOCK_MONOTONIC ns, and their tokens.
+fn starts(node: &RunNode) -> Vec<(u64, i64)> {
+    node.steps("child-started")
+        .iter()
+        .map(|v| (mono(v), v["token"].as_i64().unwrap()))
+        .collect()
+}
+
+/// A program that fails at once, with `--on-exit demote`, on a node alone: every term fails,
+/// and the node waits `base x 2^(k-1)` (capped, stretched by up to 20%) before its next
+/// campaign, logging each failure at WARN with the program's exit and counting it. Then the
+/// same program for the same while with the backoff off and with the defaults: the terms
+/// burned, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_terms_back_off_exponentially_and_say_why() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (base_ms, max_ms) = (300u64, 1200u64);
+    let cfgs = configs_with(&pg, dir.path(), BackendKind::PgLease, 3, PG_LEASE, &|c| {
+        match c.node_id.as_str() {
+            "n1" => (c.term_backoff.base_ms, c.term_backoff.max_ms) = (base_ms, max_ms),
+            "n2" => c.term_backoff.base_ms = 0, // off: the behaviour before the backoff
+            _ => {}                             // n3: the defaults
+        }
+    });
+    let failing = ["sh", "-c", "sleep 0.05; exit 3"];
+    let client = NodeClient::new(Duration::from_secs(3));
+    let nodes = vec![start(
+        &cfgs[0],
+        PG_LEASE,
+        &["--on-exit", "demote"],
+        &failing,
+    )];
+    wait_for("six terms", 60, || {
+        (starts(&nodes[0]).len() >= 6).then_some(())
+    })
+    .await;
+    let s = starts(&nodes[0]);
+    assert!(
+        s.windows(2).all(|w| w[0].1 < w[1].1),
+        "a new term each time: {s:?}"
+    );
+    for (k, w) in s.windows(2).enumerate() {
+        let gap_ms = (w[1].0 - w[0].0) as f64 / 1e6;
+        let pause_ms = (base_ms << k).min(max_ms) as f64;
+        eprintln!(
+            "failed term {}: next start {gap_ms:.0} ms later (pause {pause_ms} ms + up to 20%)",
+            k + 1
+        );
+        assert!(
+            gap_ms >= pause_ms,
+            "term {}: campaigned again after {gap_ms} ms, before its {pause_ms} ms pause",
+            k + 1
+        );
+        // The cap holds: the pause, its jitter, and one election and start on a loaded machine.
+        assert!(
+            gap_ms < pause_ms * 1.2 + 2500.0,
+            "term {}: {gap_ms} ms",
+            k + 1
+        );
+    }
+    let failed = metric(&client, &nodes[0], "baton_failed_terms_total").await;
+    assert!(
+        failed.is_some_and(|n| n >= 5.0),
+        "baton_failed_terms_total = {failed:?}"
+    );
+    let log = nodes[0].log_text();
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("leader work failed and ended the term"))
+        .collect();
+    assert!(warns.len() >= 5, "{log}");
+    assert!(
+        warns.iter().all(|l| l.contains("exit=3")),
+        "the WARN names the program's exit:\n{log}"
+    );
+    drop(nodes);
+
+    // Terms burned in the same time, without the backoff and with its defaults (1 s, doubling).
+    let mut burned = Vec::new();
+    for cfg in &cfgs[1..] {
+        let node = start(cfg, PG_LEASE, &["--on-exit", "demote"], &failing);
+        wait_for("the first term", 60, || {
+            (!starts(&node).is_empty()).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        burned.push(starts(&node).len());
+    }
+    eprintln!(
+        "failing program, one node, 8 s: {} terms with the backoff off, {} with the defaults ({:.0} vs {:.0} per minute)",
+        burned[0],
+        burned[1],
+        burned[0] as f64 * 7.5,
+        burned[1] as f64 * 7.5
+    );
+    assert!(
+        burned[1] <= 5,
+        "defaults: 1 + 2 + 4 s of pauses fit in 8 s, not {}",
+        burned[1]
+    );
+    assert!(
+        burned[0] > 2 * burned[1],
+        "off: {} terms, defaults: {}",
+        burned[0],
+        burned[1]
+    );
 }

@@ -33,15 +33,16 @@ pub enum ElectorMsg {
     },
     RenewTick,
     RenewDone(Result<Option<Grant>, ElectorError>),
-    /// From the supervisor, after leader work has fully stopped. `backoff`: wait a renew interval
-    /// before campaigning again (after a voluntary hand-over).
+    /// From the supervisor, after leader work has fully stopped. `pause`: how long to wait
+    /// before campaigning again (a renew interval after a voluntary hand-over, more after terms
+    /// whose work failed: see `actors::backoff`).
     Release {
         successor: Option<String>,
-        backoff: bool,
+        pause: Duration,
     },
     ReleaseDone {
         result: Result<(), ElectorError>,
-        backoff: bool,
+        pause: Duration,
     },
     /// From the supervisor, on a placement change: whether this node seeks this shard's term.
     /// Off withdraws a pending candidacy (a term already held is given up by the supervisor's
@@ -162,7 +163,7 @@ impl Actor for ElectorActor {
             }
             ElectorMsg::RenewTick => state.maybe_renew(&myself),
             ElectorMsg::RenewDone(result) => state.on_renew_done(&myself, result),
-            ElectorMsg::Release { successor, backoff } => {
+            ElectorMsg::Release { successor, pause } => {
                 state.mode = Mode::Idle;
                 let (backend, me, trace) = (
                     state.args.backend.clone(),
@@ -177,10 +178,10 @@ impl Actor for ElectorActor {
                         successor.as_deref().unwrap_or(""),
                     );
                     let result = backend.resign(successor.as_deref()).await;
-                    let _ = me.cast(ElectorMsg::ReleaseDone { result, backoff });
+                    let _ = me.cast(ElectorMsg::ReleaseDone { result, pause });
                 });
             }
-            ElectorMsg::ReleaseDone { result, backoff } => {
+            ElectorMsg::ReleaseDone { result, pause } => {
                 let detail = result
                     .as_ref()
                     .err()
@@ -190,13 +191,6 @@ impl Actor for ElectorActor {
                 let _ = state.args.supervisor.cast(SupervisorMsg::Released {
                     result: result.map_err(|e| e.to_string()),
                 });
-                // After handing over voluntarily, give the successor a head start so a backend
-                // without a queue does not simply hand leadership straight back to us.
-                let pause = if backoff {
-                    state.args.cfg.renew_interval()
-                } else {
-                    Duration::ZERO
-                };
                 myself.send_after(pause, || ElectorMsg::Campaign);
             }
         }

@@ -16,6 +16,7 @@
 //!   lease is never released while work may still run;
 //! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
 
+pub(crate) mod backoff;
 pub(crate) mod elector;
 pub mod placement;
 pub(crate) mod supervisor;

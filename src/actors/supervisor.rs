@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use serde::Serialize;
 
+use crate::actors::backoff::{restart_delay, TermFailures};
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
 use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
 use crate::actors::DemotionReason;
@@ -165,6 +166,8 @@ pub struct SupervisorState {
     restarting: usize,
     /// A `Shutdown` policy fired: stop the node once the lease is released.
     stop_after_release: Option<String>,
+    /// Failed terms in a row, and the wait before campaigning again (`actors::backoff`).
+    term_failures: TermFailures,
 }
 
 pub struct NodeSupervisor;
@@ -200,6 +203,7 @@ impl Actor for NodeSupervisor {
         let (elector, _) = Actor::spawn_linked(None, ElectorActor, elector_args, cell).await?;
         args.trace
             .step("supervisor", "started", None, args.backend.kind().as_str());
+        let term_failures = TermFailures::new(&args.cfg.term_backoff);
         Ok(SupervisorState {
             args,
             elector,
@@ -213,6 +217,7 @@ impl Actor for NodeSupervisor {
             restarts: HashMap::new(),
             restarting: 0,
             stop_after_release: None,
+            term_failures,
         })
     }
 
@@ -367,6 +372,7 @@ impl SupervisorState {
             sent_at: grant_sent_at,
         });
         self.phase = Phase::Starting(token);
+        self.term_failures.term_began();
         let ctx = WorkContext {
             token,
             node_id: self.args.cfg.node_id.clone(),
@@ -529,18 +535,28 @@ impl SupervisorState {
             DemotionReason::StepDown { successor } => successor.clone(),
             _ => None,
         };
-        let backoff = matches!(
+        // After handing over voluntarily, give the successor a head start so a backend without
+        // a queue does not simply hand leadership straight back to us.
+        let handover =
+            matches!(
             reason,
             DemotionReason::StepDown { .. } | DemotionReason::Handover
         ) || self.stop_after_release.is_some();
+        let refused = self.args.fence.refused_claims_in_a_row() > 0;
+        let pause = self
+            .term_failures
+            .term_ended(token, &reason, refused)
+            .max(if handover {
+                self.args.cfg.renew_interval()
+            } else {
+                Duration::ZERO
+            });
         self.phase = Phase::Releasing {
             token,
             reason,
             work_stopped_mono_ns,
         };
-        let _ = self
-            .elector
-            .cast(ElectorMsg::Release { successor, backoff });
+        let _ = self.elector.cast(ElectorMsg::Release { successor, pause });
     }
 
     fn on_released(&mut self, myself: &ActorRef<SupervisorMsg>, result: Result<(), String>) {
@@ -616,16 +632,16 @@ impl SupervisorState {
                     self.demote(myself, Some(token), DemotionReason::WorkFailed(why));
                     return;
                 }
+                let delay = restart_delay(backoff, history.len());
                 history.push_back(now);
                 let name = self.args.works[index].work.name();
                 self.args.trace.step(
                     name,
                     "restart-scheduled",
                     Some(token),
-                    &format!("{why}; backoff_ms={}", backoff.as_millis()),
+                    &format!("{why}; backoff_ms={}", delay.as_millis()),
                 );
-                metrics::counter!(m::WORK_RESTARTS, "work" => name).increment(1);
-                myself.send_after(backoff, move || SupervisorMsg::RestartDue { token, index });
+                myself.send_after(delay, move || SupervisorMsg::RestartDue { token, index });
             }
         }
     }
@@ -641,6 +657,8 @@ impl SupervisorState {
             return;
         }
         self.restarting += 1;
+        let name = self.args.works[index].work.name();
+        metrics::counter!(m::WORK_RESTARTS, "work" => name).increment(1);
         let ctx = WorkContext {
             token,
             node_id: self.args.cfg.node_id.clone(),

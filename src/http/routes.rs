@@ -424,6 +424,15 @@ async fn next(
             format!("n must be an integer in 1..={}", app.max_block),
         );
     }
+    // A node without the built-in sequencer (e.g. `baton run`, or `[sequencer] enabled =
+    // false`) will never answer: say so, instead of a 503 that invites retrying forever.
+    if !app.read.sequencer {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_sequencer",
+            "this node runs no sequencer (POST /next is served by `baton node` with [sequencer] enabled = true); nothing was issued",
+        );
+    }
     if !shard.shared.is_leading() {
         return not_leader(app, shard);
     }

@@ -45,8 +45,12 @@
 //!   restart in the same term (same token) or demote.
 //!
 //! Every step is in the actor trace (`child-started`, `child-term-sent`, `child-kill-sent`,
-//! `child-exited`, `child-gone`) with the pid, the token and the watchdog's deadline in monotonic
-//! ns, so "old program gone → new program started" can be audited across nodes.
+//! `child-exited`, `child-gone`) with the pid and the token, so "old program gone → new program
+//! started" can be audited across nodes. `child-started` and `child-gone` also carry the time
+//! left before the watchdog's deadline (`before_watchdog_deadline_ms`) and, given
+//! [`ChildWork::with_lease_expiry_after_deadline`] (as `baton run` does), before the lease's own
+//! expiry (`before_lease_expiry_ms`): the promise is that the latter is positive at
+//! `child-gone` on every path but a paused node.
 
 use std::ffi::OsString;
 use std::io;
@@ -104,8 +108,8 @@ pub enum ChildError {
 /// An external program as a [`LeaderWork`] (see the module docs).
 pub struct ChildWork {
     spec: ChildSpec,
-    /// The term of the last start: a second start in the same term is a restart.
-    last_token: Mutex<Option<FenceToken>>,
+    /// See [`ChildWork::with_lease_expiry_after_deadline`].
+    lease_expiry_after_deadline: Option<Duration>,
 }
 
 impl ChildWork {
@@ -119,17 +123,18 @@ impl ChildWork {
         }
         Ok(ChildWork {
             spec,
-            last_token: Mutex::new(None),
+            lease_expiry_after_deadline: None,
         })
     }
 
-    fn count_restart(&self, token: FenceToken) {
-        if let Ok(mut last) = self.last_token.lock() {
-            if *last == Some(token) {
-                metrics::counter!(m::CHILD_RESTARTS).increment(1);
-            }
-            *last = Some(token);
-        }
+    /// How long after the watchdog's deadline the lease itself can expire
+    /// ([`NodeConfig::lease_expiry_after_watchdog_deadline`](crate::config::NodeConfig::lease_expiry_after_watchdog_deadline)
+    /// of the node's config). With it, `child-started` and `child-gone` also report the time
+    /// left before the lease's expiry (`before_lease_expiry_ms`), the bound the stop promises
+    /// to beat; without it only the watchdog's deadline is known.
+    pub fn with_lease_expiry_after_deadline(mut self, after: Duration) -> ChildWork {
+        self.lease_expiry_after_deadline = Some(after);
+        self
     }
 
     fn command(&self, ctx: &WorkContext) -> Command {
@@ -165,10 +170,10 @@ impl LeaderWork for ChildWork {
             reason: format!("{:?}: {e}", self.spec.command[0]),
         };
         let group = spawn_group(self.command(&ctx)).map_err(start_err)?;
-        self.count_restart(ctx.token);
         let pid = group.pgid;
         metrics::gauge!(m::CHILD_PID).set(f64::from(pid));
-        let deadline = deadline_detail(&ctx.leadership, ctx.token);
+        let deadline =
+            deadline_detail(&ctx.leadership, ctx.token, self.lease_expiry_after_deadline);
         ctx.trace.step(
             NAME,
             "child-started",
@@ -184,6 +189,7 @@ impl LeaderWork for ChildWork {
             trace: ctx.trace.clone(),
             leadership: ctx.leadership.clone(),
             stop_timeout: self.spec.stop_timeout,
+            lease_expiry_after_deadline: self.lease_expiry_after_deadline,
         };
         let args = ChildArgs {
             keeper: Some(keeper),
@@ -480,6 +486,7 @@ struct Keeper {
     trace: ActorTrace,
     leadership: Arc<Leadership>,
     stop_timeout: Duration,
+    lease_expiry_after_deadline: Option<Duration>,
 }
 
 /// How a program's run ended.
@@ -549,7 +556,11 @@ impl Keeper {
         }
         metrics::gauge!(m::CHILD_PID).set(0.0);
         let status = self.group.status.map(describe_status).unwrap_or_default();
-        let deadline = deadline_detail(&self.leadership, self.token);
+        let deadline = deadline_detail(
+            &self.leadership,
+            self.token,
+            self.lease_expiry_after_deadline,
+        );
         self.step(
             "child-gone",
             &format!("pid={pid} stopped_by={how} {status}{deadline}"),
@@ -561,22 +572,40 @@ impl Keeper {
     }
 }
 
-/// ` deadline_mono_ns=D before_deadline_ms=X` for the term's last watchdog deadline (X < 0: the
-/// step came after it), or nothing when the term never had one.
-fn deadline_detail(leadership: &Leadership, token: FenceToken) -> String {
+/// The time left, as of now, before the term's last watchdog deadline and (when known) before
+/// the lease's own expiry: ` watchdog_deadline_mono_ns=D before_watchdog_deadline_ms=X` and
+/// ` lease_expiry_mono_ns=E before_lease_expiry_ms=Y`. A negative figure: the step came after
+/// it. The watchdog's deadline is the lease's expiry moved earlier by the node's margins
+/// (`--child-stop-margin` among them), so X < 0 with Y > 0 is the margin doing its job; Y < 0
+/// means the program outlived the lease (a paused node, where only the fence protects).
+/// Nothing when the term never had a deadline.
+fn deadline_detail(
+    leadership: &Leadership,
+    token: FenceToken,
+    lease_expiry_after_deadline: Option<Duration>,
+) -> String {
     let Some(deadline) = leadership.last_deadline(token) else {
         return String::new();
     };
     let (now, now_ns) = (Instant::now(), monotonic_ns() as i128);
-    let ahead_ns = match deadline.checked_duration_since(now) {
+    let ahead_ns = |at: Instant| match at.checked_duration_since(now) {
         Some(d) => d.as_nanos() as i128,
-        None => -(now.duration_since(deadline).as_nanos() as i128),
+        None => -(now.duration_since(at).as_nanos() as i128),
     };
-    format!(
-        " deadline_mono_ns={} before_deadline_ms={:.1}",
-        now_ns + ahead_ns,
-        ahead_ns as f64 / 1e6
-    )
+    let mut detail = String::new();
+    let mut add = |name: &str, at: Instant| {
+        let ns = ahead_ns(at);
+        detail.push_str(&format!(
+            " {name}_mono_ns={} before_{name}_ms={:.1}",
+            now_ns + ns,
+            ns as f64 / 1e6
+        ));
+    };
+    add("watchdog_deadline", deadline);
+    if let Some(after) = lease_expiry_after_deadline {
+        add("lease_expiry", deadline + after);
+    }
+    detail
 }
 
 /// `exit=N` or `signal=N` for a wait status.
@@ -724,6 +753,7 @@ mod tests {
             trace: ActorTrace::disabled("t"),
             leadership: test_leadership(),
             stop_timeout: Duration::from_millis(300),
+            lease_expiry_after_deadline: None,
         };
         let t0 = Instant::now();
         keeper.stop_group().await;

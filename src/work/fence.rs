@@ -270,6 +270,11 @@ impl Fence {
         Err(self.rejected(resource, op, token, verdict))
     }
 
+    /// How many of this node's terms in a row had their claim refused (0 after an accepted one).
+    pub(crate) fn refused_claims_in_a_row(&self) -> u64 {
+        self.refused_claims_in_a_row.load(Ordering::Relaxed)
+    }
+
     /// Tracks whether the resource refuses every new term of this node.
     fn count_claim(&self, accepted: bool) {
         let in_a_row = if accepted {

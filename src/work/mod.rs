@@ -100,14 +100,16 @@ pub enum SupervisionPolicy {
     /// Give up the term so another node tries (the default: the failure may be this node's).
     #[default]
     Demote,
-    /// Start the work again inside the same term, with the same token, after `backoff`; at most
-    /// `max` restarts within any window of `within`, after which the node demotes.
+    /// Start the work again inside the same term, with the same token, after `backoff`, doubled
+    /// for each earlier restart in the window (capped at 30 s, stretched by up to 20%: see
+    /// `actors::backoff`); at most `max` restarts within any window of `within`, after which the
+    /// node demotes.
     Restart {
         /// Restarts allowed within any window of `within`; the next failure demotes instead.
         max: u32,
         /// The sliding window the restarts are counted in.
         within: Duration,
-        /// The wait between a failure and the restart.
+        /// The wait before the first restart in the window; each later one waits twice the last.
         backoff: Duration,
     },
     /// Demote (checkpoint, stop, release), then stop the whole node.

@@ -261,10 +261,10 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
 
 /// The lease a renewal may grant: the user's TTL, capped by the election-timeout bound.
 pub fn lease_bound(cfg: &NodeConfig) -> ElectorResult<Duration> {
-    let (emin, _) = cfg
-        .election_timeout_range_ms()
+    let ttl_ms = cfg
+        .raft_lease_ttl_ms()
         .map_err(|e| ElectorError::Config(e.to_string()))?;
-    Ok(Duration::from_millis(cfg.lease_ttl_ms.min(emin)))
+    Ok(Duration::from_millis(ttl_ms))
 }
 
 impl RaftElector {
@@ -303,16 +303,8 @@ impl RaftElector {
                 "raft: lease_ttl capped at the minimum election timeout (an isolated leader must self-fence before a rival can win)"
             );
         }
-        let usable = lease_ttl.saturating_sub(cfg.lease_safety_margin(lease_ttl));
-        if cfg.renew_interval() >= usable {
-            return Err(ElectorError::Config(format!(
-                "raft grants a {} ms lease (min(lease_ttl_ms, election timeout min)); minus the safety margin that leaves {} ms, \
-                 so renew_interval_ms ({}) must be below it (e.g. renew 40, retry 20, deadline_margin 20 with 150-250)",
-                lease_ttl.as_millis(),
-                usable.as_millis(),
-                cfg.renew_interval_ms
-            )));
-        }
+        cfg.check_usable_lease(lease_ttl)
+            .map_err(|e| ElectorError::Config(e.to_string()))?;
         let config = openraft::Config {
             cluster_name: "baton".into(),
             election_timeout_min: emin,

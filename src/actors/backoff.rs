@@ -1,0 +1,216 @@
+//! Backing off from leader work that keeps failing, the way a process supervisor does.
+//!
+//! Without it a program (or job) that fails at once bounced between nodes forever: each node won,
+//! failed, released, and the next won within milliseconds, a new token every ~1.3 s. Two waits
+//! now grow with repeated failure:
+//! * **inside a term**, a `Restart` policy's restarts: the n-th restart within the policy's window
+//!   waits `backoff x 2^(n-1)`, capped at [`RESTART_BACKOFF_CAP`] (never below `backoff`);
+//! * **across terms**, after a term whose leader work failed, the node waits before campaigning
+//!   again: `[term_backoff] base_ms x 2^(failed terms in a row - 1)`, capped at `max_ms`. Each
+//!   such failure is logged at WARN with the whole error (the program's exit status, a job's
+//!   error chain) and counted ([`FAILED_TERMS`](crate::metrics::FAILED_TERMS)). A term that ends
+//!   any other way (step-down, lease lost, shutdown), or that ran `reset_after_ms` before its
+//!   work failed, ends the streak.
+//!
+//! A term whose claim the fenced resource refused is not counted: that is the token source
+//! (a regressed Redis counter, a poisoned `max_token`), it is only cured by newer terms, and it
+//! has its own gauge and alert (`baton_fence_refused_claims_in_a_row`, `FenceRefusesNewTerms`).
+//!
+//! Every wait is stretched by a random 0-20% ([`JITTER`]), never shortened: nodes that failed
+//! together do not come back together, and no wait is below what was configured.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+use crate::actors::DemotionReason;
+use crate::config::TermBackoffConfig;
+use crate::elector::FenceToken;
+use crate::metrics as m;
+
+/// The longest wait between two restarts of a `Restart` policy (unless its own `backoff` is
+/// longer).
+pub const RESTART_BACKOFF_CAP: Duration = Duration::from_secs(30);
+/// Waits are stretched by a random factor in `[1, 1 + JITTER)`.
+pub const JITTER: f64 = 0.2;
+
+/// `base x 2^doublings`, at most `cap` (but never below `base`), stretched by the jitter.
+fn grown(base: Duration, cap: Duration, doublings: u32) -> Duration {
+    let factor = 2f64.powi(doublings.min(62) as i32);
+    let unjittered = base.mul_f64(factor).min(cap.max(base));
+    unjittered.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..JITTER))
+}
+
+/// The wait before a `Restart` policy's next restart, when `earlier` restarts already happened
+/// within its window: `backoff`, `2 x backoff`, `4 x backoff`, ... capped, jittered.
+pub(crate) fn restart_delay(backoff: Duration, earlier: usize) -> Duration {
+    grown(
+        backoff,
+        RESTART_BACKOFF_CAP,
+        u32::try_from(earlier).unwrap_or(u32::MAX),
+    )
+}
+
+/// This node's streak of failed terms, and the wait it earns.
+pub(crate) struct TermFailures {
+    cfg: TermBackoffConfig,
+    in_a_row: u32,
+    term_began: Option<Instant>,
+}
+
+impl TermFailures {
+    pub(crate) fn new(cfg: &TermBackoffConfig) -> TermFailures {
+        TermFailures {
+            cfg: cfg.clone(),
+            in_a_row: 0,
+            term_began: None,
+        }
+    }
+
+    /// A term was won (its work is about to start).
+    pub(crate) fn term_began(&mut self) {
+        self.term_began = Some(Instant::now());
+    }
+
+    /// The term `token` has ended for `reason` (its work has stopped); `claim_refused`: the
+    /// fenced resource refused its claim. Returns how long to wait before campaigning again
+    /// (zero unless the work failed), after logging and counting a failure.
+    pub(crate) fn term_ended(
+        &mut self,
+        token: FenceToken,
+        reason: &DemotionReason,
+        claim_refused: bool,
+    ) -> Duration {
+        let ran = self
+            .term_began
+            .take()
+            .map(|t| t.elapsed())
+            .unwrap_or_default();
+        let DemotionReason::WorkFailed(why) = reason else {
+            self.reset();
+            return Duration::ZERO;
+        };
+        if claim_refused {
+            return Duration::ZERO;
+        }
+        if ran >= Duration::from_millis(self.cfg.reset_after_ms) {
+            self.in_a_row = 0;
+        }
+        self.in_a_row = self.in_a_row.saturating_add(1);
+        let pause = if self.cfg.base_ms == 0 {
+            Duration::ZERO
+        } else {
+            grown(
+                Duration::from_millis(self.cfg.base_ms),
+                Duration::from_millis(self.cfg.max_ms),
+                self.in_a_row - 1,
+            )
+        };
+        metrics::counter!(m::FAILED_TERMS).increment(1);
+        metrics::gauge!(m::FAILED_TERMS_IN_A_ROW).set(f64::from(self.in_a_row));
+        metrics::gauge!(m::CAMPAIGN_BACKOFF_SECONDS).set(pause.as_secs_f64());
+        tracing::warn!(
+            token = token.0,
+            failed_terms_in_a_row = self.in_a_row,
+            ran_ms = ran.as_millis() as u64,
+            campaign_pause_ms = pause.as_millis() as u64,
+            error = %why,
+            "leader work failed and ended the term; this node waits before campaigning again"
+        );
+        pause
+    }
+
+    fn reset(&mut self) {
+        if self.in_a_row > 0 {
+            self.in_a_row = 0;
+            metrics::gauge!(m::FAILED_TERMS_IN_A_ROW).set(0.0);
+            metrics::gauge!(m::CAMPAIGN_BACKOFF_SECONDS).set(0.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed() -> DemotionReason {
+        DemotionReason::WorkFailed("child: failed: the program exited (exit=3)".into())
+    }
+
+    /// Within `[unjittered, unjittered x (1 + JITTER))`.
+    fn assert_jittered(got: Duration, unjittered_ms: u64) {
+        let lo = Duration::from_millis(unjittered_ms);
+        assert!(
+            got >= lo && got < lo.mul_f64(1.0 + JITTER),
+            "{got:?} not in [{lo:?}, +{JITTER})"
+        );
+    }
+
+    #[test]
+    fn restarts_double_up_to_the_cap_and_never_below_the_backoff() {
+        let base = Duration::from_millis(1000);
+        for (earlier, want_ms) in [(0, 1000), (1, 2000), (2, 4000), (4, 16_000), (5, 30_000)] {
+            assert_jittered(restart_delay(base, earlier), want_ms);
+        }
+        assert_jittered(restart_delay(base, 1000), 30_000);
+        // A backoff above the cap is kept as it is.
+        assert_jittered(restart_delay(Duration::from_secs(45), 3), 45_000);
+    }
+
+    #[test]
+    fn failed_terms_in_a_row_back_off_and_anything_else_resets() {
+        let cfg = TermBackoffConfig {
+            base_ms: 500,
+            max_ms: 3000,
+            reset_after_ms: 60_000,
+        };
+        let mut f = TermFailures::new(&cfg);
+        let t = FenceToken(7);
+        for want_ms in [500, 1000, 2000, 3000, 3000] {
+            f.term_began();
+            assert_jittered(f.term_ended(t, &failed(), false), want_ms);
+        }
+        // A refused claim is the token source, not the work: no wait, and the streak stands.
+        f.term_began();
+        assert_eq!(f.term_ended(t, &failed(), true), Duration::ZERO);
+        assert_eq!(f.in_a_row, 5);
+        // A term that ends any other way ends the streak.
+        f.term_began();
+        assert_eq!(
+            f.term_ended(t, &DemotionReason::StepDown { successor: None }, false),
+            Duration::ZERO
+        );
+        f.term_began();
+        assert_jittered(f.term_ended(t, &failed(), false), 500);
+    }
+
+    #[test]
+    fn a_failure_after_a_long_healthy_term_starts_a_new_streak() {
+        let cfg = TermBackoffConfig {
+            base_ms: 500,
+            max_ms: 3000,
+            reset_after_ms: 0,
+        };
+        let mut f = TermFailures::new(&cfg);
+        for _ in 0..4 {
+            f.term_began();
+            assert_jittered(f.term_ended(FenceToken(1), &failed(), false), 500);
+        }
+    }
+
+    #[test]
+    fn a_zero_base_turns_the_term_backoff_off() {
+        let cfg = TermBackoffConfig {
+            base_ms: 0,
+            max_ms: 0,
+            reset_after_ms: 60_000,
+        };
+        let mut f = TermFailures::new(&cfg);
+        f.term_began();
+        assert_eq!(
+            f.term_ended(FenceToken(1), &failed(), false),
+            Duration::ZERO
+        );
+        assert_eq!(f.in_a_row, 1, "still counted");
+    }
+}
