@@ -56,6 +56,37 @@ pub(crate) fn create_pool(
     ))
 }
 
+/// One session for administrative SQL (migrations, roles), connected without TLS as `url`, and
+/// the task driving its connection (it ends once the client is dropped). The server's notices
+/// ("function ... does not exist, skipping" from every idempotent `DROP ... IF EXISTS`) are
+/// logged at DEBUG here: the driver's own loop would log each one at INFO.
+pub(crate) async fn admin_session(
+    url: &str,
+) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+    let (client, mut conn) = tokio_postgres::connect(url, NoTls).await?;
+    let driver = tokio::spawn(async move {
+        loop {
+            match futures::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notice(n))) => {
+                    tracing::debug!(severity = n.severity(), "PostgreSQL: {}", n.message());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(error = %error_chain(&e), "administrative session ended");
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    Ok((client, driver))
+}
+
+/// The connection option that keeps a session's notices from being sent at all: for pools whose
+/// connections run only baton's own idempotent SQL (pg-lease's), where every notice is noise.
+#[cfg(feature = "pg-lease")]
+pub(crate) const NO_NOTICES_OPTION: &str = "-c client_min_messages=warning";
+
 /// How long a call may go unanswered: the server's own `statement_timeout` plus a second for the
 /// round trip. A healthy server answers within it, if only with its statement-timeout error;
 /// past it the packets are being lost (a partition drops them, it does not refuse them) or the

@@ -210,7 +210,7 @@ enum FleetCmd {
 fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
     let mut c = match &a.config {
         Some(p) => NodeConfig::from_file(p)?,
-        None => NodeConfig::default(),
+        None => NodeConfig::for_backend(a.backend.unwrap_or(BackendKind::Raft)),
     };
     if let Some(v) = a.node_id {
         c.state_dir = PathBuf::from("state").join(&v);

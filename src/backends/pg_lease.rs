@@ -30,7 +30,6 @@ use async_trait::async_trait;
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
 use rand::Rng;
 use tokio::sync::OnceCell;
-use tokio_postgres::NoTls;
 
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
@@ -91,10 +90,9 @@ pub const LEASE_ROLE: &str = "baton_lease";
 
 /// Creates [`LEASE_ROLE`] and its schema (idempotent), connected as a superuser.
 pub async fn provision(admin_url: &str) -> ElectorResult<()> {
-    let (client, conn) = tokio_postgres::connect(admin_url, NoTls)
+    let (client, conn_task) = crate::pg::admin_session(admin_url)
         .await
         .map_err(|e| unavailable(chain(&e)))?;
-    let conn_task = tokio::spawn(conn);
     let sql = format!(
         "BEGIN;
          SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY});
@@ -154,7 +152,12 @@ impl PgLeaseElector {
         let timeout = Duration::from_millis((cfg.lease_ttl_ms / 3).clamp(200, 2000));
         let mut pc = PoolConfig::new();
         pc.url = Some(cfg.pg_lease.database_url.clone());
-        pc.options = Some(format!("-c statement_timeout={}", timeout.as_millis()));
+        // Its schema is created with `IF NOT EXISTS` on every start: no notices about that.
+        pc.options = Some(format!(
+            "-c statement_timeout={} {}",
+            timeout.as_millis(),
+            crate::pg::NO_NOTICES_OPTION
+        ));
         pc.pool = Some(PoolSize {
             max_size: 2,
             timeouts: Timeouts {

@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
-use tokio_postgres::NoTls;
 
 use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
-use crate::pg::{answer_bound, create_pool, error_chain, Conn};
+use crate::pg::{admin_session, answer_bound, create_pool, error_chain, Conn};
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
@@ -612,12 +611,7 @@ impl Drop for FencedTransaction {
 /// Applies the roles and the schema as a superuser (`admin_url`), then optionally sets the
 /// resource-side fencing switch. Idempotent and safe to run concurrently.
 pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), FenceError> {
-    let (client, conn) = tokio_postgres::connect(admin_url, NoTls).await?;
-    let conn_task = tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "migration connection ended");
-        }
-    });
+    let (client, conn_task) = admin_session(admin_url).await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
@@ -723,8 +717,7 @@ pub async fn set_require_node_roles(admin_url: &str, on: bool) -> Result<(), Fen
 }
 
 async fn admin_batch(admin_url: &str, sql: &str) -> Result<(), FenceError> {
-    let (client, conn) = tokio_postgres::connect(admin_url, NoTls).await?;
-    let conn_task = tokio::spawn(conn);
+    let (client, conn_task) = admin_session(admin_url).await?;
     let done = client.batch_execute(sql).await;
     drop(client);
     let _ = conn_task.await;
