@@ -17,6 +17,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod check;
+pub mod db_admin;
 pub mod exp;
 pub mod fence_admin;
 pub mod fleet;

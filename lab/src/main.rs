@@ -60,6 +60,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: baton_lab::fence_admin::FenceCmd,
     },
+    /// Set up a database for a service that embeds baton: schema and roles (`init`), access to
+    /// the service's own tables (`grant`).
+    Db {
+        #[command(subcommand)]
+        cmd: baton_lab::db_admin::DbCmd,
+    },
 }
 
 #[derive(Args)]
@@ -319,6 +325,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
         Cmd::Fence { cmd } => baton_lab::fence_admin::run(cmd).await,
+        Cmd::Db { cmd } => baton_lab::db_admin::run(cmd).await,
         Cmd::Load(args) => baton_lab::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),
         Cmd::Bench { cmd } => baton_lab::bench::run(cmd).await,

@@ -1,5 +1,6 @@
-//! Setting up the fenced resource the way a library user does, against a private PostgreSQL that
-//! each test starts: the migration and the pg-lease store say nothing at INFO.
+//! Setting up and operating the fenced resource the way a library user does, against a private
+//! PostgreSQL that each test starts: the migration and the pg-lease store say nothing at INFO;
+//! a fence reset lets a new election backend's terms in.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -7,6 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use baton::backends::pg_lease::PgLeaseElector;
 use baton::backends::{BackendKind, Elector};
 use baton::config::NodeConfig;
+use baton::elector::FenceToken;
+use baton::work::FenceError;
 use baton_lab::fleet::servers::ScratchPg;
 
 /// Everything logged in this test binary, at DEBUG and above, as the `fmt` subscriber writes it
@@ -78,4 +81,33 @@ async fn migrations_and_pg_lease_starts_are_quiet_at_info() {
         !logged("DEBUG", "does not exist, skipping").is_empty(),
         "the migration sent no notice at all: nothing was tested"
     );
+}
+
+/// Moving a fleet from pg-lease to raft on the same database: the fence is at pg-lease's epoch
+/// (77) and raft's first term is 1, so every raft term would be refused until one passed 77.
+/// `fence::reset` to 0 (the fleet stopped) lets the new backend's first term in; a bad request
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_reset_lets_a_new_backends_first_term_in() {
+    let pg = ScratchPg::start().await.expect("a private PostgreSQL, migrated");
+    let resource = baton::config::ResourceConfig {
+        database_url: pg.server.app_url(),
+        ..Default::default()
+    };
+    let fence = baton::work::Fence::new(&resource, "n1").unwrap();
+    fence.begin("ledger", FenceToken(77)).await.unwrap().commit().await.unwrap();
+    let refused = fence.begin("ledger", FenceToken(1)).await;
+    assert!(
+        matches!(refused, Err(FenceError::Rejected { max_token: 77, .. })),
+        "before the reset a term-1 write must be refused: {:?}",
+        refused.err()
+    );
+
+    let admin = pg.server.admin_url();
+    let bad = baton::work::fence::reset(&admin, -1).await;
+    assert!(matches!(bad, Err(FenceError::Invalid(_))), "{bad:?}");
+    let replaced = baton::work::fence::reset(&admin, 0).await.unwrap();
+    assert_eq!(replaced, (77, "n1".to_owned()), "the bad request changed nothing");
+
+    fence.begin("ledger", FenceToken(1)).await.unwrap().commit().await.unwrap();
 }

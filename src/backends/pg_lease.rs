@@ -199,8 +199,8 @@ impl PgLeaseElector {
         request: impl std::future::Future<Output = Result<T, E>>,
     ) -> ElectorResult<T> {
         match client.within(self.timeout, request).await {
-            Some(r) => r.map_err(|e| unavailable(chain(&e))),
-            None => Err(self.unanswered()),
+            Ok(r) => r.map_err(|e| unavailable(chain(&e))),
+            Err(e) => Err(ElectorError::Unavailable(format!("pg-lease: {e}"))),
         }
     }
 
