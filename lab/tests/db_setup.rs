@@ -111,3 +111,129 @@ async fn a_fence_reset_lets_a_new_backends_first_term_in() {
 
     fence.begin("ledger", FenceToken(1)).await.unwrap().commit().await.unwrap();
 }
+
+/// A loopback address nobody listens on right now.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+async fn sql(url: &str, text: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await?;
+    client.query(text, &[]).await
+}
+
+/// README's library walk, start to first fenced row: `db::init` (roles with generated passwords,
+/// a node role's URL), the service creates its table (a `bigserial` id), `db::grant` (the table and
+/// its sequence), a node started from `NodeConfig::default()` (raft, one member) as the generated
+/// node role, and its job's fenced insert lands. Bad input changes nothing; a second `init`
+/// keeps every password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_walk_from_nothing_to_a_fenced_row() {
+    use baton::work::db::{self, InitOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("pg");
+    let server = tokio::task::spawn_blocking(move || {
+        baton_lab::fleet::servers::PgServer::start_on_free_port(&root)
+    })
+    .await
+    .unwrap()
+    .expect("a private PostgreSQL");
+    let server = StopOnDrop(server);
+    let admin = server.0.admin_url();
+    let schema_exists = || async {
+        sql(&admin, "SELECT to_regnamespace('baton') IS NOT NULL").await.unwrap()[0].get::<_, bool>(0)
+    };
+
+    let bad = InitOptions {
+        nodes: vec!["n1".into(), "no spaces".into()],
+        ..Default::default()
+    };
+    let refused = db::init(&admin, &bad).await;
+    assert!(matches!(refused, Err(FenceError::Invalid(_))), "{refused:?}");
+    assert!(!schema_exists().await, "a refused init changed the database");
+
+    let opts = InitOptions {
+        nodes: vec!["n1".into()],
+        ..Default::default()
+    };
+    let report = db::init(&admin, &opts).await.unwrap();
+    assert!(schema_exists().await);
+    let roles: Vec<&str> = report.logins.iter().map(|l| l.role.as_str()).collect();
+    assert_eq!(roles, ["baton_node_n1"], "new logins: {report:?}");
+    // The private server gave baton_app a password when it started: kept, not replaced.
+    assert_eq!(report.kept, ["baton_app"]);
+    let node_url = report.logins[0].url.expose().to_owned();
+    assert!(!format!("{report:?}").contains(&node_url), "a URL with its password in Debug");
+    let verifier: String = sql(&admin, "SELECT rolpassword FROM pg_authid WHERE rolname = 'baton_node_n1'")
+        .await
+        .unwrap()[0]
+        .get(0);
+    assert!(verifier.starts_with("SCRAM-SHA-256$"), "stored as {verifier:.14}");
+
+    sql(&admin, "CREATE TABLE ledger (id bigserial PRIMARY KEY, token bigint NOT NULL, holder text NOT NULL)")
+        .await
+        .unwrap();
+    let denied = sql(&node_url, "INSERT INTO ledger (token, holder) VALUES (1, 'n1')").await;
+    assert!(denied.is_err(), "the node role wrote before the grant");
+    let missing = db::grant(&admin, "no_such_table").await;
+    assert!(matches!(missing, Err(FenceError::Invalid(_))), "{missing:?}");
+    let sequences = db::grant(&admin, "ledger").await.unwrap();
+    assert_eq!(sequences, ["ledger_id_seq"]);
+
+    let state = dir.path().join("n1");
+    std::fs::create_dir_all(&state).unwrap();
+    let mut cfg = NodeConfig {
+        node_id: "n1".into(),
+        state_dir: state,
+        ..NodeConfig::default()
+    };
+    cfg.raft.peers = vec![baton::config::PeerSpec {
+        id: "n1".into(),
+        addr: free_addr(),
+        peer_addr: free_addr(),
+    }];
+    cfg.resource.database_url = node_url.clone();
+    cfg.sequencer.enabled = false;
+    cfg.scheduler.enabled = false;
+    let node = baton::node::NodeBuilder::new(cfg)
+        .with_job("ledger", |mut term| async move {
+            let tx = term.fence().begin("ledger", term.token()).await?;
+            let insert = "INSERT INTO ledger (token, holder) VALUES ($1, $2)";
+            tx.client().execute(insert, &[&term.token().0, &term.holder()]).await?;
+            tx.commit().await?;
+            term.stopping().await;
+            Ok(())
+        })
+        .start()
+        .await
+        .expect("start a node from the defaults");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let rows = loop {
+        let rows = sql(&admin, "SELECT id, token, holder FROM ledger").await.unwrap();
+        if !rows.is_empty() || std::time::Instant::now() > until {
+            break rows;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    node.shutdown().await.unwrap();
+    assert_eq!(rows.len(), 1, "no fenced row within 20 s");
+    assert_eq!(rows[0].get::<_, String>(2), "n1");
+    assert!(rows[0].get::<_, i64>(1) >= 1);
+
+    // Run again: nothing rotated, the node's URL still works.
+    let again = db::init(&admin, &opts).await.unwrap();
+    assert!(again.logins.is_empty(), "{again:?}");
+    sql(&node_url, "SELECT 1").await.expect("the node's URL after a second init");
+}
+
+/// Stops a bare private server however the test ends.
+struct StopOnDrop(baton_lab::fleet::servers::PgServer);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
