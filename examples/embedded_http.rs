@@ -18,13 +18,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // baton logs through `tracing`: without a subscriber its events (refusals, demotions) go
-    // nowhere. RUST_LOG picks what is shown, e.g. RUST_LOG=baton=info (the default here).
+    // baton's events (see fenced_job.rs): RUST_LOG=baton=info, to stderr.
+    let logs = tracing_subscriber::EnvFilter::from_default_env();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("baton=info")),
-        )
+        .with_env_filter(logs)
         .with_writer(std::io::stderr)
         .init();
     let state = std::env::temp_dir().join(format!("baton-embedded-{}", std::process::id()));

@@ -118,10 +118,13 @@ pub(crate) mod stall {
         Duration::from_nanos(recorded + ongoing)
     }
 
-    /// Held by every test that stops this process or pretends it was stopped: the meter is one
+    /// Taken by every test that stops this process or pretends it was stopped: the meter is one
     /// per process, so such tests would see each other's stalls.
     #[cfg(test)]
-    pub(crate) static TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    pub(crate) fn one_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        TESTS.lock().unwrap_or_else(|p| p.into_inner())
+    }
 
     /// Counts `d` as stalled, as if the process had been stopped that long (tests of callers).
     #[cfg(test)]
@@ -140,11 +143,14 @@ mod tests {
     /// it. The meter counts about that much, and nothing like it when the process just sleeps.
     #[test]
     fn the_stall_meter_sees_a_sigstop() {
-        let _one = stall::TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = stall::one_test_at_a_time();
         let quiet = stall::mark();
         std::thread::sleep(Duration::from_millis(300));
         let idle = stall::stalled_since(quiet);
-        assert!(idle < Duration::from_millis(150), "sleeping is not a stall: {idle:?}");
+        assert!(
+            idle < Duration::from_millis(150),
+            "sleeping is not a stall: {idle:?}"
+        );
 
         let mark = stall::mark();
         let pid = std::process::id();

@@ -659,7 +659,11 @@ impl NodeConfig {
         NodeConfig {
             backend,
             lease_ttl_ms: 3000,
-            renew_interval_ms: if backend == BackendKind::Zk { 600 } else { 1000 },
+            renew_interval_ms: if backend == BackendKind::Zk {
+                600
+            } else {
+                1000
+            },
             retry_interval_ms: 250,
             deadline_margin_ms: 100,
             ..raft
@@ -986,7 +990,10 @@ mod tests {
             assert_eq!(c.backend, backend);
             c.validate().unwrap();
         }
-        assert_eq!(NodeConfig::for_backend(BackendKind::PgLease).lease_ttl_ms, 3000);
+        assert_eq!(
+            NodeConfig::for_backend(BackendKind::PgLease).lease_ttl_ms,
+            3000
+        );
     }
 
     #[test]

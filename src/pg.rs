@@ -255,9 +255,7 @@ mod tests {
     /// A silent database: given up at the bound, and the error names no pause.
     #[tokio::test(start_paused = true)]
     async fn a_silent_call_is_given_up_at_its_bound() {
-        let _one = crate::clock::stall::TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _one = crate::clock::stall::one_test_at_a_time();
         let bound = Duration::from_millis(3000);
         let t0 = tokio::time::Instant::now();
         let e = answered_within(bound, std::future::pending::<()>())
@@ -276,9 +274,7 @@ mod tests {
     /// an "outcome unknown"; and a call that stays silent is reported as a local pause.
     #[tokio::test(start_paused = true)]
     async fn time_this_process_was_stopped_does_not_count_against_the_bound() {
-        let _one = crate::clock::stall::TESTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _one = crate::clock::stall::one_test_at_a_time();
         let bound = Duration::from_millis(3000);
         let answer = async {
             tokio::time::sleep(Duration::from_millis(2000)).await;

@@ -56,7 +56,9 @@ fn logged(level: &str, text: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_and_pg_lease_starts_are_quiet_at_info() {
     captured_logs();
-    let pg = ScratchPg::start().await.expect("a private PostgreSQL, migrated");
+    let pg = ScratchPg::start()
+        .await
+        .expect("a private PostgreSQL, migrated");
     baton::work::fence::migrate(&pg.server.admin_url(), None)
         .await
         .unwrap();
@@ -89,13 +91,21 @@ async fn migrations_and_pg_lease_starts_are_quiet_at_info() {
 /// changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_reset_lets_a_new_backends_first_term_in() {
-    let pg = ScratchPg::start().await.expect("a private PostgreSQL, migrated");
+    let pg = ScratchPg::start()
+        .await
+        .expect("a private PostgreSQL, migrated");
     let resource = baton::config::ResourceConfig {
         database_url: pg.server.app_url(),
         ..Default::default()
     };
     let fence = baton::work::Fence::new(&resource, "n1").unwrap();
-    fence.begin("ledger", FenceToken(77)).await.unwrap().commit().await.unwrap();
+    fence
+        .begin("ledger", FenceToken(77))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
     let refused = fence.begin("ledger", FenceToken(1)).await;
     assert!(
         matches!(refused, Err(FenceError::Rejected { max_token: 77, .. })),
@@ -107,9 +117,19 @@ async fn a_fence_reset_lets_a_new_backends_first_term_in() {
     let bad = baton::work::fence::reset(&admin, -1).await;
     assert!(matches!(bad, Err(FenceError::Invalid(_))), "{bad:?}");
     let replaced = baton::work::fence::reset(&admin, 0).await.unwrap();
-    assert_eq!(replaced, (77, "n1".to_owned()), "the bad request changed nothing");
+    assert_eq!(
+        replaced,
+        (77, "n1".to_owned()),
+        "the bad request changed nothing"
+    );
 
-    fence.begin("ledger", FenceToken(1)).await.unwrap().commit().await.unwrap();
+    fence
+        .begin("ledger", FenceToken(1))
+        .await
+        .unwrap()
+        .commit()
+        .await
+        .unwrap();
 }
 
 /// A loopback address nobody listens on right now.
@@ -144,7 +164,10 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
     let server = StopOnDrop(server);
     let admin = server.0.admin_url();
     let schema_exists = || async {
-        sql(&admin, "SELECT to_regnamespace('baton') IS NOT NULL").await.unwrap()[0].get::<_, bool>(0)
+        sql(&admin, "SELECT to_regnamespace('baton') IS NOT NULL")
+            .await
+            .unwrap()[0]
+            .get::<_, bool>(0)
     };
 
     let bad = InitOptions {
@@ -152,8 +175,14 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
         ..Default::default()
     };
     let refused = db::init(&admin, &bad).await;
-    assert!(matches!(refused, Err(FenceError::Invalid(_))), "{refused:?}");
-    assert!(!schema_exists().await, "a refused init changed the database");
+    assert!(
+        matches!(refused, Err(FenceError::Invalid(_))),
+        "{refused:?}"
+    );
+    assert!(
+        !schema_exists().await,
+        "a refused init changed the database"
+    );
 
     let opts = InitOptions {
         nodes: vec!["n1".into()],
@@ -166,20 +195,36 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
     // The private server gave baton_app a password when it started: kept, not replaced.
     assert_eq!(report.kept, ["baton_app"]);
     let node_url = report.logins[0].url.expose().to_owned();
-    assert!(!format!("{report:?}").contains(&node_url), "a URL with its password in Debug");
-    let verifier: String = sql(&admin, "SELECT rolpassword FROM pg_authid WHERE rolname = 'baton_node_n1'")
-        .await
-        .unwrap()[0]
+    assert!(
+        !format!("{report:?}").contains(&node_url),
+        "a URL with its password in Debug"
+    );
+    let verifier: String = sql(
+        &admin,
+        "SELECT rolpassword FROM pg_authid WHERE rolname = 'baton_node_n1'",
+    )
+    .await
+    .unwrap()[0]
         .get(0);
-    assert!(verifier.starts_with("SCRAM-SHA-256$"), "stored as {verifier:.14}");
+    assert!(
+        verifier.starts_with("SCRAM-SHA-256$"),
+        "stored as {verifier:.14}"
+    );
 
     sql(&admin, "CREATE TABLE ledger (id bigserial PRIMARY KEY, token bigint NOT NULL, holder text NOT NULL)")
         .await
         .unwrap();
-    let denied = sql(&node_url, "INSERT INTO ledger (token, holder) VALUES (1, 'n1')").await;
+    let denied = sql(
+        &node_url,
+        "INSERT INTO ledger (token, holder) VALUES (1, 'n1')",
+    )
+    .await;
     assert!(denied.is_err(), "the node role wrote before the grant");
     let missing = db::grant(&admin, "no_such_table").await;
-    assert!(matches!(missing, Err(FenceError::Invalid(_))), "{missing:?}");
+    assert!(
+        matches!(missing, Err(FenceError::Invalid(_))),
+        "{missing:?}"
+    );
     let sequences = db::grant(&admin, "ledger").await.unwrap();
     assert_eq!(sequences, ["ledger_id_seq"]);
 
@@ -202,7 +247,9 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
         .with_job("ledger", |mut term| async move {
             let tx = term.fence().begin("ledger", term.token()).await?;
             let insert = "INSERT INTO ledger (token, holder) VALUES ($1, $2)";
-            tx.client().execute(insert, &[&term.token().0, &term.holder()]).await?;
+            tx.client()
+                .execute(insert, &[&term.token().0, &term.holder()])
+                .await?;
             tx.commit().await?;
             term.stopping().await;
             Ok(())
@@ -212,7 +259,9 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
         .expect("start a node from the defaults");
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let rows = loop {
-        let rows = sql(&admin, "SELECT id, token, holder FROM ledger").await.unwrap();
+        let rows = sql(&admin, "SELECT id, token, holder FROM ledger")
+            .await
+            .unwrap();
         if !rows.is_empty() || std::time::Instant::now() > until {
             break rows;
         }
@@ -226,7 +275,9 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
     // Run again: nothing rotated, the node's URL still works.
     let again = db::init(&admin, &opts).await.unwrap();
     assert!(again.logins.is_empty(), "{again:?}");
-    sql(&node_url, "SELECT 1").await.expect("the node's URL after a second init");
+    sql(&node_url, "SELECT 1")
+        .await
+        .expect("the node's URL after a second init");
 }
 
 /// Stops a bare private server however the test ends.

@@ -65,8 +65,8 @@ pub async fn init(admin_url: &str, opts: &InitOptions) -> Result<InitReport, Fen
         roles.push((lease_role()?.to_owned(), None));
     }
     for id in &opts.nodes {
-        let (role, _) = fence::node_role_sql(id, "")
-            .map_err(|e| FenceError::Invalid(e.to_string()))?;
+        let (role, _) =
+            fence::node_role_sql(id, "").map_err(|e| FenceError::Invalid(e.to_string()))?;
         roles.push((role, Some(id)));
     }
 
@@ -150,7 +150,8 @@ pub async fn grant(admin_url: &str, table: &str) -> Result<Vec<String>, FenceErr
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let mut sql = format!("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {table} TO {APP_ROLE};");
+        let mut sql =
+            format!("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {table} TO {APP_ROLE};");
         for s in &sequences {
             sql += &format!("GRANT USAGE, SELECT ON SEQUENCE {s} TO {APP_ROLE};");
         }
@@ -210,11 +211,19 @@ mod tests {
     fn urls_keep_the_admin_urls_server_and_database() {
         let admin = |u: &str| tokio_postgres::Config::from_str(u).unwrap();
         assert_eq!(
-            login_url(&admin("postgres://postgres:pw@127.0.0.1:5433/app"), "baton_app", "ab12"),
+            login_url(
+                &admin("postgres://postgres:pw@127.0.0.1:5433/app"),
+                "baton_app",
+                "ab12"
+            ),
             "postgres://baton_app:ab12@127.0.0.1:5433/app"
         );
         assert_eq!(
-            login_url(&admin("host=/run/pg port=5432 user=postgres dbname=app"), "r", "p"),
+            login_url(
+                &admin("host=/run/pg port=5432 user=postgres dbname=app"),
+                "r",
+                "p"
+            ),
             "postgres://r:p@/app?host=/run/pg&port=5432"
         );
         let p = random_password();
