@@ -278,6 +278,58 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
     sql(&node_url, "SELECT 1")
         .await
         .expect("the node's URL after a second init");
+
+    // The same from the command line: a new node's URL in a 0600 file, the grant reported, and
+    // a bad node id refused.
+    let out = dir.path().join("secrets");
+    let baton = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(args)
+            .output()
+            .expect("run baton")
+    };
+    let init = baton(
+        &[
+            "db",
+            "init",
+            "--admin-url",
+            &admin,
+            "--nodes",
+            "n1,n2",
+            "--out",
+        ]
+        .iter()
+        .copied()
+        .chain([out.to_str().unwrap()])
+        .collect::<Vec<_>>(),
+    );
+    let said = String::from_utf8_lossy(&init.stdout).into_owned();
+    assert!(
+        init.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    assert!(
+        said.contains("baton_node_n1: has a password, kept"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("postgres://"),
+        "a URL on stdout with --out: {said}"
+    );
+    let file = out.join("baton_node_n2.url");
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let n2_url = std::fs::read_to_string(&file).unwrap();
+    sql(n2_url.trim(), "SELECT 1")
+        .await
+        .expect("the URL baton db init wrote");
+    let granted = baton(&["db", "grant", "--admin-url", &admin, "ledger"]);
+    assert!(granted.status.success());
+    assert!(String::from_utf8_lossy(&granted.stdout).contains("ledger_id_seq"));
+    let bad = baton(&["db", "init", "--admin-url", &admin, "--nodes", "bad id"]);
+    assert!(!bad.status.success(), "a bad node id was accepted");
 }
 
 /// Stops a bare private server however the test ends.
