@@ -82,11 +82,6 @@ pub(crate) async fn admin_session(
     Ok((client, driver))
 }
 
-/// The connection option that keeps a session's notices from being sent at all: for pools whose
-/// connections run only baton's own idempotent SQL (pg-lease's), where every notice is noise.
-#[cfg(feature = "pg-lease")]
-pub(crate) const NO_NOTICES_OPTION: &str = "-c client_min_messages=warning";
-
 /// How long a call may go unanswered: the server's own `statement_timeout` plus a second for the
 /// round trip. A healthy server answers within it, if only with its statement-timeout error;
 /// past it the packets are being lost (a partition drops them, it does not refuse them) or the

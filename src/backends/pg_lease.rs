@@ -152,12 +152,7 @@ impl PgLeaseElector {
         let timeout = Duration::from_millis((cfg.lease_ttl_ms / 3).clamp(200, 2000));
         let mut pc = PoolConfig::new();
         pc.url = Some(cfg.pg_lease.database_url.clone());
-        // Its schema is created with `IF NOT EXISTS` on every start: no notices about that.
-        pc.options = Some(format!(
-            "-c statement_timeout={} {}",
-            timeout.as_millis(),
-            crate::pg::NO_NOTICES_OPTION
-        ));
+        pc.options = Some(format!("-c statement_timeout={}", timeout.as_millis()));
         pc.pool = Some(PoolSize {
             max_size: 2,
             timeouts: Timeouts {
@@ -220,8 +215,11 @@ impl PgLeaseElector {
         if self.schema.initialized() {
             return Ok(client);
         }
-        let sql =
-            format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {SCHEMA_SQL} COMMIT;");
+        // The schema is made sure of (`IF NOT EXISTS`) on every start: no notices about that.
+        let sql = format!(
+            "BEGIN; SET LOCAL client_min_messages = warning; \
+             SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {SCHEMA_SQL} COMMIT;"
+        );
         match self.bounded(&client, client.batch_execute(&sql)).await {
             Ok(()) => {
                 let _ = self.schema.set(());
