@@ -114,6 +114,12 @@ impl Elector for InProcessElector {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // baton's events (see fenced_job.rs): RUST_LOG=baton=info, to stderr.
+    let logs = tracing_subscriber::EnvFilter::from_default_env();
+    tracing_subscriber::fmt()
+        .with_env_filter(logs)
+        .with_writer(std::io::stderr)
+        .init();
     let table = Arc::new(Mutex::new(Table::default()));
     let ttl = Duration::from_millis(600);
 
@@ -140,10 +146,9 @@ async fn main() -> anyhow::Result<()> {
     let state = std::env::temp_dir().join(format!("baton-custom-{}", std::process::id()));
     let mut cfg = baton::config::NodeConfig {
         node_id: "c1".into(),
-        backend: BackendKind::Custom,
         state_dir: state.clone(),
-        lease_ttl_ms: 3000,
-        ..Default::default()
+        // A lease-style elector: a 3 s lease renewed every second (the defaults are raft's).
+        ..baton::config::NodeConfig::for_backend(BackendKind::Custom)
     };
     cfg.resource.database_url = url;
     cfg.sequencer.enabled = false;

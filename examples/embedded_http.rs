@@ -18,13 +18,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // baton's events (see fenced_job.rs): RUST_LOG=baton=info, to stderr.
+    let logs = tracing_subscriber::EnvFilter::from_default_env();
+    tracing_subscriber::fmt()
+        .with_env_filter(logs)
+        .with_writer(std::io::stderr)
+        .init();
     let state = std::env::temp_dir().join(format!("baton-embedded-{}", std::process::id()));
     std::fs::create_dir_all(&state)?;
     let mut cfg = baton::config::NodeConfig {
         node_id: "web1".into(),
-        backend: baton::elector::BackendKind::PgLease,
         state_dir: state.clone(),
-        ..Default::default()
+        // The defaults are raft's; this is the pg-lease backend's timing.
+        ..baton::config::NodeConfig::for_backend(baton::elector::BackendKind::PgLease)
     };
     cfg.resource.database_url = std::env::var("BATON_DATABASE_URL")?;
     cfg.pg_lease.database_url = std::env::var("BATON_LEASE_URL")?;

@@ -11,6 +11,15 @@ use std::time::Duration;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // baton logs through `tracing`: without a subscriber its events (refusals, demotions) go
+    // nowhere. RUST_LOG picks what is shown, e.g. RUST_LOG=baton=info (the default here).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("baton=info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let cfg = baton::config::NodeConfig::from_file(std::env::args().nth(1).unwrap().as_ref())?;
     let node = baton::node::NodeBuilder::new(cfg)
         .with_job("ledger", |mut term| async move {

@@ -4,7 +4,10 @@
 #  2. each backend feature pulls in only its own client stack, and never the lab's tooling crates
 #     (from `cargo tree`, so nothing is compiled for it);
 #  3. the core compiles with each backend alone, and with no HTTP server (`cargo check`), so a
-#     feature gate that only the all-features lab build exercised cannot rot.
+#     feature gate that only the all-features lab build exercised cannot rot;
+#  4. it is clean under clippy (warnings are errors), and it packages as a crate that holds the
+#     library alone and builds from what it holds (`cargo package`, which verifies by compiling
+#     the packed copy; --allow-dirty so it also runs on a work tree with uncommitted changes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,4 +32,13 @@ done
 for f in raft etcd redis zk pg-lease "pg-lease,http" "etcd,prometheus"; do
   cargo check -q -p baton --no-default-features --features "$f"
 done
-echo "check-core: no module cycle; each backend alone builds and pulls in only its own client"
+cargo clippy -q -p baton -- -D warnings
+cargo package -q -p baton --allow-dirty
+packed=$(cargo package -q -p baton --allow-dirty --no-verify --list)
+if grep -Eq '^(lab|experiments|scripts|config)/' <<<"$packed"; then
+  echo "check-core: the crate would pack tooling or experiments:" >&2
+  grep -E '^(lab|experiments|scripts|config)/' <<<"$packed" | head >&2
+  exit 1
+fi
+echo "check-core: no module cycle; each backend alone builds and pulls in only its own client;" \
+  "clippy-clean; the crate packs $(wc -l <<<"$packed") files and builds from them"

@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-deps.sh
-cargo build --release --quiet --bin baton
+# cargo's own progress stays on: a first release build takes minutes on a small machine.
+echo "run.sh: building the release binary (target/release/baton); the first build takes a while" >&2
+cargo build --release --bin baton
 nodes="${1:-3}"
 [ $# -gt 0 ] && shift
 dir="state/quickstart"

@@ -152,7 +152,7 @@ pub const MAX_SHARDS: u32 = 4096;
 pub struct NodeConfig {
     /// This node's id: 1-64 of `[A-Za-z0-9_-]`, unique in the fleet; the fence's holder.
     pub node_id: String,
-    /// The election backend.
+    /// The election backend (default `raft`: see [`NodeConfig::for_backend`] for the others).
     pub backend: BackendKind,
     /// Where this node's HTTP server listens.
     pub http_listen: SocketAddr,
@@ -636,18 +636,25 @@ pub struct SequencerConfig {
     pub min_commit_interval_ms: u64,
 }
 
+/// The default config is the default backend's: raft, with the timing raft accepts. A raft
+/// leader may act on a lease no longer than the minimum election timeout (150 ms with the default
+/// `150-250`, see `backends::raft`), so it renews every 40 ms (one heartbeat round each) with a
+/// 20 ms margin; a 3-node group on loopback needs only `node_id`, `state_dir` (one per node),
+/// `raft.peers` and `raft.cluster_secret` on top of it. For another backend start from
+/// [`NodeConfig::for_backend`]: a 150 ms lease renewed every 40 ms would make a lease backend's
+/// store take a write every 40 ms from the leader and every 20 ms from each follower.
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
             node_id: "n1".into(),
-            backend: BackendKind::Etcd,
+            backend: BackendKind::Raft,
             http_listen: "127.0.0.1:0".parse().unwrap(),
             advertise_addr: None,
-            lease_ttl_ms: 3000,
-            renew_interval_ms: 1000,
-            retry_interval_ms: 250,
+            lease_ttl_ms: 150,
+            renew_interval_ms: 40,
+            retry_interval_ms: 20,
             clock_rate_error: 0.01,
-            deadline_margin_ms: 100,
+            deadline_margin_ms: 20,
             read_mode_default: ReadMode::Lease,
             read_lease_margin_ms: 50,
             clock_skew_ms: 0,
@@ -719,6 +726,30 @@ impl Default for SequencerConfig {
 }
 
 impl NodeConfig {
+    /// The defaults with `backend` and the timing that suits it (the committed
+    /// `config/<backend>.toml` use the same): raft's is [`NodeConfig::default`]; a lease backend
+    /// (etcd, redis, redis-naive, pg-lease, zk) gets a 3 s lease renewed every second (ZooKeeper
+    /// every 600 ms: each renewal grants only 2/3 of the session timeout), retried every 250 ms,
+    /// with a 100 ms margin.
+    pub fn for_backend(backend: BackendKind) -> NodeConfig {
+        let raft = NodeConfig::default();
+        if backend == BackendKind::Raft {
+            return raft;
+        }
+        NodeConfig {
+            backend,
+            lease_ttl_ms: 3000,
+            renew_interval_ms: if backend == BackendKind::Zk {
+                600
+            } else {
+                1000
+            },
+            retry_interval_ms: 250,
+            deadline_margin_ms: 100,
+            ..raft
+        }
+    }
+
     /// This config minus what differs per node or per run (ids, addresses, paths, URLs,
     /// secrets): what a benchmark or experiment report records as "the config".
     pub fn redacted_json(&self) -> serde_json::Value {
@@ -1222,6 +1253,36 @@ mod tests {
         NodeConfig::default().validate().unwrap();
     }
 
+    /// The default backend is raft, and its default timing is what raft accepts: the check
+    /// `RaftElector::start` makes (renewal inside the granted lease minus its margin) passes.
+    #[test]
+    fn defaults_are_the_default_backends_and_fit_its_lease() {
+        let c = NodeConfig::default();
+        assert_eq!(c.backend, BackendKind::Raft);
+        let (emin, _) = c.election_timeout_range_ms().unwrap();
+        let granted = Duration::from_millis(c.lease_ttl_ms.min(emin));
+        assert!(
+            c.renew_interval() < granted.saturating_sub(c.lease_safety_margin(granted)),
+            "raft would refuse the default timing"
+        );
+        for backend in [
+            BackendKind::Etcd,
+            BackendKind::Redis,
+            BackendKind::RedisNaive,
+            BackendKind::Zk,
+            BackendKind::PgLease,
+            BackendKind::Raft,
+        ] {
+            let c = NodeConfig::for_backend(backend);
+            assert_eq!(c.backend, backend);
+            c.validate().unwrap();
+        }
+        assert_eq!(
+            NodeConfig::for_backend(BackendKind::PgLease).lease_ttl_ms,
+            3000
+        );
+    }
+
     #[test]
     fn the_client_thread_may_only_yield() {
         let mut c = NodeConfig::default();
@@ -1267,7 +1328,7 @@ mod tests {
     fn ttl_must_exceed_renew_which_must_exceed_retry() {
         let mut c = NodeConfig {
             renew_interval_ms: 3000,
-            ..NodeConfig::default()
+            ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         assert!(matches!(c.validate(), Err(ConfigError::Timing(_))));
         c.renew_interval_ms = 200;
@@ -1310,7 +1371,8 @@ mod tests {
     /// slower than the bound by more than the margins cover. A wrong bound fails this test.
     #[test]
     fn lease_read_window_ends_before_real_expiry_only_within_the_bound() {
-        let cfg = NodeConfig::default(); // 3 s TTL, 1% bound, 100 ms + 50 ms margins
+        // 3 s TTL, 1% bound, 100 ms + 50 ms margins
+        let cfg = NodeConfig::for_backend(BackendKind::Etcd);
         let ttl = cfg.lease_ttl();
         let t0 = std::time::Instant::now();
         let until = |drift: f64| {
@@ -1334,7 +1396,7 @@ mod tests {
         // With the bound set to the real drift, the same slow clock is safe again.
         let cfg10 = NodeConfig {
             clock_rate_error: 0.10,
-            ..NodeConfig::default()
+            ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let clock = crate::clock::NodeClock {
             skew_ms: 0,
@@ -1364,7 +1426,7 @@ mod tests {
         // 3 s TTL, 1% + 100 ms margin -> 2.87 s usable; renewing every 2.9 s cannot keep it.
         let c = NodeConfig {
             renew_interval_ms: 2900,
-            ..NodeConfig::default()
+            ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         assert!(matches!(c.validate(), Err(ConfigError::Timing(_))));
     }

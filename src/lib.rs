@@ -9,6 +9,15 @@
 //! Every backend passes one conformance suite ([`backends::conformance`], feature
 //! `conformance`); bring your own with [`node::NodeBuilder::with_elector`]. The fenced resource
 //! is always PostgreSQL: run `baton migrate` (or [`work::fence::migrate`]) once as its owner.
+//! [`config::NodeConfig::default`] is the default backend's (raft) and starts as it is, given a
+//! node id, a state dir, the peers and a cluster secret; for another backend start from
+//! [`config::NodeConfig::for_backend`].
+//!
+//! **See what it does**: baton logs through [`tracing`] (elections, demotions, refused writes
+//! at WARN) and installs no subscriber; a service installs its own. With `tracing-subscriber`
+//! (features `env-filter`, `fmt`): `tracing_subscriber::fmt().with_env_filter(
+//! tracing_subscriber::EnvFilter::from_default_env()).init()`, then run with
+//! `RUST_LOG=baton=info` (or `baton=debug`; PostgreSQL's notices about idempotent DDL are DEBUG).
 //!
 //! **Write a job**: a closure given a [`work::Term`], registered with
 //! [`node::NodeBuilder::with_job`]. It starts only when this node wins a term, and it must

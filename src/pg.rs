@@ -56,6 +56,32 @@ pub(crate) fn create_pool(
     ))
 }
 
+/// One session for administrative SQL (migrations, roles), connected without TLS as `url`, and
+/// the task driving its connection (it ends once the client is dropped). The server's notices
+/// ("function ... does not exist, skipping" from every idempotent `DROP ... IF EXISTS`) are
+/// logged at DEBUG here: the driver's own loop would log each one at INFO.
+pub(crate) async fn admin_session(
+    url: &str,
+) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+    let (client, mut conn) = tokio_postgres::connect(url, NoTls).await?;
+    let driver = tokio::spawn(async move {
+        loop {
+            match futures::future::poll_fn(|cx| conn.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notice(n))) => {
+                    tracing::debug!(severity = n.severity(), "PostgreSQL: {}", n.message());
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(error = %error_chain(&e), "administrative session ended");
+                    return;
+                }
+                None => return,
+            }
+        }
+    });
+    Ok((client, driver))
+}
+
 /// How long a call may go unanswered: the server's own `statement_timeout` plus a second for the
 /// round trip. A healthy server answers within it, if only with its statement-timeout error;
 /// past it the packets are being lost (a partition drops them, it does not refuse them) or the
@@ -64,6 +90,66 @@ pub(crate) fn create_pool(
 /// §11.10). The fence gives up a call at this bound; every connection's `TCP_USER_TIMEOUT` is it.
 pub(crate) fn answer_bound(statement_timeout: Duration) -> Duration {
     statement_timeout + Duration::from_secs(1)
+}
+
+/// A call to PostgreSQL left unanswered past its bound. When this process was itself stopped
+/// for part of the wait (SIGSTOP, a frozen VM, an overloaded machine), the message says so: the
+/// database's silence is then not what the bound measured.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.describe())]
+pub(crate) struct Unanswered {
+    /// The bound, counted in time this process was running.
+    pub(crate) bound: Duration,
+    /// How long this process was not running during the wait.
+    pub(crate) paused: Duration,
+}
+
+impl Unanswered {
+    fn describe(&self) -> String {
+        let bound_ms = self.bound.as_millis();
+        if self.paused < PAUSE_WORTH_NAMING {
+            return format!("PostgreSQL did not answer within {bound_ms} ms");
+        }
+        format!(
+            "this process was paused (not running: stopped, frozen or starved of CPU) for ~{} ms \
+             while it waited for PostgreSQL, which then did not answer within {bound_ms} ms of \
+             it running",
+            self.paused.as_millis()
+        )
+    }
+}
+
+/// A local stall shorter than this is scheduling noise, not worth naming in an error.
+const PAUSE_WORTH_NAMING: Duration = Duration::from_millis(200);
+/// However long the process was paused, a call is given up after this many times its bound.
+const MAX_STRETCH: u32 = 4;
+
+/// `call`'s output, unless it goes unanswered for `bound` of the time this process was running.
+/// A process that was stopped (SIGSTOP, a frozen VM) finds its timer expired the moment it runs
+/// again, although the answer may be waiting in the socket: the time it was stopped (measured by
+/// [`crate::clock::stall`]) is given back to the call, up to [`MAX_STRETCH`] times the bound in
+/// all, so a commit that landed is reported as landed rather than as unknown.
+pub(crate) async fn answered_within<F: Future>(
+    bound: Duration,
+    call: F,
+) -> Result<F::Output, Unanswered> {
+    let mark = crate::clock::stall::mark();
+    let started = tokio::time::Instant::now();
+    let mut call = std::pin::pin!(call);
+    let mut deadline = started + bound;
+    loop {
+        if let Ok(output) = tokio::time::timeout_at(deadline, call.as_mut()).await {
+            return Ok(output);
+        }
+        let waited = started.elapsed();
+        let paused = crate::clock::stall::stalled_since(mark).min(waited);
+        let running = waited - paused;
+        let left = bound.saturating_sub(running);
+        if left < Duration::from_millis(1) || waited + left > bound * MAX_STRETCH {
+            return Err(Unanswered { bound, paused });
+        }
+        deadline = tokio::time::Instant::now() + left;
+    }
 }
 
 /// A pooled connection that remembers whether a call on it went unanswered. If one did, dropping
@@ -84,21 +170,24 @@ impl Conn {
         }
     }
 
-    /// `call`'s output, or `None` when it is not answered within `bound` (logged here, once for
-    /// every caller); the connection is then closed when this drops, whatever else still holds
-    /// it meanwhile.
-    pub(crate) async fn within<F: Future>(&self, bound: Duration, call: F) -> Option<F::Output> {
-        match tokio::time::timeout(bound, call).await {
-            Ok(output) => Some(output),
-            Err(_) => {
-                tracing::warn!(
-                    bound_ms = bound.as_millis() as u64,
-                    "PostgreSQL did not answer in time; closing that connection"
-                );
-                self.unanswered.store(true, Ordering::Relaxed);
-                None
-            }
+    /// `call`'s output, or [`Unanswered`] when it is not answered within `bound` of this
+    /// process running (see [`answered_within`]; logged here, once for every caller); the
+    /// connection is then closed when this drops, whatever else still holds it meanwhile.
+    pub(crate) async fn within<F: Future>(
+        &self,
+        bound: Duration,
+        call: F,
+    ) -> Result<F::Output, Unanswered> {
+        let answered = answered_within(bound, call).await;
+        if let Err(e) = &answered {
+            tracing::warn!(
+                bound_ms = bound.as_millis() as u64,
+                paused_ms = e.paused.as_millis() as u64,
+                "{e}; closing that connection"
+            );
+            self.unanswered.store(true, Ordering::Relaxed);
         }
+        answered
     }
 
     /// Takes the connection out of its pool and closes it (a transaction left in an unknown
@@ -152,4 +241,55 @@ where
         .runtime(Runtime::Tokio1)
         .build()
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A silent database: given up at the bound, and the error names no pause.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_call_is_given_up_at_its_bound() {
+        let _one = crate::clock::stall::one_test_at_a_time();
+        let bound = Duration::from_millis(3000);
+        let t0 = tokio::time::Instant::now();
+        let e = answered_within(bound, std::future::pending::<()>())
+            .await
+            .unwrap_err();
+        assert_eq!(t0.elapsed(), bound);
+        assert_eq!(
+            e.to_string(),
+            "PostgreSQL did not answer within 3000 ms",
+            "{e:?}"
+        );
+    }
+
+    /// The issue's case: the process is stopped while the answer is on its way. The stopped time
+    /// is given back, so an answer that arrives (here 1 s after the bound) is returned instead of
+    /// an "outcome unknown"; and a call that stays silent is reported as a local pause.
+    #[tokio::test(start_paused = true)]
+    async fn time_this_process_was_stopped_does_not_count_against_the_bound() {
+        let _one = crate::clock::stall::one_test_at_a_time();
+        let bound = Duration::from_millis(3000);
+        let answer = async {
+            tokio::time::sleep(Duration::from_millis(2000)).await;
+            crate::clock::stall::pretend_stalled(Duration::from_millis(2500));
+            tokio::time::sleep(Duration::from_millis(2000)).await;
+            42
+        };
+        assert_eq!(answered_within(bound, answer).await.unwrap(), 42);
+
+        let silent = async {
+            crate::clock::stall::pretend_stalled(Duration::from_millis(4000));
+            std::future::pending::<()>().await
+        };
+        let t0 = tokio::time::Instant::now();
+        let e = answered_within(bound, silent).await.unwrap_err();
+        assert!(t0.elapsed() <= bound * MAX_STRETCH, "{:?}", t0.elapsed());
+        let text = e.to_string();
+        assert!(
+            text.contains("this process was paused") && text.contains("~"),
+            "{text}"
+        );
+    }
 }

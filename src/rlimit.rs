@@ -27,6 +27,8 @@ pub enum RlimitError {
 
 /// Raises the soft descriptor limit to the hard limit where the kernel allows it; a refusal is
 /// not fatal (the node runs with the limit it has, and its connection cap follows it).
+// `rlim_t` is u64 here but u32 on 32-bit Linux targets: the casts are what makes it u64 there.
+#[allow(clippy::unnecessary_cast)]
 pub fn raise_nofile_soft_limit() -> Result<NofileLimit, RlimitError> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,

@@ -18,9 +18,11 @@ pub enum FenceCmd {
         #[arg(long, default_value_t = 10)]
         rejections: i64,
     },
-    /// Set the fence's max_token to TOKEN (recovery from a poisoned max_token). Stop the fleet's
-    /// leader work first, and pick TOKEN at or above the highest real term: a stale node holding a
-    /// token above TOKEN could write again. Recorded in fence_log as op `operator-reset`.
+    /// Set the fence's max_token to TOKEN (recovery from a poisoned max_token, or a switch of
+    /// election backend on the same database: `--max-token 0` lets the new backend's first term
+    /// in). Stop the fleet's leader work first, and pick TOKEN at or above the highest token a
+    /// node still running could hold: a stale node holding a token above TOKEN could write again.
+    /// Recorded in fence_log as op `operator-reset`. (The library's `baton::work::fence::reset`.)
     Reset {
         #[arg(long)]
         admin_url: String,
@@ -48,7 +50,7 @@ pub async fn run(cmd: FenceCmd) -> anyhow::Result<()> {
                 yes,
                 "`baton fence reset` lowers the fence on purpose: pass --yes"
             );
-            let (before, _) = reset(&connect(&admin_url).await?, max_token).await?;
+            let (before, _) = baton::work::fence::reset(&admin_url, max_token).await?;
             println!("fence max_token {before} -> {max_token} (holder 'operator'), recorded in fence_log");
         }
     }
@@ -118,32 +120,4 @@ pub async fn status(client: &Client, rejections: i64) -> anyhow::Result<String> 
         );
     }
     Ok(out)
-}
-
-/// Sets the fence's max_token, in one transaction with its fence_log record; returns the
-/// `(max_token, holder)` it replaced.
-pub async fn reset(client: &Client, max_token: i64) -> anyhow::Result<(i64, String)> {
-    anyhow::ensure!(max_token >= 0, "max_token must be >= 0, got {max_token}");
-    client.batch_execute("BEGIN").await?;
-    let before = client
-        .query_one(
-            "SELECT max_token, holder FROM baton.fenced_resource WHERE name = baton.fence_domain() FOR UPDATE",
-            &[],
-        )
-        .await?;
-    client
-        .execute(
-            "UPDATE baton.fenced_resource SET max_token = $1, holder = 'operator', updated_at = clock_timestamp()
-              WHERE name = baton.fence_domain()",
-            &[&max_token],
-        )
-        .await?;
-    client
-        .execute(
-            "INSERT INTO baton.fence_log (resource, token, holder, op) VALUES (baton.fence_domain(), $1, 'operator', 'operator-reset')",
-            &[&max_token],
-        )
-        .await?;
-    client.batch_execute("COMMIT").await?;
-    Ok((before.get(0), before.get(1)))
 }

@@ -20,6 +20,7 @@ pub mod bench;
 pub mod chaos;
 pub mod check;
 pub mod config_doc;
+pub mod db_admin;
 pub mod exp;
 pub mod fence_admin;
 pub mod fleet;

@@ -66,6 +66,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: baton_lab::fence_admin::FenceCmd,
     },
+    /// Set up a database for a service that embeds baton: schema and roles (`init`), access to
+    /// the service's own tables (`grant`).
+    Db {
+        #[command(subcommand)]
+        cmd: baton_lab::db_admin::DbCmd,
+    },
 }
 
 #[derive(Subcommand)]
@@ -244,7 +250,7 @@ enum FleetCmd {
 fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
     let mut c = match &a.config {
         Some(p) => NodeConfig::from_file(p)?,
-        None => NodeConfig::default(),
+        None => NodeConfig::for_backend(a.backend.unwrap_or(BackendKind::Raft)),
     };
     if let Some(v) = a.node_id {
         c.state_dir = PathBuf::from("state").join(&v);
@@ -351,6 +357,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
         Cmd::Config { cmd } => config_cmd(cmd),
         Cmd::Fence { cmd } => baton_lab::fence_admin::run(cmd).await,
+        Cmd::Db { cmd } => baton_lab::db_admin::run(cmd).await,
         Cmd::Load(args) => baton_lab::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),
         Cmd::Bench { cmd } => baton_lab::bench::run(cmd).await,

@@ -100,11 +100,10 @@ impl Drop for Servers {
 
 fn base_config(backend: BackendKind) -> NodeConfig {
     NodeConfig {
-        backend,
         lease_ttl_ms: TTL_MS,
         renew_interval_ms: 600,
         retry_interval_ms: 100,
-        ..NodeConfig::default()
+        ..NodeConfig::for_backend(backend)
     }
 }
 

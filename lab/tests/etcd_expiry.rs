@@ -65,9 +65,8 @@ async fn renew(c: &Client, lease: i64) -> Instant {
 async fn campaigner(etcd: &Etcd, name: &str) -> EtcdElector {
     let mut cfg = NodeConfig {
         node_id: "waiter".into(),
-        backend: BackendKind::Etcd,
         lease_ttl_ms: (TTL_SECS * 1000) as u64,
-        ..NodeConfig::default()
+        ..NodeConfig::for_backend(BackendKind::Etcd)
     };
     cfg.etcd.endpoints = etcd.cluster.endpoints();
     cfg.etcd.election_name = name.into();

@@ -233,7 +233,9 @@ async fn poisoned_max_token_is_visible_and_recoverable() {
         "{report}"
     );
 
-    let (before, holder) = fence_admin::reset(&admin, 41).await.unwrap();
+    let (before, holder) = baton::work::fence::reset(&pg.server.admin_url(), 41)
+        .await
+        .unwrap();
     assert_eq!((before, holder.as_str()), (poison, "mallory"));
     let accepted: bool = app
         .query_one("SELECT accepted FROM baton.seq_claim('seq', 42, 'n1')", &[])

@@ -24,9 +24,8 @@ async fn private_pg() -> Pg {
 fn node_config(pg: &Pg, node_id: &str) -> NodeConfig {
     let mut cfg = NodeConfig {
         node_id: node_id.into(),
-        backend: BackendKind::PgLease,
         state_dir: pg.dir.path().join(node_id),
-        ..NodeConfig::default()
+        ..NodeConfig::for_backend(BackendKind::PgLease)
     };
     cfg.sequencer.enabled = false;
     cfg.scheduler.enabled = false;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use baton::backends::raft::faults::{isolate_peers_path, CHECK_EVERY};
 use baton::backends::raft::RaftElector;
-use baton::backends::{Elector, ElectorError, FenceToken, Win};
+use baton::backends::{BackendKind, Elector, ElectorError, FenceToken, Win};
 use baton::config::{NodeConfig, PeerSpec, Secret};
 use openraft::async_runtime::WatchReceiver;
 use tokio::sync::mpsc;
@@ -28,7 +28,21 @@ fn free_addr() -> String {
 }
 
 impl Cluster {
+    /// `n` members with this file's timing (150-300 ms elections, renewals well inside the grant).
     async fn start(n: usize) -> Cluster {
+        Cluster::start_with(n, |cfg| {
+            cfg.election_timeout_ms = "150-300".into();
+            // The grant is min(lease, 150 ms election minimum): renew well inside it.
+            cfg.renew_interval_ms = 40;
+            cfg.retry_interval_ms = 20;
+            cfg.deadline_margin_ms = 20;
+        })
+        .await
+    }
+
+    /// `n` members configured as a user would start: `NodeConfig::default()` plus the node id,
+    /// a state dir, the peers and the cluster secret, then `tune`.
+    async fn start_with(n: usize, tune: fn(&mut NodeConfig)) -> Cluster {
         let peers: Vec<PeerSpec> = (0..n)
             .map(|i| PeerSpec {
                 id: format!("n{}", i + 1),
@@ -46,17 +60,12 @@ impl Cluster {
             let mut cfg = NodeConfig {
                 node_id: p.id.clone(),
                 state_dir: dir.path().to_owned(),
-                election_timeout_ms: "150-300".into(),
                 advertise_addr: Some(p.addr.clone()),
-                // The grant is min(lease, 150 ms election minimum): renew well inside it.
-                renew_interval_ms: 40,
-                retry_interval_ms: 20,
-                deadline_margin_ms: 20,
                 ..NodeConfig::default()
             };
-            cfg.backend = baton::backends::BackendKind::Raft;
             cfg.raft.peers = peers.clone();
             cfg.raft.cluster_secret = Some(Secret::new("raft-backend-test-secret-0123456789"));
+            tune(&mut cfg);
             c._dirs.push(dir);
             c.cfgs.push(cfg);
         }
@@ -205,6 +214,27 @@ async fn exactly_one_wins_and_failover_raises_the_token() {
         win2.token,
         win.token
     );
+    camp.none_for(Duration::from_millis(300)).await;
+}
+
+/// The default config is the default backend's and starts as it is: three members from
+/// `NodeConfig::default()` + id, state dir, peers and secret elect exactly one leader, which keeps
+/// its lease by renewing at the default interval. (Before the defaults were raft's, `start`
+/// refused them: a 3000/1000 ms lease timing does not fit raft's 150 ms grant.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_from_the_defaults_elect_one_leader() {
+    let _g = SERIAL.lock().await;
+    let c = Cluster::start_with(3, |_| {}).await;
+    assert!(c.cfgs.iter().all(|cfg| cfg.backend == BackendKind::Raft));
+    let mut camp = c.campaign(&[0, 1, 2]);
+    let (first, win, _) = camp.next_win(ELECT).await;
+    assert!(win.token > FenceToken(0));
+    let renew_every = c.cfgs[first].renew_interval();
+    for _ in 0..20 {
+        let g = c.electors[first].renew().await.unwrap();
+        assert!(g.is_some(), "the winner must be able to renew");
+        tokio::time::sleep(renew_every).await;
+    }
     camp.none_for(Duration::from_millis(300)).await;
 }
 

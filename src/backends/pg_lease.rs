@@ -30,7 +30,6 @@ use async_trait::async_trait;
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
 use rand::Rng;
 use tokio::sync::OnceCell;
-use tokio_postgres::NoTls;
 
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
@@ -91,10 +90,9 @@ pub const LEASE_ROLE: &str = "baton_lease";
 
 /// Creates [`LEASE_ROLE`] and its schema (idempotent), connected as a superuser.
 pub async fn provision(admin_url: &str) -> ElectorResult<()> {
-    let (client, conn) = tokio_postgres::connect(admin_url, NoTls)
+    let (client, conn_task) = crate::pg::admin_session(admin_url)
         .await
         .map_err(|e| unavailable(chain(&e)))?;
-    let conn_task = tokio::spawn(conn);
     let sql = format!(
         "BEGIN;
          SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY});
@@ -196,8 +194,8 @@ impl PgLeaseElector {
         request: impl std::future::Future<Output = Result<T, E>>,
     ) -> ElectorResult<T> {
         match client.within(self.timeout, request).await {
-            Some(r) => r.map_err(|e| unavailable(chain(&e))),
-            None => Err(self.unanswered()),
+            Ok(r) => r.map_err(|e| unavailable(chain(&e))),
+            Err(e) => Err(ElectorError::Unavailable(format!("pg-lease: {e}"))),
         }
     }
 
@@ -217,8 +215,11 @@ impl PgLeaseElector {
         if self.schema.initialized() {
             return Ok(client);
         }
-        let sql =
-            format!("BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {SCHEMA_SQL} COMMIT;");
+        // The schema is made sure of (`IF NOT EXISTS`) on every start: no notices about that.
+        let sql = format!(
+            "BEGIN; SET LOCAL client_min_messages = warning; \
+             SELECT pg_advisory_xact_lock({SCHEMA_LOCK_KEY}); {SCHEMA_SQL} COMMIT;"
+        );
         match self.bounded(&client, client.batch_execute(&sql)).await {
             Ok(()) => {
                 let _ = self.schema.set(());

@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
-use tokio_postgres::NoTls;
 
 use crate::backends::FenceToken;
 use crate::config::ResourceConfig;
 use crate::metrics as m;
-use crate::pg::{answer_bound, create_pool, error_chain, Conn};
+use crate::pg::{admin_session, answer_bound, create_pool, error_chain, Conn, Unanswered};
 use crate::shard::ShardId;
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
@@ -33,7 +32,7 @@ const ROLE_TIMEOUTS: [(&str, &str); 3] = [
 /// The shared application role (created by `sql/0000_roles.sql`).
 pub const APP_ROLE: &str = "baton_app";
 /// Serializes concurrent migrators (several `baton migrate` or fleets on one server).
-const MIGRATION_LOCK_KEY: i64 = 0x6261_746f_6e;
+const MIGRATION_LOCK_KEY: i64 = 0x0062_6174_6f6e; // "baton" in ASCII
 
 /// Why a fenced call did not take effect.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +64,9 @@ pub enum FenceError {
     /// 3F000): [`migrate`] has not been run against this database. Carries the server's message.
     #[error("resource schema missing or outdated ({0}); run `baton migrate`")]
     Schema(String),
+    /// An administrative request that cannot be right (nothing was changed).
+    #[error("invalid request: {0}")]
+    Invalid(String),
 }
 
 impl From<tokio_postgres::Error> for FenceError {
@@ -91,11 +93,10 @@ impl From<deadpool_postgres::PoolError> for FenceError {
     }
 }
 
-/// The error of a call unanswered past `bound` ([`Conn::within`] logged it).
-fn unanswered(bound: Duration) -> FenceError {
+/// The error of a call left unanswered ([`Conn::within`] logged it).
+fn unanswered(why: Unanswered) -> FenceError {
     FenceError::Unavailable(format!(
-        "PostgreSQL did not answer within {} ms; the connection is closed and the outcome is unknown",
-        bound.as_millis()
+        "{why}; the connection is closed and the outcome is unknown"
     ))
 }
 
@@ -227,11 +228,10 @@ impl Fence {
     /// past the bound; the connection is then closed as `client` drops, so no later call waits
     /// behind the same lost answer. The call's outcome is unknown to the caller.
     async fn ask<F: Future>(&self, client: &Conn, call: F) -> Result<F::Output, FenceError> {
-        let bound = self.answer_bound;
         client
-            .within(bound, call)
+            .within(self.answer_bound, call)
             .await
-            .ok_or_else(|| unanswered(bound))
+            .map_err(unanswered)
     }
 
     /// Calls one fenced function; maps a refusal to [`FenceError::Rejected`] (counted and logged).
@@ -629,9 +629,10 @@ impl FencedTransaction {
     /// is unknown if the connection broke mid-commit: treat it as "may or may not have landed".
     pub async fn commit(mut self) -> Result<(), FenceError> {
         let client = self.client.take().expect("a live transaction");
-        let bound = self.answer_bound;
-        let committed = client.within(bound, client.batch_execute("COMMIT")).await;
-        Ok(committed.ok_or_else(|| unanswered(bound))??)
+        let committed = client
+            .within(self.answer_bound, client.batch_execute("COMMIT"))
+            .await;
+        Ok(committed.map_err(unanswered)??)
     }
 
     /// Rolls back; the connection goes back to the pool, or is closed if the rollback failed
@@ -641,7 +642,7 @@ impl FencedTransaction {
             let rolled_back = client
                 .within(self.answer_bound, client.batch_execute("ROLLBACK"))
                 .await;
-            if !matches!(rolled_back, Some(Ok(()))) {
+            if !matches!(rolled_back, Ok(Ok(()))) {
                 client.discard();
             }
         }
@@ -660,12 +661,7 @@ impl Drop for FencedTransaction {
 /// Applies the roles and the schema as a superuser (`admin_url`), then optionally sets the
 /// resource-side fencing switch. Idempotent and safe to run concurrently.
 pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), FenceError> {
-    let (client, conn) = tokio_postgres::connect(admin_url, NoTls).await?;
-    let conn_task = tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!(error = %e, "migration connection ended");
-        }
-    });
+    let (client, conn_task) = admin_session(admin_url).await?;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
@@ -735,6 +731,14 @@ pub async fn provision_node_role(
     node_id: &str,
     password: &str,
 ) -> Result<String, FenceError> {
+    let (role, sql) = node_role_sql(node_id, password)?;
+    admin_batch(admin_url, &sql).await?;
+    Ok(role)
+}
+
+/// The role of `node_id` and the statements that create or update it with `password` (plain, or
+/// a SCRAM verifier, which the server stores as it is); refuses a node id that cannot name one.
+pub(crate) fn node_role_sql(node_id: &str, password: &str) -> Result<(String, String), FenceError> {
     let valid = (1..=40).contains(&node_id.len())
         && node_id
             .chars()
@@ -756,8 +760,67 @@ pub async fn provision_node_role(
         password = quote_literal(password),
         timeouts = role_timeouts_sql(&role),
     );
-    admin_batch(admin_url, &sql).await?;
-    Ok(role)
+    Ok((role, sql))
+}
+
+/// `ALTER ROLE role LOGIN PASSWORD password`, quoted.
+pub(crate) fn login_password_sql(role: &str, password: &str) -> String {
+    format!(
+        "ALTER ROLE {} LOGIN PASSWORD {};",
+        quote_ident(role),
+        quote_literal(password)
+    )
+}
+
+/// Sets the fence's `max_token` to `max_token` (holder `operator`), as a superuser
+/// (`admin_url`), in one transaction with its `fence_log` record (op `operator-reset`); returns
+/// the `(max_token, holder)` it replaced. `baton fence reset` runs it.
+///
+/// Two uses. Recovery from a poisoned `max_token` (a holder of the application role's
+/// credentials, or a bug, claimed a token far above any real term: the fence then refuses every
+/// new term, safely and forever). And switching the election backend on the same database:
+/// tokens of different backends are not comparable (pg-lease's epoch may be at 77 when raft's
+/// terms start again at 1, and the fence would refuse raft's terms until one passed 77).
+///
+/// Stop every node's leader work first (the whole fleet, when switching backends), and pick
+/// `max_token` at or above the highest token any still-running node could hold: a stale node
+/// holding a token above it could write again. A negative `max_token` is refused, nothing changed.
+pub async fn reset(admin_url: &str, max_token: i64) -> Result<(i64, String), FenceError> {
+    if max_token < 0 {
+        return Err(FenceError::Invalid(format!(
+            "max_token must be >= 0, got {max_token}"
+        )));
+    }
+    let (client, conn_task) = admin_session(admin_url).await?;
+    let replaced = async {
+        client.batch_execute("BEGIN").await?;
+        let before = client
+            .query_one(
+                "SELECT max_token, holder FROM baton.fenced_resource WHERE name = baton.fence_domain() FOR UPDATE",
+                &[],
+            )
+            .await?;
+        client
+            .execute(
+                "UPDATE baton.fenced_resource SET max_token = $1, holder = 'operator', updated_at = clock_timestamp()
+                  WHERE name = baton.fence_domain()",
+                &[&max_token],
+            )
+            .await?;
+        client
+            .execute(
+                "INSERT INTO baton.fence_log (resource, token, holder, op) VALUES (baton.fence_domain(), $1, 'operator', 'operator-reset')",
+                &[&max_token],
+            )
+            .await?;
+        client.batch_execute("COMMIT").await?;
+        Ok::<_, tokio_postgres::Error>((before.get(0), before.get(1)))
+    }
+    .await;
+    // On an error the session ends here, and the server rolls the transaction back.
+    drop(client);
+    let _ = conn_task.await;
+    Ok(replaced?)
 }
 
 /// Sets whether the resource refuses sessions of the shared application role (only per-node
@@ -771,8 +834,7 @@ pub async fn set_require_node_roles(admin_url: &str, on: bool) -> Result<(), Fen
 }
 
 async fn admin_batch(admin_url: &str, sql: &str) -> Result<(), FenceError> {
-    let (client, conn) = tokio_postgres::connect(admin_url, NoTls).await?;
-    let conn_task = tokio::spawn(conn);
+    let (client, conn_task) = admin_session(admin_url).await?;
     let done = client.batch_execute(sql).await;
     drop(client);
     let _ = conn_task.await;

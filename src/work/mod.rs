@@ -6,6 +6,7 @@
 //! linked to `ctx.supervisor`, and send every protected write through `ctx.fence` with `ctx.token`.
 
 pub mod child;
+pub mod db;
 pub mod fence;
 pub mod job;
 pub(crate) mod scheduler;

@@ -166,7 +166,7 @@ pub struct Series {
 pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig> {
     let mut cfg = match fleet::default_base_config(plan.backend) {
         Some(p) => NodeConfig::from_file(&p)?,
-        None => NodeConfig::default(),
+        None => NodeConfig::for_backend(plan.backend),
     };
     cfg.backend = plan.backend;
     cfg.fencing = plan.fencing;

@@ -405,7 +405,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     let dir = dir.to_path_buf();
     let base = match &spec.base_config {
         Some(p) => NodeConfig::from_file(p)?,
-        None => NodeConfig::default(),
+        None => NodeConfig::for_backend(spec.backend),
     };
     let mut base = base;
     base.backend = spec.backend;
