@@ -537,8 +537,7 @@ impl SupervisorState {
         };
         // After handing over voluntarily, give the successor a head start so a backend without
         // a queue does not simply hand leadership straight back to us.
-        let handover =
-            matches!(
+        let handover = matches!(
             reason,
             DemotionReason::StepDown { .. } | DemotionReason::Handover
         ) || self.stop_after_release.is_some();

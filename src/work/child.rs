@@ -171,7 +171,7 @@ impl LeaderWork for ChildWork {
         };
         let group = spawn_group(self.command(&ctx)).map_err(start_err)?;
         let pid = group.pgid;
-        metrics::gauge!(m::CHILD_PID).set(f64::from(pid));
+        metrics::gauge!(m::CHILD_PID, "shard" => ctx.shard.0.to_string()).set(f64::from(pid));
         let deadline =
             deadline_detail(&ctx.leadership, ctx.token, self.lease_expiry_after_deadline);
         ctx.trace.step(
@@ -188,6 +188,7 @@ impl LeaderWork for ChildWork {
             token: ctx.token,
             trace: ctx.trace.clone(),
             leadership: ctx.leadership.clone(),
+            shard: ctx.shard,
             stop_timeout: self.spec.stop_timeout,
             lease_expiry_after_deadline: self.lease_expiry_after_deadline,
         };
@@ -485,6 +486,8 @@ struct Keeper {
     token: FenceToken,
     trace: ActorTrace,
     leadership: Arc<Leadership>,
+    /// The shard whose term this program serves (the `shard` label of its pid gauge).
+    shard: crate::shard::ShardId,
     stop_timeout: Duration,
     lease_expiry_after_deadline: Option<Duration>,
 }
@@ -554,7 +557,7 @@ impl Keeper {
                 self.group.wait_gone(None).await;
             }
         }
-        metrics::gauge!(m::CHILD_PID).set(0.0);
+        metrics::gauge!(m::CHILD_PID, "shard" => self.shard.0.to_string()).set(0.0);
         let status = self.group.status.map(describe_status).unwrap_or_default();
         let deadline = deadline_detail(
             &self.leadership,
