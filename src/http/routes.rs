@@ -299,7 +299,8 @@ struct NextBody {
 }
 
 /// [`query_pairs`] then [`pick_shard`]: the request's parameters and the shard it names.
-#[allow(clippy::type_complexity)]
+// The error is the whole 400 response, as in `query_pairs`.
+#[allow(clippy::type_complexity, clippy::result_large_err)]
 fn shard_query<'a, 'r>(
     app: &'a HttpApp,
     req: &'r Request<Incoming>,
@@ -313,6 +314,8 @@ fn shard_query<'a, 'r>(
 /// The shard a request is about: `?shard=S` (0..K) or `?key=K` (its FNV-1a hash mod K, see
 /// [`crate::shard::shard_of_key`]); neither is shard 0 on an unsharded node and a 400 on a
 /// sharded one (a request must not land on an arbitrary shard). Also whether it was named.
+// The error is the whole 400 response, as in `query_pairs`.
+#[allow(clippy::result_large_err)]
 fn pick_shard<'a>(
     app: &'a HttpApp,
     pairs: &[(&str, &str)],
