@@ -755,6 +755,7 @@ mod tests {
             token: FenceToken(1),
             trace: ActorTrace::disabled("t"),
             leadership: test_leadership(),
+            shard: crate::shard::ShardId::ZERO,
             stop_timeout: Duration::from_millis(300),
             lease_expiry_after_deadline: None,
         };
