@@ -9,6 +9,7 @@
 # After the rates, 500k again with two group commits in flight
 # (experiments/bench-configs/raft-commits-in-flight-2.toml), and the last rate's run also drives
 # GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run.
+# Then `baton bench shards` (pg-lease, K from $SHARDS, default 1,4,16) at the last rate.
 # DRY=1 installs and checks, and runs one 5 s bench at 20k: the rehearsal on a machine of ours.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -117,3 +118,12 @@ done
 bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" \
   --config experiments/bench-configs/raft-commits-in-flight-2.toml
 python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
+# Sharded leadership (issue 28): aggregate IDs/s against K on the same machine, one fleet per K
+# pg-lease: a lease backend (sharded raft is not built) whose only server, PostgreSQL, is in the
+# bundle. SHARDS="1,4,16" by default; SHARDS="" skips it.
+shards=${SHARDS-1,4,16}
+if [ -n "$shards" ]; then
+  say "baton bench shards --shards $shards --rate $last"
+  "$baton" bench shards --backend pg-lease --shards "$shards" --rate "$last" --duration "$duration" \
+    --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
+fi
