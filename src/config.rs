@@ -1498,7 +1498,8 @@ mod tests {
     fn lease_timing_errors_offer_a_lower_renewal_that_works() {
         let mut c = NodeConfig {
             renew_interval_ms: 2900,
-            ..NodeConfig::default()
+            // A lease backend's timing (3 s lease, renew 1 s, retry 250 ms, margin 100 ms).
+            ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let err = c.validate().unwrap_err().to_string();
         assert!(
@@ -1518,7 +1519,8 @@ mod tests {
     fn interval_order_errors_name_a_value_that_works() {
         let mut c = NodeConfig {
             retry_interval_ms: 1000,
-            ..NodeConfig::default()
+            // A lease backend's timing (3 s lease, renew 1 s, retry 250 ms, margin 100 ms).
+            ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let err = c.validate().unwrap_err().to_string();
         c.retry_interval_ms =
@@ -1526,7 +1528,8 @@ mod tests {
         c.validate().unwrap();
         let mut c = NodeConfig {
             lease_ttl_ms: 900,
-            ..NodeConfig::default()
+            // A lease backend's timing (3 s lease, renew 1 s, retry 250 ms, margin 100 ms).
+            ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let err = c.validate().unwrap_err().to_string();
         assert!(

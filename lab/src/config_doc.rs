@@ -501,7 +501,8 @@ mod tests {
         }
         assert_eq!(struct_keys("PeerSpec").len(), 3);
         let r = reference();
-        assert!(r.contains("| `lease_ttl_ms` | `3000` | ms |"), "{r}");
+        // The default backend is raft, whose default lease is 150 ms.
+        assert!(r.contains("| `lease_ttl_ms` | `150` | ms |"), "{r}");
         assert!(r.contains("## `[term_backoff]`"));
     }
 

@@ -353,11 +353,19 @@ async fn experiment(
             .await?
             .and_then(|v| Summary::of(&v));
     }
+    // Per shard: IDs strictly increasing across terms, and (every op: claims, ticks,
+    // checkpoints, IDs) no token after a higher one in the shard's commit order — a stale
+    // leader's accepted write, which only a fence that is off lets in.
     let ledger_violations: i64 = db
         .query_one(
-            "SELECT count(*) FROM (SELECT token, seq_lo, lag(seq_hi) OVER w AS prev_hi, lag(token) OVER w AS prev_token
-               FROM baton.fence_log WHERE op = 'next' WINDOW w AS (PARTITION BY resource ORDER BY pos)) x
-             WHERE seq_lo <= prev_hi OR token < prev_token",
+            "SELECT (SELECT count(*) FROM (SELECT seq_lo, lag(seq_hi) OVER w AS prev_hi
+                       FROM baton.fence_log WHERE op = 'next' WINDOW w AS (PARTITION BY resource ORDER BY pos)) x
+                     WHERE seq_lo <= prev_hi)
+                  + (SELECT count(*) FROM (SELECT token, max(token) OVER w AS max_before
+                       FROM baton.fence_log
+                       WINDOW w AS (PARTITION BY baton.fence_domain(resource) ORDER BY pos
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) y
+                     WHERE token < max_before)",
             &[],
         )
         .await?
