@@ -257,6 +257,12 @@ async fn whole_fleet_restart_every_token_after_exceeds_every_token_before() {
             .await
             .unwrap();
     }
+    for n in fleet.state().nodes {
+        fleet.kill9(&n.id);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Read once every node is dead: the leader's scheduler ticks on until its kill, so a read
+    // taken before the kills could miss its last writes and count them as "after".
     let row = db
         .query_one(
             "SELECT max(pos), max(token), count(DISTINCT token) FROM baton.fence_log",
@@ -270,11 +276,6 @@ async fn whole_fleet_restart_every_token_after_exceeds_every_token_before() {
         distinct_before >= 2,
         "expected two terms before the restart"
     );
-
-    for n in fleet.state().nodes {
-        fleet.kill9(&n.id);
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     for n in fleet.state().nodes {
         fleet.start(&n.id);
     }
