@@ -57,6 +57,37 @@ async fn settled_placement(
     }
 }
 
+/// [`settled_placement`], once it has held for a second and a half: the same leader and token
+/// for every shard in two looks (a fleet that has just come up may still be handing shards to
+/// members it has only now counted live).
+async fn stable_placement(
+    fleet: &Fleet,
+    k: u32,
+    within: Duration,
+) -> BTreeMap<u32, (String, String, i64)> {
+    let until = Instant::now() + within;
+    let mut seen = settled_placement(fleet, k, within).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = settled_placement(
+            fleet,
+            k,
+            until
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(1)),
+        )
+        .await;
+        if now == seen {
+            return now;
+        }
+        assert!(
+            Instant::now() < until,
+            "placement did not hold still within {within:?}"
+        );
+        seen = now;
+    }
+}
+
 /// Every actor-trace line of the fleet, sorted by the (shared, one machine) monotonic clock.
 fn traces(fleet: &Fleet) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
@@ -140,7 +171,7 @@ fn metric_sum(text: &str, name: &str, shard: u32) -> f64 {
 async fn shards_spread_evenly_and_every_interface_names_its_shard() {
     const K: u32 = 8;
     let fleet = Fleet::up_with("etcd", 3, &["--shards", "8"]);
-    let placed = settled_placement(&fleet, K, SETTLE).await;
+    let placed = stable_placement(&fleet, K, SETTLE).await;
     let nodes = fleet.state().nodes;
 
     // POST /next?shard=S: the shard's leader answers with its shard and token; every other
@@ -254,7 +285,7 @@ async fn shards_spread_evenly_and_every_interface_names_its_shard() {
 async fn per_shard_fence_failover_and_rebalance_on_pg_lease() {
     const K: u32 = 6;
     let fleet = Fleet::up_with("pg-lease", 3, &["--shards", "6"]);
-    let placed = settled_placement(&fleet, K, SETTLE).await;
+    let placed = stable_placement(&fleet, K, SETTLE).await;
 
     // Shard 3's leader steps down: its old token is now stale on shard 3.
     let (old3, addr3, token3) = placed[&3].clone();
@@ -356,7 +387,7 @@ async fn per_shard_fence_failover_and_rebalance_on_pg_lease() {
 async fn rolling_restart_moves_every_shard_without_losing_an_id() {
     const K: u32 = 4;
     let fleet = Fleet::up_with("etcd", 3, &["--shards", "4"]);
-    let placed = settled_placement(&fleet, K, SETTLE).await;
+    let placed = stable_placement(&fleet, K, SETTLE).await;
     let addrs: Vec<String> = fleet
         .state()
         .nodes

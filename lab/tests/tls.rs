@@ -122,7 +122,8 @@ fn node_config(pg: &Pg, root: &Path, node_id: &str) -> NodeConfig {
         node_id: node_id.into(),
         backend: BackendKind::PgLease,
         state_dir: root.join(node_id),
-        ..NodeConfig::default()
+        // A lease backend's own timing (the default config is raft's).
+        ..NodeConfig::for_backend(BackendKind::PgLease)
     };
     cfg.scheduler.enabled = false;
     cfg.resource.database_url = pg.server.app_url();
@@ -384,7 +385,8 @@ async fn the_redis_backend_elects_over_tls() {
     let mut cfg = NodeConfig {
         node_id: "r1".into(),
         backend: BackendKind::Redis,
-        ..NodeConfig::default()
+        // A lease backend's own timing (the default config is raft's).
+        ..NodeConfig::for_backend(BackendKind::Redis)
     };
     cfg.redis.url = redis.url();
     assert!(cfg.redis.url.starts_with("rediss://"));
@@ -413,7 +415,8 @@ async fn the_etcd_backend_elects_over_tls() {
     let mut cfg = NodeConfig {
         node_id: "e1".into(),
         backend: BackendKind::Etcd,
-        ..NodeConfig::default()
+        // A lease backend's own timing (the default config is raft's).
+        ..NodeConfig::for_backend(BackendKind::Etcd)
     };
     cfg.etcd.endpoints = etcd.endpoints();
     assert!(cfg.etcd.endpoints[0].starts_with("https://"));
