@@ -313,7 +313,9 @@ impl NodeBuilder {
             let app = Arc::new(HttpApp {
                 shards: shards
                     .iter()
-                    .map(|t| http::ShardApp {
+                    .enumerate()
+                    .map(|(s, t)| http::ShardApp {
+                        shard: s,
                         shared: t.leadership.clone(),
                         supervisor: t.supervisor.clone(),
                         sequencer: t.sequencer.clone().unwrap_or_default(),

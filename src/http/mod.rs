@@ -60,6 +60,8 @@ pub(crate) struct ReadSettings {
 
 /// One shard's term as the handlers see it (one entry at K = 1: shard 0).
 pub(crate) struct ShardApp {
+    /// This shard's number (its index in `HttpApp::shards`).
+    pub shard: usize,
     pub shared: Arc<Leadership>,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub sequencer: SequencerHandle,

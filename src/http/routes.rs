@@ -357,14 +357,13 @@ fn pick_shard<'a>(
     }
 }
 
-fn not_leader(app: &HttpApp, shard: &ShardApp) -> Resp {
-    let _ = app;
+fn not_leader(shard: &ShardApp) -> Resp {
     let st = shard.shared.status();
     match st.leader.filter(|l| l.node_id != shard.shared.node_id()) {
         Some(leader) => {
             let mut r = json_resp(
                 StatusCode::CONFLICT,
-                json!({ "error": "not_leader", "leader": leader, "shard": shard_number(app, shard) }),
+                json!({ "error": "not_leader", "leader": leader, "shard": shard.shard }),
             );
             if let Some(addr) = leader
                 .http_addr
@@ -439,7 +438,7 @@ async fn next(
         );
     }
     if !shard.shared.is_leading() {
-        return not_leader(app, shard);
+        return not_leader(shard);
     }
     let res = shard
         .sequencer
@@ -470,7 +469,7 @@ async fn next(
         }
         Err(NextCallError::NotRunning) | Err(NextCallError::Next(NextError::Demoting)) => {
             if !shard.shared.is_leading() {
-                not_leader(app, shard)
+                not_leader(shard)
             } else {
                 error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -522,7 +521,7 @@ async fn read(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) -> R
     let _serving = conn.serving();
     let Some(view) = shard.shared.read_view() else {
         count_read(mode, "not_leader");
-        return not_leader(app, shard);
+        return not_leader(shard);
     };
     match mode {
         ReadMode::Lease => {
@@ -573,7 +572,7 @@ fn answer_from_memory(
         StatusCode::OK,
         json!({
             "node_id": shard.shared.node_id(),
-            "shard": shard_number(app, shard),
+            "shard": shard.shard,
             "token": view.token,
             "seq": view.committed_seq.filter(|_| app.read.sequencer),
             "cursor": view.committed_cursor.filter(|_| app.read.scheduler),
@@ -613,7 +612,6 @@ async fn quorum_read(app: &HttpApp, shard: &ShardApp, view: ReadView, requested:
         Confirmed::NotLeader => {
             count_read(ReadMode::Quorum, "not_leader");
             return deposed(
-                app,
                 shard,
                 "the backend no longer names this node's term as leader",
             );
@@ -642,7 +640,7 @@ async fn quorum_read(app: &HttpApp, shard: &ShardApp, view: ReadView, requested:
         }
         _ => {
             count_read(ReadMode::Quorum, "not_leader");
-            deposed(app, shard, "this node's term ended during the read")
+            deposed(shard, "this node's term ended during the read")
         }
     }
 }
@@ -686,7 +684,6 @@ async fn resource_read(app: &HttpApp, shard: &ShardApp, view: ReadView) -> Resp 
     if st.max_token > view.token.0 {
         count_read(ReadMode::Resource, "fenced");
         return deposed(
-            app,
             shard,
             &format!(
                 "the resource has accepted token {} (holder {}); this node holds {}",
@@ -699,7 +696,7 @@ async fn resource_read(app: &HttpApp, shard: &ShardApp, view: ReadView) -> Resp 
         StatusCode::OK,
         json!({
             "node_id": shard.shared.node_id(),
-            "shard": shard_number(app, shard),
+            "shard": shard.shard,
             "token": view.token,
             "seq": st.last_seq.unwrap_or(0),
             "cursor": st.cursor.unwrap_or(0),
@@ -714,14 +711,14 @@ async fn resource_read(app: &HttpApp, shard: &ShardApp, view: ReadView) -> Resp 
 
 /// This node found out mid-read that it no longer leads: 409 with the leader when another
 /// one is known, else 503, never an answer.
-fn deposed(app: &HttpApp, shard: &ShardApp, detail: &str) -> Resp {
+fn deposed(shard: &ShardApp, detail: &str) -> Resp {
     let st = shard.shared.status();
     if st
         .leader
         .as_ref()
         .is_some_and(|l| l.node_id != shard.shared.node_id())
     {
-        return not_leader(app, shard);
+        return not_leader(shard);
     }
     error(StatusCode::SERVICE_UNAVAILABLE, "deposed", detail)
 }
@@ -730,14 +727,6 @@ fn deposed(app: &HttpApp, shard: &ShardApp, detail: &str) -> Resp {
 #[serde(deny_unknown_fields)]
 struct StepDownBody {
     to: Option<String>,
-}
-
-/// The number of `shard` in `app.shards`.
-fn shard_number(app: &HttpApp, shard: &ShardApp) -> usize {
-    app.shards
-        .iter()
-        .position(|s| std::ptr::eq(s, shard))
-        .unwrap_or(0)
 }
 
 /// Equal-length comparison whose time does not depend on where the inputs differ, so the token
@@ -817,9 +806,7 @@ async fn stepdown(app: &HttpApp, conn: &Arc<ConnState>, req: Request<Incoming>) 
         Ok(ractor::rpc::CallResult::Success(Ok(report))) => {
             json_resp(StatusCode::OK, json!({ "stepped_down": report }))
         }
-        Ok(ractor::rpc::CallResult::Success(Err(StepDownError::NotLeader))) => {
-            not_leader(app, shard)
-        }
+        Ok(ractor::rpc::CallResult::Success(Err(StepDownError::NotLeader))) => not_leader(shard),
         Ok(ractor::rpc::CallResult::Success(Err(StepDownError::Unsupported(d)))) => {
             error(StatusCode::NOT_IMPLEMENTED, "unsupported", d)
         }

@@ -128,11 +128,17 @@ async fn placement(state: &FleetState) -> BTreeMap<u32, String> {
 }
 
 /// Waits (up to `within`) until every shard is led and the live nodes' counts differ by ≤ 1.
+/// One `/status` sweep per look: the placement and the counts come from the same rows.
 async fn settle(state: &FleetState, k: u32, within: Duration) -> (BTreeMap<u32, String>, bool) {
     let until = Instant::now() + within;
     loop {
-        let p = placement(state).await;
         let rows = fleet::status(state).await;
+        let mut p = BTreeMap::new();
+        for r in rows.iter().filter(|r| r.alive) {
+            for (s, _) in &r.shards_led {
+                p.insert(*s, r.id.clone());
+            }
+        }
         let counts: Vec<usize> = rows
             .iter()
             .filter(|r| r.alive && r.role.is_some())
@@ -349,7 +355,7 @@ async fn experiment(
 
     let db = connect_admin(state).await?;
     for (row, (w0, w1)) in rows.iter_mut().zip(&windows) {
-        row.dark_ms = dark_times(&db, k, *w0, *w1)
+        row.dark_ms = dark_times(&db, *w0, *w1)
             .await?
             .and_then(|v| Summary::of(&v));
     }
@@ -441,7 +447,6 @@ async fn experiment(
 /// PostgreSQL's clock. `None` when no term changed.
 async fn dark_times(
     db: &tokio_postgres::Client,
-    k: u32,
     w0: f64,
     w1: f64,
 ) -> anyhow::Result<Option<Vec<f64>>> {
@@ -463,6 +468,5 @@ async fn dark_times(
         .iter()
         .filter_map(|r| r.get::<_, Option<f64>>(1))
         .collect();
-    let _ = k;
     Ok((!v.is_empty()).then_some(v))
 }
