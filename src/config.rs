@@ -243,6 +243,10 @@ pub struct ShardsConfig {
     pub probe_interval_ms: u64,
     /// A member that has not answered a probe for this long is not live: its shards are
     /// placed elsewhere (the backend still waits out its lease before a new owner wins).
+    /// Counting a member dead long before its leases could expire gains little (nobody can win
+    /// its shards sooner) and costs hand-overs when a loaded member answers late: the default
+    /// is two thirds of the lease backends' 3 s TTL (1 s moved shards back and forth on a
+    /// saturated 2-core machine, where `/healthz` is served at nice 5 behind the timers).
     pub down_after_ms: u64,
     /// A shard with no leader for this long is campaigned for by every live member, whatever
     /// the placement says: a disagreement between views never leaves a shard dark for longer.
@@ -255,7 +259,7 @@ impl Default for ShardsConfig {
             count: 1,
             members: Vec::new(),
             probe_interval_ms: 200,
-            down_after_ms: 1000,
+            down_after_ms: 2000,
             orphan_grace_ms: 1500,
         }
     }

@@ -236,16 +236,17 @@ impl NodeBuilder {
         check_fencing_mode(&fence, cfg.fencing).await?;
         let placement = Arc::new(PlacementState::default());
         let mut shards: Vec<ShardTree> = Vec::with_capacity(shard_count as usize);
-        let mut given_elector = self.elector;
-        for s in 0..shard_count {
+        let shard_cfgs: Vec<NodeConfig> = (0..shard_count)
+            .map(|s| cfg.for_shard(ShardId(s)))
+            .collect();
+        let electors = match self.elector {
+            Some(e) => vec![e],
+            None => backends::build_shards(&shard_cfgs)
+                .await
+                .context("connecting the election backend")?,
+        };
+        for ((s, shard_cfg), backend) in (0..shard_count).zip(shard_cfgs).zip(electors) {
             let shard = ShardId(s);
-            let shard_cfg = cfg.for_shard(shard);
-            let backend = match given_elector.take() {
-                Some(e) => e,
-                None => backends::build(&shard_cfg)
-                    .await
-                    .with_context(|| format!("shard {s}: connecting its election backend"))?,
-            };
             let shard_fence = if s == 0 {
                 fence.clone()
             } else {

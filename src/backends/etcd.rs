@@ -5,10 +5,21 @@
 //!
 //! Interoperates with `etcdctl elect NAME` on the same name: its candidacy queues with ours.
 //!
+//! **One lease per node, whatever the number of shards.** The electors of a sharded node (one per
+//! shard, each with its own election name) share one session: one etcd client, one
+//! lease, one keepalive stream. A shard's `renew` that finds a grant another shard's keepalive got
+//! less than half a renew interval ago takes that grant instead of sending a keepalive of its own, so a node sends about
+//! two keepalives per renew interval for all its shards, not one per shard. The grant keeps its
+//! own send time, so every shard's deadline is still counted from a request that really renewed
+//! the lease its key rides on. Losing that lease ends every shard's candidacy and term at once:
+//! each shard's next `renew` answers `LeaseLost`. With one shard this is exactly the unshared
+//! session (one elector, one lease, revoked on close).
+//!
 //! While a campaign waits, two helpers run beside it: `etcd_vacancy` notes when the seat fell
 //! free (for the election-latency figure), and `etcd_expiry` revokes the leader's lease once it
 //! has provably expired, so a dead leader is not waited on for etcd 3.4's 500 ms lease sweep.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -32,18 +43,36 @@ struct Session {
     /// *earlier* request, which would be credited to a later send time. Reopen instead.
     keepalive: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     last_grant: Grant,
+    /// The shard whose renewal sent `last_grant`'s keepalive (`None`: the grant itself). A shard
+    /// never takes its own last grant as a renewal: a lone shard renews as an unshared session.
+    last_sent_by: Option<u32>,
+    /// How many of the sharing electors have a candidacy or a term on this lease; the last one
+    /// to close revokes it.
+    riders: usize,
 }
 
-/// The `etcd` backend (see the module docs). Holds one lease session and at most one candidacy
-/// at a time.
+/// The liveness session every shard elector of one node shares (see the module docs): at most
+/// one lease at a time.
+struct SharedSession {
+    /// A grant sent less than this long ago answers a shard's renewal without a round trip.
+    reuse_grant_for: Duration,
+    state: Mutex<Option<Session>>,
+}
+
+/// The `etcd` backend (see the module docs). Holds at most one candidacy at a time, on its node's
+/// shared lease.
 pub struct EtcdElector {
+    shared: Arc<SharedSession>,
+    /// This elector's shard (which of the node's electors sent a keepalive).
+    shard: u32,
     client: Client,
     name: String,
     value: Vec<u8>,
     ttl_secs: i64,
     timeout: Duration,
     clock_rate_error: f64,
-    session: Mutex<Option<Session>>,
+    /// The lease this elector's candidacy or term rides on, while it has one.
+    riding: Mutex<Option<i64>>,
     leader_key: Mutex<Option<LeaderKey>>,
 }
 
@@ -105,6 +134,17 @@ impl EtcdElector {
     /// are), `ElectorError::Unavailable` if the client cannot be set up within the request
     /// timeout.
     pub async fn connect(cfg: &NodeConfig) -> ElectorResult<EtcdElector> {
+        let mut one = EtcdElector::connect_shards(std::slice::from_ref(cfg)).await?;
+        Ok(one.remove(0))
+    }
+
+    /// One elector per shard config (`NodeConfig::for_shard`), all on one client and one shared
+    /// lease session (the first config's endpoints, timing and TLS; the shards differ only in
+    /// their election name).
+    pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<EtcdElector>> {
+        let cfg = cfgs
+            .first()
+            .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
         if cfg.lease_ttl_ms % 1000 != 0 {
             return Err(ElectorError::Config(format!(
                 "etcd leases are whole seconds; lease_ttl_ms {} is not",
@@ -121,20 +161,30 @@ impl EtcdElector {
         let client = Client::connect(&cfg.etcd.endpoints, Some(opts))
             .await
             .map_err(unavailable)?;
+        let ttl_secs = (cfg.lease_ttl_ms / 1000) as i64;
+        let shared = Arc::new(SharedSession {
+            reuse_grant_for: cfg.renew_interval() / 2,
+            state: Mutex::new(None),
+        });
         let me = LeaderInfo {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),
         };
-        Ok(EtcdElector {
-            client,
-            name: cfg.etcd.election_name.clone(),
-            value: me.encode(),
-            ttl_secs: (cfg.lease_ttl_ms / 1000) as i64,
-            timeout,
-            clock_rate_error: cfg.clock_rate_error,
-            session: Mutex::new(None),
-            leader_key: Mutex::new(None),
-        })
+        Ok((0u32..)
+            .zip(cfgs)
+            .map(|(shard, shard_cfg)| EtcdElector {
+                shared: shared.clone(),
+                shard,
+                client: client.clone(),
+                name: shard_cfg.etcd.election_name.clone(),
+                value: me.encode(),
+                ttl_secs,
+                timeout,
+                clock_rate_error: cfg.clock_rate_error,
+                riding: Mutex::new(None),
+                leader_key: Mutex::new(None),
+            })
+            .collect())
     }
 
     async fn bounded<T>(
@@ -144,11 +194,22 @@ impl EtcdElector {
         bounded(self.timeout, f).await
     }
 
-    /// Grants a lease if there is no session; returns the lease id and its latest grant.
-    async fn ensure_session(&self) -> ElectorResult<(i64, Grant)> {
-        let mut guard = self.session.lock().await;
-        if let Some(s) = guard.as_ref() {
-            return Ok((s.lease_id, s.last_grant));
+    /// Boards the node's lease, granting one if there is none (or if the one there has lapsed:
+    /// nobody renewed it, e.g. every shard was withdrawn for longer than the TTL). Returns the
+    /// lease id; this elector rides on it until `close` or a lost lease.
+    async fn board_session(&self) -> ElectorResult<i64> {
+        let mut guard = self.shared.state.lock().await;
+        let mut riding = self.riding.lock().await;
+        if let Some(s) = guard.as_mut() {
+            let lapsed = s.last_grant.sent_at.elapsed() >= s.last_grant.ttl;
+            if !lapsed || s.riders > 0 {
+                if *riding != Some(s.lease_id) {
+                    s.riders += 1;
+                    *riding = Some(s.lease_id);
+                }
+                return Ok(s.lease_id);
+            }
+            *guard = None;
         }
         let sent_at = Instant::now();
         let mut c = self.client.clone();
@@ -162,8 +223,22 @@ impl EtcdElector {
             lease_id: resp.id(),
             keepalive: None,
             last_grant: grant,
+            last_sent_by: None,
+            riders: 1,
         });
-        Ok((resp.id(), grant))
+        *riding = Some(resp.id());
+        Ok(resp.id())
+    }
+
+    /// The session's lease is gone (expired, or another shard found it so): every rider's
+    /// candidacy and term ended with it.
+    async fn lease_lost(&self, guard: &mut Option<Session>, id: i64) -> ElectorError {
+        if guard.as_ref().is_some_and(|s| s.lease_id == id) {
+            *guard = None;
+        }
+        *self.riding.lock().await = None;
+        *self.leader_key.lock().await = None;
+        ElectorError::LeaseLost(format!("etcd lease {id:x} expired"))
     }
 }
 
@@ -174,7 +249,7 @@ impl Elector for EtcdElector {
     }
 
     async fn campaign(&self) -> ElectorResult<Win> {
-        let (lease_id, _) = self.ensure_session().await?;
+        let lease_id = self.board_session().await?;
         let started = Instant::now();
         let prefix = format!("{}/", self.name);
         let vacancy = VacancyWatch::open(&self.client, &prefix, self.timeout).await;
@@ -208,10 +283,12 @@ impl Elector for EtcdElector {
         };
         *self.leader_key.lock().await = Some(key);
         let grant = self
-            .session
+            .shared
+            .state
             .lock()
             .await
             .as_ref()
+            .filter(|s| s.lease_id == lease_id)
             .map(|s| s.last_grant)
             .ok_or_else(|| ElectorError::LeaseLost("session closed during campaign".into()))?;
         Ok(Win {
@@ -222,26 +299,32 @@ impl Elector for EtcdElector {
     }
 
     async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let mut guard = self.session.lock().await;
-        let Some(session) = guard.as_mut() else {
-            return Ok(None);
+        let mut guard = self.shared.state.lock().await;
+        let riding = *self.riding.lock().await;
+        let session = match (guard.as_mut(), riding) {
+            (_, None) => return Ok(None),
+            (Some(s), Some(id)) if s.lease_id == id => s,
+            // Another shard found our lease gone (and may have boarded a new one since).
+            (_, Some(id)) => return Err(self.lease_lost(&mut guard, id).await),
         };
+        let lease_id = session.lease_id;
+        if session.keepalive.is_some()
+            && session.last_sent_by.is_some_and(|s| s != self.shard)
+            && session.last_grant.sent_at.elapsed() < self.shared.reuse_grant_for
+        {
+            return Ok(Some(session.last_grant));
+        }
         if session.keepalive.is_none() {
             let mut c = self.client.clone();
             count_request(BackendKind::Etcd, "keepalive-open");
-            match tokio::time::timeout(self.timeout, c.lease_keep_alive(session.lease_id)).await {
+            match tokio::time::timeout(self.timeout, c.lease_keep_alive(lease_id)).await {
                 Ok(Ok(pair)) => session.keepalive = Some(pair),
                 // Opening the stream answers TTL 0 for a lease that is gone: that is a loss,
                 // not an outage (else a lapsed session is retried as "unavailable" forever).
                 Ok(Err(etcd_client::Error::LeaseKeepAliveError(msg)))
                     if msg.contains("lease not found") =>
                 {
-                    let id = session.lease_id;
-                    *guard = None;
-                    *self.leader_key.lock().await = None;
-                    return Err(ElectorError::LeaseLost(format!(
-                        "etcd lease {id:x} expired"
-                    )));
+                    return Err(self.lease_lost(&mut guard, lease_id).await);
                 }
                 Ok(Err(e)) => return Err(unavailable(e)),
                 Err(_) => {
@@ -267,16 +350,10 @@ impl Elector for EtcdElector {
                     ttl: Duration::from_secs(resp.ttl() as u64),
                 };
                 session.last_grant = grant;
+                session.last_sent_by = Some(self.shard);
                 Ok(Some(grant))
             }
-            Ok(Ok(Some(_))) => {
-                let id = session.lease_id;
-                *guard = None;
-                *self.leader_key.lock().await = None;
-                Err(ElectorError::LeaseLost(format!(
-                    "etcd lease {id:x} expired"
-                )))
-            }
+            Ok(Ok(Some(_))) => Err(self.lease_lost(&mut guard, lease_id).await),
             Ok(Ok(None)) => {
                 session.keepalive = None;
                 Err(unavailable("keepalive stream closed"))
@@ -377,13 +454,32 @@ impl Elector for EtcdElector {
         }
     }
 
+    /// Withdraws this elector's candidacy or term. The last rider of the node's lease revokes it
+    /// (with one shard: always, as an unshared session would); otherwise only this shard's key is
+    /// deleted (`NAME/<lease in hex>`, the key etcd's election API made for the candidacy), so the
+    /// other shards keep theirs.
     async fn close(&self) -> ElectorResult<()> {
         *self.leader_key.lock().await = None;
-        let Some(session) = self.session.lock().await.take() else {
+        let mut guard = self.shared.state.lock().await;
+        let Some(id) = self.riding.lock().await.take() else {
             return Ok(());
         };
-        // Already expired (`false`): nothing left to withdraw.
-        revoke_lease(&self.client, session.lease_id, self.timeout, "lease-revoke")
+        let Some(session) = guard.as_mut().filter(|s| s.lease_id == id) else {
+            return Ok(()); // that lease is already gone, and its keys with it
+        };
+        session.riders = session.riders.saturating_sub(1);
+        if session.riders == 0 {
+            *guard = None;
+            drop(guard);
+            // Already expired (`false`): nothing left to withdraw.
+            return revoke_lease(&self.client, id, self.timeout, "lease-revoke")
+                .await
+                .map(drop);
+        }
+        drop(guard);
+        let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "withdraw");
+        self.bounded(c.delete(format!("{}/{id:x}", self.name), None))
             .await
             .map(drop)
     }

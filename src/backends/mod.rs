@@ -15,6 +15,8 @@ pub mod pg_lease;
 pub mod raft;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "pg-lease", feature = "redis"))]
+mod renew_batch;
 #[cfg(feature = "zk")]
 pub mod zk;
 
@@ -22,6 +24,46 @@ use std::sync::Arc;
 
 use crate::config::NodeConfig;
 pub use crate::elector::*;
+
+/// One elector per shard of a node (`cfgs[s]` = `NodeConfig::for_shard(s)`). Where the backend
+/// lets the shards share the node's liveness session, they do, so renewals do not grow with the
+/// number of shards: etcd (one lease and one keepalive stream per node), pg-lease (one `UPDATE`
+/// renews every row the node holds), redis (one script call renews every key it holds). zk and
+/// raft still renew each shard on its own (FINDINGS §13 measures both).
+pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elector>>> {
+    let Some(first) = cfgs.first() else {
+        return Ok(Vec::new());
+    };
+    match first.backend {
+        #[cfg(feature = "etcd")]
+        BackendKind::Etcd => Ok(etcd::EtcdElector::connect_shards(cfgs)
+            .await?
+            .into_iter()
+            .map(|e| Arc::new(e) as Arc<dyn Elector>)
+            .collect()),
+        #[cfg(feature = "pg-lease")]
+        BackendKind::PgLease => Ok(pg_lease::PgLeaseElector::connect_shards(cfgs)
+            .await?
+            .into_iter()
+            .map(|e| Arc::new(e) as Arc<dyn Elector>)
+            .collect()),
+        #[cfg(feature = "redis")]
+        kind @ (BackendKind::Redis | BackendKind::RedisNaive) => Ok(
+            redis::RedisElector::connect_shards(cfgs, kind == BackendKind::Redis)
+                .await?
+                .into_iter()
+                .map(|e| Arc::new(e) as Arc<dyn Elector>)
+                .collect(),
+        ),
+        _ => {
+            let mut electors = Vec::with_capacity(cfgs.len());
+            for cfg in cfgs {
+                electors.push(build(cfg).await?);
+            }
+            Ok(electors)
+        }
+    }
+}
 
 /// Builds the configured backend. A backend whose cargo feature is off is a configuration error
 /// that names the feature.

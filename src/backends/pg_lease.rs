@@ -13,6 +13,9 @@
 //! * **renew** — `UPDATE .. SET valid_until = clock_timestamp() + ttl WHERE name, holder, epoch`
 //!   match and the lease has not run out yet: the epoch is kept; no row means the lease is gone
 //!   (`LeaseLost`), whether or not someone else has taken it yet — a lapsed lease is never revived.
+//!   A sharded node renews every row its shards hold in one such `UPDATE` (see
+//!   `super::renew_batch`): one round trip per node about twice per renew interval, not one per
+//!   shard; its shards also share one connection pool.
 //! * **resign / close** — `valid_until = '-infinity'` for our holder and epoch: the next poller wins.
 //! * **token** — the epoch. It strictly increases across holders (and across re-wins by the same
 //!   node) because it only ever grows in the row, and it survives database restarts with the row.
@@ -23,7 +26,7 @@
 //! in its lease for less time than the database grants it. Waiters poll with a jittered
 //! `retry_interval` (no queue: after a lapse, whichever poller comes first wins).
 
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -31,6 +34,7 @@ use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Time
 use rand::Rng;
 use tokio::sync::OnceCell;
 
+use super::renew_batch::{RenewBatch, Renewed};
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -67,10 +71,15 @@ ON CONFLICT (name) DO UPDATE
  WHERE l.valid_until < clock_timestamp() OR l.holder = EXCLUDED.holder
 RETURNING l.epoch";
 
+/// Every lease of the batch (`$1` names, `$2` holders, `$3` epochs, in step) that still holds
+/// and has not run out is extended; the rows extended are returned.
 const RENEW_SQL: &str = "
-UPDATE baton_lease.leases
+UPDATE baton_lease.leases AS l
    SET valid_until = clock_timestamp() + $4::float8 * interval '1 millisecond'
- WHERE name = $1 AND holder = $2 AND epoch = $3 AND valid_until >= clock_timestamp()";
+  FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(name, holder, epoch)
+ WHERE l.name = r.name AND l.holder = r.holder AND l.epoch = r.epoch
+   AND l.valid_until >= clock_timestamp()
+RETURNING l.name, l.epoch";
 
 const RELEASE_SQL: &str = "
 UPDATE baton_lease.leases SET valid_until = '-infinity'
@@ -125,13 +134,17 @@ struct State {
 /// database's clock.
 pub struct PgLeaseElector {
     pool: Pool,
+    /// This elector's shard: its slot in the node's renewal batch.
+    shard: u32,
+    /// The node's coalesced renewals, shared by its shards: `(name, holder, epoch)` per lease.
+    batch: Arc<RenewBatch<(String, String, i64)>>,
     name: String,
     node_id: String,
     info: String,
     ttl: Duration,
     retry: Duration,
     timeout: Duration,
-    schema: OnceCell<()>,
+    schema: Arc<OnceCell<()>>,
     state: StdMutex<State>,
 }
 
@@ -145,6 +158,16 @@ impl PgLeaseElector {
     /// Builds the pool; connects lazily (a database that is down at start shows up as failed,
     /// retried campaigns). The schema is created on first use.
     pub async fn connect(cfg: &NodeConfig) -> ElectorResult<PgLeaseElector> {
+        let mut one = PgLeaseElector::connect_shards(std::slice::from_ref(cfg)).await?;
+        Ok(one.remove(0))
+    }
+
+    /// One elector per shard config (`NodeConfig::for_shard`, which names each shard's lease
+    /// row), sharing one pool and one renewal batch (the first config's database and timing).
+    pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<PgLeaseElector>> {
+        let cfg = cfgs
+            .first()
+            .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
         if cfg.pg_lease.lease_name.is_empty() {
             return Err(ElectorError::Config("pg_lease.lease_name is empty".into()));
         }
@@ -154,7 +177,9 @@ impl PgLeaseElector {
         pc.url = Some(cfg.pg_lease.database_url.clone());
         pc.options = Some(format!("-c statement_timeout={}", timeout.as_millis()));
         pc.pool = Some(PoolSize {
-            max_size: 2,
+            // Two for one election (a renewal never waits behind a poll); a few more for a
+            // sharded node's campaigns, which poll one statement at a time.
+            max_size: (cfgs.len() + 1).clamp(2, 4),
             timeouts: Timeouts {
                 wait: Some(timeout),
                 create: Some(timeout),
@@ -168,17 +193,25 @@ impl PgLeaseElector {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),
         };
-        Ok(PgLeaseElector {
-            pool,
-            name: cfg.pg_lease.lease_name.clone(),
-            node_id: cfg.node_id.clone(),
-            info: String::from_utf8(me.encode()).expect("JSON is UTF-8"),
-            ttl: cfg.lease_ttl(),
-            retry: cfg.retry_interval(),
-            timeout,
-            schema: OnceCell::new(),
-            state: StdMutex::new(State::default()),
-        })
+        let info = String::from_utf8(me.encode()).expect("JSON is UTF-8");
+        let batch = Arc::new(RenewBatch::new(cfg.renew_interval() / 2));
+        let schema = Arc::new(OnceCell::new());
+        Ok((0u32..)
+            .zip(cfgs)
+            .map(|(shard, shard_cfg)| PgLeaseElector {
+                pool: pool.clone(),
+                shard,
+                batch: batch.clone(),
+                name: shard_cfg.pg_lease.lease_name.clone(),
+                node_id: cfg.node_id.clone(),
+                info: info.clone(),
+                ttl: cfg.lease_ttl(),
+                retry: cfg.retry_interval(),
+                timeout,
+                schema: schema.clone(),
+                state: StdMutex::new(State::default()),
+            })
+            .collect())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -251,6 +284,26 @@ impl PgLeaseElector {
         )
         .await
         .map(drop)
+    }
+
+    /// One round trip: extends every lease of `leases` that still holds; says which did.
+    async fn renew_rows(&self, leases: Vec<(String, String, i64)>) -> ElectorResult<Vec<bool>> {
+        let names: Vec<&str> = leases.iter().map(|l| l.0.as_str()).collect();
+        let holders: Vec<&str> = leases.iter().map(|l| l.1.as_str()).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.2).collect();
+        let client = self.client().await?;
+        count_request(BackendKind::PgLease, "renew");
+        let rows = self
+            .bounded(
+                &client,
+                client.query(RENEW_SQL, &[&names, &holders, &epochs, &self.ttl_ms()]),
+            )
+            .await?;
+        let renewed: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        Ok(leases
+            .iter()
+            .map(|(name, _, epoch)| renewed.iter().any(|(n, e)| n == name && e == epoch))
+            .collect())
     }
 }
 
@@ -330,20 +383,19 @@ impl Elector for PgLeaseElector {
                 _ => return Ok(None), // waiting: the row is the only state, nothing to keep alive
             }
         };
-        let client = self.client().await?;
-        let sent_at = Instant::now();
-        count_request(BackendKind::PgLease, "renew");
-        let n = self
-            .bounded(
-                &client,
-                client.execute(RENEW_SQL, &[&self.name, &holder, &epoch, &self.ttl_ms()]),
-            )
-            .await?;
-        if n == 1 {
-            return Ok(Some(Grant {
-                sent_at,
-                ttl: self.ttl,
-            }));
+        let lease = (self.name.clone(), holder, epoch);
+        match self
+            .batch
+            .renew(self.shard, lease, |leases| self.renew_rows(leases))
+            .await?
+        {
+            Renewed::At(sent_at) => {
+                return Ok(Some(Grant {
+                    sent_at,
+                    ttl: self.ttl,
+                }))
+            }
+            Renewed::Lost => {}
         }
         let mut st = self.state();
         if st.epoch == Some(epoch) {
@@ -370,6 +422,7 @@ impl Elector for PgLeaseElector {
             };
             (st.holder.take(), epoch)
         };
+        self.batch.forget(self.shard).await;
         match holder {
             Some(h) => self.release(&h, Some(epoch)).await,
             None => Ok(()),
@@ -412,6 +465,7 @@ impl Elector for PgLeaseElector {
             st.epoch = None;
             st.holder.take()
         };
+        self.batch.forget(self.shard).await;
         match holder {
             // Any epoch: a dropped campaign's acquisition may have landed unseen.
             Some(h) => self.release(&h, None).await,

@@ -38,7 +38,7 @@
 //! Cancel safety: the candidacy value is recorded *before* the `SET` is sent, so `close()` can
 //! withdraw a lock whose acquisition answer was lost with a dropped campaign future.
 
-use std::sync::Mutex as StdMutex;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -47,6 +47,7 @@ use async_trait::async_trait;
 use rand::Rng;
 use serde::Serialize;
 
+use super::renew_batch::{RenewBatch, Renewed};
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -54,12 +55,19 @@ use super::{
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
 
-/// Extends the key's expiry only if it still holds our candidacy value.
+/// Extends each key's expiry (`ARGV[#KEYS + 1]` ms) only if it still holds its candidacy value
+/// (`ARGV[i]` for `KEYS[i]`); answers 1 or 0 per key. One call renews every lock a sharded node
+/// holds (`super::renew_batch`).
 const RENEW_LUA: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[i] then
+    out[i] = redis.call('PEXPIRE', key, ARGV[#KEYS + 1])
+  else
+    out[i] = 0
+  end
 end
-return 0
+return out
 ";
 
 /// Deletes the key only if it still holds our candidacy value.
@@ -107,6 +115,10 @@ struct State {
 pub struct RedisElector {
     kind: BackendKind,
     conn: ConnectionManager,
+    /// This elector's shard: its slot in the node's renewal batch.
+    shard: u32,
+    /// The node's coalesced renewals, shared by its shards: `(key, candidacy value)` per lock.
+    batch: Arc<RenewBatch<(String, String)>>,
     key: String,
     token_key: String,
     node_id: String,
@@ -156,6 +168,19 @@ impl RedisElector {
     /// Builds the client; connects lazily (a Redis that is down at start shows up as failed
     /// campaigns, retried, not as a crash). `fenced` selects `redis` over `redis-naive`.
     pub async fn connect(cfg: &NodeConfig, fenced: bool) -> ElectorResult<RedisElector> {
+        let mut one = RedisElector::connect_shards(std::slice::from_ref(cfg), fenced).await?;
+        Ok(one.remove(0))
+    }
+
+    /// One elector per shard config (`NodeConfig::for_shard`, which names each shard's key),
+    /// sharing one connection and one renewal batch (the first config's server and timing).
+    pub async fn connect_shards(
+        cfgs: &[NodeConfig],
+        fenced: bool,
+    ) -> ElectorResult<Vec<RedisElector>> {
+        let cfg = cfgs
+            .first()
+            .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
         let timeout = Duration::from_millis(cfg.redis.request_timeout_ms.max(1));
         let client = open_client(&cfg.redis)?;
         let mcfg = ConnectionManagerConfig::new()
@@ -165,32 +190,55 @@ impl RedisElector {
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(timeout);
         let conn = ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?;
-        if cfg.redis.key.is_empty() {
+        if cfgs.iter().any(|c| c.redis.key.is_empty()) {
             return Err(ElectorError::Config("redis.key is empty".into()));
         }
-        Ok(RedisElector {
-            kind: if fenced {
-                BackendKind::Redis
-            } else {
-                BackendKind::RedisNaive
-            },
-            conn,
-            key: cfg.redis.key.clone(),
-            token_key: format!("{}:token", cfg.redis.key),
-            node_id: cfg.node_id.clone(),
-            http_addr: cfg.advertise_addr.clone(),
-            ttl: cfg.lease_ttl(),
-            retry: cfg.retry_interval(),
-            timeout,
-            clock: NodeClock {
-                skew_ms: cfg.clock_skew_ms,
-                drift: cfg.clock_drift,
-            },
-            renew_script: Script::new(RENEW_LUA),
-            release_script: Script::new(RELEASE_LUA),
-            acquire_script: Script::new(ACQUIRE_FENCED_LUA),
-            state: StdMutex::new(State::default()),
-        })
+        let batch = Arc::new(RenewBatch::new(cfg.renew_interval() / 2));
+        Ok((0u32..)
+            .zip(cfgs)
+            .map(|(shard, shard_cfg)| RedisElector {
+                kind: if fenced {
+                    BackendKind::Redis
+                } else {
+                    BackendKind::RedisNaive
+                },
+                conn: conn.clone(),
+                shard,
+                batch: batch.clone(),
+                key: shard_cfg.redis.key.clone(),
+                token_key: format!("{}:token", shard_cfg.redis.key),
+                node_id: cfg.node_id.clone(),
+                http_addr: cfg.advertise_addr.clone(),
+                ttl: cfg.lease_ttl(),
+                retry: cfg.retry_interval(),
+                timeout,
+                clock: NodeClock {
+                    skew_ms: cfg.clock_skew_ms,
+                    drift: cfg.clock_drift,
+                },
+                renew_script: Script::new(RENEW_LUA),
+                release_script: Script::new(RELEASE_LUA),
+                acquire_script: Script::new(ACQUIRE_FENCED_LUA),
+                state: StdMutex::new(State::default()),
+            })
+            .collect())
+    }
+
+    /// One round trip: extends every lock of `locks` that still holds its candidacy; says
+    /// which did.
+    async fn renew_locks(&self, locks: Vec<(String, String)>) -> ElectorResult<Vec<bool>> {
+        let mut conn = self.conn.clone();
+        let mut inv = self.renew_script.prepare_invoke();
+        for (key, _) in &locks {
+            inv.key(key);
+        }
+        for (_, value) in &locks {
+            inv.arg(value);
+        }
+        inv.arg(self.ttl_ms());
+        count_request(self.kind, "renew");
+        let answers: Vec<i64> = self.bounded(inv.invoke_async(&mut conn)).await?;
+        Ok(answers.into_iter().map(|n| n == 1).collect())
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -340,13 +388,12 @@ impl Elector for RedisElector {
             }
             st.candidacy.clone().expect("leading implies a candidacy")
         };
-        let mut conn = self.conn.clone();
-        let mut inv = self.renew_script.prepare_invoke();
-        inv.key(&self.key).arg(&value).arg(self.ttl_ms());
-        count_request(self.kind, "renew");
-        let sent_at = Instant::now();
-        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
-        if n == 1 {
+        let lock = (self.key.clone(), value.clone());
+        if let Renewed::At(sent_at) = self
+            .batch
+            .renew(self.shard, lock, |locks| self.renew_locks(locks))
+            .await?
+        {
             return Ok(Some(Grant {
                 sent_at,
                 ttl: self.ttl,
@@ -378,6 +425,7 @@ impl Elector for RedisElector {
             st.leading = false;
             st.candidacy.take()
         };
+        self.batch.forget(self.shard).await;
         match value {
             Some(v) => self.release(&v).await.map(drop),
             None => Ok(()),
@@ -418,6 +466,7 @@ impl Elector for RedisElector {
             st.leading = false;
             st.candidacy.take()
         };
+        self.batch.forget(self.shard).await;
         match value {
             Some(v) => self.release(&v).await.map(drop),
             None => Ok(()),

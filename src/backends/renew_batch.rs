@@ -1,0 +1,248 @@
+//! One round trip renews every lease a node's shards hold, for the backends whose leases are
+//! independent records (pg-lease rows, Redis keys).
+//!
+//! Each shard's elector keeps its own renew schedule (the loop in `crate::actors::elector` is
+//! unchanged). When a shard's renewal is due, [`RenewBatch::renew`] either reuses the node's
+//! newest batch, if another shard sent it less than `reuse_for` ago and it renewed exactly this
+//! shard's lease, or sends one new batch for every lease the node's shards hold. A shard never
+//! reuses a batch it sent itself: each call of a lone shard is a round trip, exactly as before
+//! batching. The grant a shard gets
+//! carries the batch's send time, so its deadline is still counted from a request that really
+//! extended its lease. With half a renew interval as `reuse_for` a node sends about two batches
+//! per renew interval, whatever the number of shards; with one shard this is one renewal per
+//! interval, as before shards.
+//!
+//! A lease is named by its value (`L`: the row's name, holder and epoch; the key and its
+//! candidacy), never by the shard alone, so a batch that ran with a shard's *previous* lease
+//! cannot be taken as the answer for its current one.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+use super::ElectorResult;
+
+/// What one batch said of one lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// Extended, by the request sent at this instant.
+    At(Instant),
+    /// Not extended: expired or taken over. The shard's term is over.
+    Lost,
+}
+
+struct Batch<L> {
+    /// Every lease this node's shards hold, by shard: included in each batch.
+    held: BTreeMap<u32, L>,
+    /// The newest batch: which shard sent it, when, and what it said of each lease it carried.
+    newest: Option<Newest<L>>,
+}
+
+struct Newest<L> {
+    sent_by: u32,
+    sent_at: Instant,
+    said: Vec<(u32, L, bool)>,
+}
+
+/// The node's coalesced renewals (see the module docs). Shared by its shards' electors.
+pub(crate) struct RenewBatch<L> {
+    reuse_for: Duration,
+    batch: Mutex<Batch<L>>,
+}
+
+impl<L: Clone + PartialEq + Send> RenewBatch<L> {
+    /// `reuse_for`: how old (since sent) a batch may be and still answer a shard's renewal.
+    pub(crate) fn new(reuse_for: Duration) -> RenewBatch<L> {
+        RenewBatch {
+            reuse_for,
+            batch: Mutex::new(Batch {
+                held: BTreeMap::new(),
+                newest: None,
+            }),
+        }
+    }
+
+    /// Renews `shard`'s `lease`, with every other lease the node holds when a batch is due.
+    /// `send` gets the leases of one batch and answers, for each, whether it was extended; it is
+    /// one round trip. Holding the lock across it makes renewals that arrive meanwhile wait and
+    /// then reuse its answer, instead of sending their own.
+    pub(crate) async fn renew<F, Fut>(
+        &self,
+        shard: u32,
+        lease: L,
+        send: F,
+    ) -> ElectorResult<Renewed>
+    where
+        F: FnOnce(Vec<L>) -> Fut,
+        Fut: Future<Output = ElectorResult<Vec<bool>>>,
+    {
+        let mut b = self.batch.lock().await;
+        if let Some(newest) = &b.newest {
+            let sent_at = newest.sent_at;
+            let fresh = newest.sent_by != shard && sent_at.elapsed() < self.reuse_for;
+            let said = newest
+                .said
+                .iter()
+                .find(|(s, l, _)| *s == shard && *l == lease)
+                .map(|(_, _, ok)| *ok);
+            match (fresh, said) {
+                (true, Some(true)) => return Ok(Renewed::At(sent_at)),
+                // A lost lease stays lost, however old the batch that found it.
+                (_, Some(false)) => {
+                    b.held.remove(&shard);
+                    return Ok(Renewed::Lost);
+                }
+                _ => {}
+            }
+        }
+        b.held.insert(shard, lease.clone());
+        let carried: Vec<(u32, L)> = b.held.iter().map(|(s, l)| (*s, l.clone())).collect();
+        let sent_at = Instant::now();
+        let answers = send(carried.iter().map(|(_, l)| l.clone()).collect()).await?;
+        let outcomes: Vec<(u32, L, bool)> = carried
+            .into_iter()
+            .zip(answers)
+            .map(|((s, l), ok)| (s, l, ok))
+            .collect();
+        for (s, l, ok) in &outcomes {
+            if !ok && b.held.get(s) == Some(l) {
+                b.held.remove(s);
+            }
+        }
+        let mine = outcomes
+            .iter()
+            .find(|(s, l, _)| *s == shard && *l == lease)
+            .is_some_and(|(_, _, ok)| *ok);
+        b.newest = Some(Newest {
+            sent_by: shard,
+            sent_at,
+            said: outcomes,
+        });
+        Ok(if mine {
+            Renewed::At(sent_at)
+        } else {
+            Renewed::Lost
+        })
+    }
+
+    /// `shard` holds no lease any more (resigned, closed): later batches leave it out.
+    pub(crate) async fn forget(&self, shard: u32) {
+        self.batch.lock().await.held.remove(&shard);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A backend whose leases named in `alive` are extended.
+    async fn send_to(
+        alive: &[&str],
+        sent: &AtomicUsize,
+        leases: Vec<String>,
+    ) -> ElectorResult<Vec<bool>> {
+        sent.fetch_add(1, Ordering::SeqCst);
+        Ok(leases.iter().map(|l| alive.contains(&l.as_str())).collect())
+    }
+
+    #[tokio::test]
+    async fn shards_renewing_together_share_one_round_trip() {
+        let batch = Arc::new(RenewBatch::new(Duration::from_secs(10)));
+        let sent = AtomicUsize::new(0);
+        let alive = ["a", "b", "c"];
+        let first = batch
+            .renew(0, "a".to_string(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        // b and c join; the next due renewal carries all three, then each reuses it.
+        let mut grants = Vec::new();
+        for (s, l) in [(1, "b"), (2, "c"), (1, "b"), (0, "a")] {
+            grants.push(
+                batch
+                    .renew(s, l.to_string(), |ls| send_to(&alive, &sent, ls))
+                    .await
+                    .unwrap(),
+            );
+        }
+        // a's first batch did not carry b (unknown then), so b's renewal sent one batch for
+        // a and b; c was unknown to that one too, so it sent the last; then b and a reuse it.
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+        assert!(matches!(first, Renewed::At(_)));
+        assert!(grants.iter().all(|g| matches!(g, Renewed::At(_))));
+        assert_eq!(grants[1], grants[2]);
+        assert_eq!(grants[2], grants[3]);
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_is_lost_for_its_shard_only_and_a_new_lease_is_not_judged_by_it() {
+        let batch = RenewBatch::new(Duration::from_secs(10));
+        let sent = AtomicUsize::new(0);
+        let alive = ["a1", "b1", "b2"];
+        batch
+            .renew(0, "a1".into(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        // b's lease "b0" is gone (expired): lost; a's is still renewed by the same batch.
+        let b = batch
+            .renew(1, "b0".into(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        assert_eq!(b, Renewed::Lost);
+        let a = batch
+            .renew(0, "a1".into(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        assert!(matches!(a, Renewed::At(_)));
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "a reused b's batch");
+        // b wins again with a new lease: the old verdict does not apply to it.
+        let b = batch
+            .renew(1, "b2".into(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        assert!(matches!(b, Renewed::At(_)));
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_shard_never_reuses_its_own_batch() {
+        let batch = RenewBatch::new(Duration::from_secs(10));
+        let sent = AtomicUsize::new(0);
+        for _ in 0..3 {
+            batch
+                .renew(0, "a".to_string(), |l| send_to(&["a"], &sent, l))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            3,
+            "one shard: a round trip per renewal"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stale_batch_is_not_reused() {
+        let batch = RenewBatch::new(Duration::from_millis(0));
+        let sent = AtomicUsize::new(0);
+        let alive = ["a"];
+        for _ in 0..3 {
+            batch
+                .renew(0, "a".to_string(), |l| send_to(&alive, &sent, l))
+                .await
+                .unwrap();
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+        batch.forget(0).await;
+        batch
+            .renew(1, "x".to_string(), |l| {
+                assert_eq!(l, vec!["x".to_string()], "a forgotten lease is not carried");
+                send_to(&alive, &sent, l)
+            })
+            .await
+            .unwrap();
+    }
+}
