@@ -162,6 +162,17 @@ async fn settle(state: &FleetState, k: u32, within: Duration) -> (BTreeMap<u32, 
 /// `baton_backend_requests_total` of each live node (keyed by node and pid: a restarted node's
 /// counter starts again from 0).
 async fn backend_requests(state: &FleetState) -> BTreeMap<(String, u32), f64> {
+    backend_requests_by_op(state)
+        .await
+        .into_iter()
+        .map(|(node, ops)| (node, ops.values().sum()))
+        .collect()
+}
+
+/// [`backend_requests`], per operation (`renew`, `keepalive`, `acquire`, `observe`, ...).
+async fn backend_requests_by_op(
+    state: &FleetState,
+) -> BTreeMap<(String, u32), BTreeMap<String, f64>> {
     let client = NodeClient::new(Duration::from_secs(2));
     let mut out = BTreeMap::new();
     for n in state
@@ -170,12 +181,21 @@ async fn backend_requests(state: &FleetState) -> BTreeMap<(String, u32), f64> {
         .filter(|n| fleet::servers::pid_alive(n.pid))
     {
         if let Ok(r) = client.get(&n.http_addr, "/metrics").await {
-            let total = String::from_utf8_lossy(&r.body)
+            let mut ops: BTreeMap<String, f64> = BTreeMap::new();
+            for l in String::from_utf8_lossy(&r.body)
                 .lines()
                 .filter(|l| l.starts_with("baton_backend_requests_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>();
-            out.insert((n.id.clone(), n.pid), total);
+            {
+                let op = l
+                    .split("op=\"")
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or("?");
+                if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                    *ops.entry(op.to_owned()).or_default() += v;
+                }
+            }
+            out.insert((n.id.clone(), n.pid), ops);
         }
     }
     out
@@ -184,6 +204,17 @@ async fn backend_requests(state: &FleetState) -> BTreeMap<(String, u32), f64> {
 /// `baton_backend_requests_total` summed over the fleet's live nodes.
 pub(crate) async fn fleet_backend_requests(state: &FleetState) -> f64 {
     backend_requests(state).await.values().sum()
+}
+
+/// The fleet's live nodes' `baton_backend_requests_total`, summed per operation.
+pub(crate) async fn fleet_backend_requests_by_op(state: &FleetState) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for ops in backend_requests_by_op(state).await.into_values() {
+        for (op, v) in ops {
+            *out.entry(op).or_default() += v;
+        }
+    }
+    out
 }
 
 /// Requests sent between two readings: per process, its growth (all of it for a process that

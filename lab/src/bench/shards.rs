@@ -4,6 +4,7 @@
 //! following that shard's leader), so K shards on N nodes run K sequencers, each committing on
 //! its own connection.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -80,6 +81,8 @@ pub struct ShardRun {
     pub placement: Vec<(String, usize)>,
     /// Backend requests per second from the whole fleet in the idle window before the load.
     pub idle_backend_requests_per_s: Option<f64>,
+    /// The same, per operation (`renew`/`keepalive` are the renewals).
+    pub idle_backend_requests_by_op: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -160,11 +163,18 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
 /// Waits until every shard `0..k` has a leader, then runs the warm-up and the measured window.
 async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Result<ShardRun> {
     let placement = settled(state, k, Duration::from_secs(120)).await?;
+    let mut idle_backend_requests_by_op = BTreeMap::new();
     let idle_backend_requests_per_s = if args.idle > 0 {
-        let a = super::shard_events::fleet_backend_requests(state).await;
+        let a = super::shard_events::fleet_backend_requests_by_op(state).await;
         tokio::time::sleep(Duration::from_millis(args.idle)).await;
-        let b = super::shard_events::fleet_backend_requests(state).await;
-        Some((b - a).max(0.0) / (args.idle as f64 / 1000.0))
+        let b = super::shard_events::fleet_backend_requests_by_op(state).await;
+        let secs = args.idle as f64 / 1000.0;
+        for (op, v) in &b {
+            let per_s = (v - a.get(op).copied().unwrap_or(0.0)).max(0.0) / secs;
+            idle_backend_requests_by_op.insert(op.clone(), per_s);
+        }
+        println!("K={k}: idle backend requests/s by operation: {idle_backend_requests_by_op:?}");
+        Some(idle_backend_requests_by_op.values().sum())
     } else {
         None
     };
@@ -184,6 +194,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
             ratio: 1.0,
             placement,
             idle_backend_requests_per_s,
+            idle_backend_requests_by_op,
         });
     }
     let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
@@ -226,6 +237,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         ratio: 1.0,
         placement,
         idle_backend_requests_per_s,
+        idle_backend_requests_by_op,
     })
 }
 
