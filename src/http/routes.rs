@@ -30,7 +30,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(super) type Resp = Response<Full<Bytes>>;
 
-pub(super) fn json_resp(status: StatusCode, body: serde_json::Value) -> Resp {
+fn json_resp(status: StatusCode, body: serde_json::Value) -> Resp {
     json_text_resp(status, body.to_string())
 }
 
@@ -44,7 +44,7 @@ fn json_text_resp(status: StatusCode, body: String) -> Resp {
     r
 }
 
-pub(super) fn error(status: StatusCode, code: &str, detail: impl Into<String>) -> Resp {
+fn error(status: StatusCode, code: &str, detail: impl Into<String>) -> Resp {
     json_resp(status, json!({ "error": code, "detail": detail.into() }))
 }
 
