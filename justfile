@@ -41,6 +41,10 @@ exp name *args: build
 test:
     bash scripts/test.sh
 
+# Regenerate deploy/ui-screenshot.png: the fleet page (GET /ui) of a 3-node, 4-shard fleet.
+ui-screenshot: build
+    bash scripts/ui-screenshot.sh
+
 # Validate the Prometheus scrape config and alert rules.
 promtool:
     promtool check config config/prometheus.yml

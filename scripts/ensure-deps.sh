@@ -39,6 +39,7 @@ need_unless_files linux-perf         /usr/bin/perf                     # FINDING
 need_unless_files openssl            /usr/bin/openssl
 need_unless_files procps             /usr/bin/pgrep
 need_unless_files python3            /usr/bin/python3
+need_unless_files chromium           /usr/bin/chromium                # headless: the /ui page test, the screenshot
 
 # `just` runs the justfile's recipes (`just fleet 9`, `just exp graceful-stepdown`, `just test`).
 # Debian 12 has no package for it; PyPI's rust-just wheel carries the prebuilt binary (seconds,
@@ -70,6 +71,7 @@ check_all() {
   [ -x /usr/bin/java ] || missing+=("java (default-jre-headless)")
   command -v etcd >/dev/null 2>&1 || missing+=("etcd (etcd-server)")
   command -v redis-server >/dev/null 2>&1 || missing+=("redis-server")
+  [ -x /usr/bin/chromium ] || missing+=("chromium")
   if [ ${#missing[@]} -gt 0 ]; then
     echo "ensure-deps: FAILED, still missing after install: ${missing[*]}" >&2
     exit 1

@@ -341,6 +341,7 @@ impl NodeBuilder {
                 max_connections: http::connection_cap(cfg.http.max_connections, nofile),
                 limits: cfg.http.clone(),
                 trace: trace.clone(),
+                ui: http::UiState::new(http_addr.clone(), cfg.shard_members()),
                 #[cfg(feature = "tls")]
                 tls: http_tls,
             });

@@ -16,6 +16,7 @@
 mod confirm;
 mod routes;
 mod slots;
+mod ui;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,6 +40,7 @@ use crate::work::Fence;
 use slots::{Admission, Slots};
 
 pub use routes::LEADER_HEADER;
+pub(crate) use ui::UiState;
 
 /// What `GET /read` needs besides the leadership mirror.
 pub(crate) struct ReadSettings {
@@ -91,6 +93,8 @@ pub(crate) struct HttpApp {
     /// by [`connection_cap`].
     pub max_connections: usize,
     pub trace: ActorTrace,
+    /// The fleet page's members and its last sweep (`GET /ui`).
+    pub ui: UiState,
     /// Set when the server speaks HTTPS only (`[http] tls_cert_file`).
     #[cfg(feature = "tls")]
     pub tls: Option<tokio_rustls::TlsAcceptor>,

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::confirm::Confirmed;
 use super::slots::ConnState;
-use super::{HttpApp, ShardApp};
+use super::{ui, HttpApp, ShardApp};
 use crate::actors::supervisor::{StepDownError, SupervisorMsg};
 use crate::config::{lease_read_until, ReadMode};
 use crate::leadership::ReadView;
@@ -28,7 +28,7 @@ const NEXT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the round trip of a `quorum` or `resource` read.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-type Resp = Response<Full<Bytes>>;
+pub(super) type Resp = Response<Full<Bytes>>;
 
 fn json_resp(status: StatusCode, body: serde_json::Value) -> Resp {
     json_text_resp(status, body.to_string())
@@ -114,15 +114,27 @@ async fn route(
         ("/read", _) => method_not_allowed("GET"),
         ("/stepdown", &Method::POST) => stepdown(app, conn, req).await,
         ("/stepdown", _) => method_not_allowed("POST"),
+        // The fleet page: read-only and public, like `/status` (see `ui`).
+        ("/ui" | "/ui/", &Method::GET) => ui::page(),
+        ("/ui/app.js", &Method::GET) => ui::script(),
+        ("/ui/app.css", &Method::GET) => ui::style(),
+        ("/ui/fleet", &Method::GET) => ui::fleet(app).await,
+        ("/ui" | "/ui/" | "/ui/app.js" | "/ui/app.css" | "/ui/fleet", _) => {
+            method_not_allowed("GET")
+        }
         // Raft peer RPC is never served here: it has its own authenticated listener
         // (src/backends/raft/server.rs), so `/peer/*` is a plain 404 on the client port.
         _ => error(StatusCode::NOT_FOUND, "not_found", path),
     }
 }
 
-/// Shard 0's status at the top level (today's fields); with K > 1, every shard's under
-/// `shards` and placement's view under `placement`.
 fn status(app: &HttpApp) -> Resp {
+    json_resp(StatusCode::OK, status_body(app))
+}
+
+/// The body of `GET /status`: shard 0's status at the top level (today's fields); with K > 1,
+/// every shard's under `shards` and placement's view under `placement`.
+pub(super) fn status_body(app: &HttpApp) -> serde_json::Value {
     let mut body = serde_json::to_value(app.shards[0].shared.status()).expect("status serializes");
     if app.shards.len() > 1 {
         let shards: Vec<serde_json::Value> = app
@@ -144,7 +156,7 @@ fn status(app: &HttpApp) -> Resp {
         body["shards"] = serde_json::Value::Array(shards);
         body["placement"] = serde_json::to_value(app.placement.view()).unwrap_or_default();
     }
-    json_resp(StatusCode::OK, body)
+    body
 }
 
 fn metrics(app: &HttpApp) -> Resp {

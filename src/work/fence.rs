@@ -492,6 +492,55 @@ impl Fence {
     }
 }
 
+/// One write the fenced resource refused (`baton.fence_rejections`), as the fleet page lists it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Rejection {
+    /// When the resource refused it, on the resource's clock (ms since the Unix epoch).
+    pub at_unix_ms: i64,
+    /// The resource written to.
+    pub resource: String,
+    /// What was attempted (`claim`, `next`, `tick`, `checkpoint`, `user`, ...).
+    pub op: String,
+    /// The refused writer's token.
+    pub token: i64,
+    /// The refused writer (its node id).
+    pub holder: String,
+    /// The highest token the resource had accepted then.
+    pub max_token: i64,
+    /// Who wrote under `max_token`.
+    pub max_holder: String,
+    /// `stale-token` or `holder-mismatch`.
+    pub reason: String,
+}
+
+impl Fence {
+    /// The newest `limit` refused writes on the whole resource (every fence domain, every
+    /// shard), newest first (`baton.recent_fence_rejections`; read-only, at most 100).
+    pub async fn recent_rejections(&self, limit: i32) -> Result<Vec<Rejection>, FenceError> {
+        let client = Conn::new(self.pool.get().await?);
+        let asked = async {
+            let stmt = client
+                .prepare_cached("SELECT * FROM baton.recent_fence_rejections($1)")
+                .await?;
+            client.query(&stmt, &[&limit]).await
+        };
+        let rows = self.ask(&client, asked).await??;
+        Ok(rows
+            .iter()
+            .map(|row| Rejection {
+                at_unix_ms: row.get(0),
+                resource: row.get(1),
+                op: row.get(2),
+                token: row.get(3),
+                holder: row.get(4),
+                max_token: row.get(5),
+                max_holder: row.get(6),
+                reason: row.get(7),
+            })
+            .collect())
+    }
+}
+
 /// SQLSTATE raised by `baton.fence_assert` for a refused token.
 const SQLSTATE_FENCED: &str = "BF409";
 
