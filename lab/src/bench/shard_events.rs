@@ -201,11 +201,6 @@ async fn backend_requests_by_op(
     out
 }
 
-/// `baton_backend_requests_total` summed over the fleet's live nodes.
-pub(crate) async fn fleet_backend_requests(state: &FleetState) -> f64 {
-    backend_requests(state).await.values().sum()
-}
-
 /// The fleet's live nodes' `baton_backend_requests_total`, summed per operation.
 pub(crate) async fn fleet_backend_requests_by_op(state: &FleetState) -> BTreeMap<String, f64> {
     let mut out: BTreeMap<String, f64> = BTreeMap::new();
