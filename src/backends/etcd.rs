@@ -19,17 +19,20 @@
 //! free (for the election-latency figure), and `etcd_expiry` revokes the leader's lease once it
 //! has provably expired, so a dead leader is not waited on for etcd 3.4's 500 ms lease sweep.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, ConnectOptions, LeaderKey, LeaseKeepAliveStream, LeaseKeeper, ResignOptions,
+    Client, ConnectOptions, GetOptions, LeaderKey, LeaseKeepAliveStream, LeaseKeeper,
+    ResignOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::sync::Mutex;
 
 use super::etcd_expiry::ExpiryReaper;
 use super::etcd_vacancy::VacancyWatch;
+use super::renew_batch::SharedLeaderRead;
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -65,6 +68,8 @@ pub struct EtcdElector {
     shared: Arc<SharedSession>,
     /// This elector's shard (which of the node's electors sent a keepalive).
     shard: u32,
+    /// The node's coalesced leader reads, shared by its shards.
+    leaders: Arc<SharedLeaderRead>,
     client: Client,
     name: String,
     value: Vec<u8>,
@@ -75,6 +80,10 @@ pub struct EtcdElector {
     riding: Mutex<Option<i64>>,
     leader_key: Mutex<Option<LeaderKey>>,
 }
+
+/// The most gets one leader-read transaction carries (etcd refuses more than `--max-txn-ops`,
+/// 128 by default).
+const TXN_OPS: usize = 128;
 
 fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(e.to_string())
@@ -170,11 +179,16 @@ impl EtcdElector {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),
         };
+        let leaders = Arc::new(SharedLeaderRead::new(
+            cfg.retry_interval() / 2,
+            cfgs.iter().map(|c| c.etcd.election_name.clone()).collect(),
+        ));
         Ok((0u32..)
             .zip(cfgs)
             .map(|(shard, shard_cfg)| EtcdElector {
                 shared: shared.clone(),
                 shard,
+                leaders: leaders.clone(),
                 client: client.clone(),
                 name: shard_cfg.etcd.election_name.clone(),
                 value: me.encode(),
@@ -228,6 +242,34 @@ impl EtcdElector {
         });
         *riding = Some(resp.id());
         Ok(resp.id())
+    }
+
+    /// Who leads each of the node's shards' elections: per election, the key under `NAME/` with
+    /// the lowest create revision (what etcd's election `Leader` call answers), all read in
+    /// transactions of at most [`TXN_OPS`] gets (etcd's default `--max-txn-ops` is 128).
+    async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
+        let mut out = BTreeMap::new();
+        for names in self.leaders.names.chunks(TXN_OPS) {
+            let first_created = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1);
+            let gets: Vec<TxnOp> = names
+                .iter()
+                .map(|n| TxnOp::get(format!("{n}/"), Some(first_created.clone())))
+                .collect();
+            let mut c = self.client.clone();
+            count_request(BackendKind::Etcd, "leader");
+            let resp = self.bounded(c.txn(Txn::new().and_then(gets))).await?;
+            for (name, answer) in names.iter().zip(resp.op_responses()) {
+                if let TxnOpResponse::Get(got) = answer {
+                    if let Some(kv) = got.kvs().first() {
+                        out.insert(name.clone(), LeaderInfo::decode(kv.value()));
+                    }
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The session's lease is gone (expired, or another shard found it so): every rider's
@@ -390,13 +432,9 @@ impl Elector for EtcdElector {
     }
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        let mut c = self.client.clone();
-        count_request(BackendKind::Etcd, "leader");
-        match self.bounded(c.leader(self.name.as_str())).await {
-            Ok(resp) => Ok(resp.kv().map(|kv| LeaderInfo::decode(kv.value()))),
-            Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.leaders
+            .leader(self.shard, &self.name, || self.read_leaders())
+            .await
     }
 
     /// A linearizable (quorum) read of the election's leader key, checked against ours: the

@@ -15,7 +15,7 @@ pub mod pg_lease;
 pub mod raft;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "pg-lease", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "pg-lease", feature = "redis"))]
 mod renew_batch;
 #[cfg(feature = "zk")]
 pub mod zk;

@@ -26,6 +26,7 @@
 //! in its lease for less time than the database grants it. Waiters poll with a jittered
 //! `retry_interval` (no queue: after a lapse, whichever poller comes first wins).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,7 @@ use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Time
 use rand::Rng;
 use tokio::sync::OnceCell;
 
-use super::renew_batch::{RenewBatch, Renewed};
+use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -89,8 +90,9 @@ const CONFIRM_SQL: &str = "
 SELECT 1 FROM baton_lease.leases
  WHERE name = $1 AND holder = $2 AND epoch = $3 AND valid_until >= clock_timestamp()";
 
-const LEADER_SQL: &str =
-    "SELECT info FROM baton_lease.leases WHERE name = $1 AND valid_until >= clock_timestamp()";
+/// The holders of every named lease that has not run out (one read for all of a node's shards).
+const LEADER_SQL: &str = "SELECT name, info FROM baton_lease.leases
+ WHERE name = ANY($1) AND valid_until >= clock_timestamp()";
 
 /// The login role `baton fleet` gives pg-lease nodes: it owns the lease schema and nothing else,
 /// so a node's lease credentials cannot touch the fenced resource (only its app role can, through
@@ -138,6 +140,8 @@ pub struct PgLeaseElector {
     shard: u32,
     /// The node's coalesced renewals, shared by its shards: `(name, holder, epoch)` per lease.
     batch: Arc<RenewBatch<(String, String, i64)>>,
+    /// The node's coalesced leader reads, shared by its shards.
+    leaders: Arc<SharedLeaderRead>,
     name: String,
     node_id: String,
     info: String,
@@ -195,6 +199,10 @@ impl PgLeaseElector {
         };
         let info = String::from_utf8(me.encode()).expect("JSON is UTF-8");
         let batch = Arc::new(RenewBatch::new(cfg.renew_interval() / 2));
+        let leaders = Arc::new(SharedLeaderRead::new(
+            cfg.retry_interval() / 2,
+            cfgs.iter().map(|c| c.pg_lease.lease_name.clone()).collect(),
+        ));
         let schema = Arc::new(OnceCell::new());
         Ok((0u32..)
             .zip(cfgs)
@@ -202,6 +210,7 @@ impl PgLeaseElector {
                 pool: pool.clone(),
                 shard,
                 batch: batch.clone(),
+                leaders: leaders.clone(),
                 name: shard_cfg.pg_lease.lease_name.clone(),
                 node_id: cfg.node_id.clone(),
                 info: info.clone(),
@@ -284,6 +293,22 @@ impl PgLeaseElector {
         )
         .await
         .map(drop)
+    }
+
+    /// One round trip: who holds each of the node's shards' leases.
+    async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
+        let client = self.client().await?;
+        count_request(BackendKind::PgLease, "leader");
+        let rows = self
+            .bounded(&client, client.query(LEADER_SQL, &[&self.leaders.names]))
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let info = LeaderInfo::decode(r.get::<_, &str>(1).as_bytes());
+                (r.get::<_, String>(0), info)
+            })
+            .collect())
     }
 
     /// One round trip: extends every lease of `leases` that still holds; says which did.
@@ -430,12 +455,9 @@ impl Elector for PgLeaseElector {
     }
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        let client = self.client().await?;
-        count_request(BackendKind::PgLease, "leader");
-        let row = self
-            .bounded(&client, client.query_opt(LEADER_SQL, &[&self.name]))
-            .await?;
-        Ok(row.map(|r| LeaderInfo::decode(r.get::<_, &str>(0).as_bytes())))
+        self.leaders
+            .leader(self.shard, &self.name, || self.read_leaders())
+            .await
     }
 
     /// A compare on the lease row, judged by the database's clock: ours while it names this

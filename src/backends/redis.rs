@@ -38,6 +38,7 @@
 //! Cancel safety: the candidacy value is recorded *before* the `SET` is sent, so `close()` can
 //! withdraw a lock whose acquisition answer was lost with a dropped campaign future.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
@@ -47,7 +48,7 @@ use async_trait::async_trait;
 use rand::Rng;
 use serde::Serialize;
 
-use super::renew_batch::{RenewBatch, Renewed};
+use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -119,6 +120,8 @@ pub struct RedisElector {
     shard: u32,
     /// The node's coalesced renewals, shared by its shards: `(key, candidacy value)` per lock.
     batch: Arc<RenewBatch<(String, String)>>,
+    /// The node's coalesced leader reads, shared by its shards.
+    leaders: Arc<SharedLeaderRead>,
     key: String,
     token_key: String,
     node_id: String,
@@ -194,6 +197,10 @@ impl RedisElector {
             return Err(ElectorError::Config("redis.key is empty".into()));
         }
         let batch = Arc::new(RenewBatch::new(cfg.renew_interval() / 2));
+        let leaders = Arc::new(SharedLeaderRead::new(
+            cfg.retry_interval() / 2,
+            cfgs.iter().map(|c| c.redis.key.clone()).collect(),
+        ));
         Ok((0u32..)
             .zip(cfgs)
             .map(|(shard, shard_cfg)| RedisElector {
@@ -205,6 +212,7 @@ impl RedisElector {
                 conn: conn.clone(),
                 shard,
                 batch: batch.clone(),
+                leaders: leaders.clone(),
                 key: shard_cfg.redis.key.clone(),
                 token_key: format!("{}:token", shard_cfg.redis.key),
                 node_id: cfg.node_id.clone(),
@@ -221,6 +229,26 @@ impl RedisElector {
                 acquire_script: Script::new(ACQUIRE_FENCED_LUA),
                 state: StdMutex::new(State::default()),
             })
+            .collect())
+    }
+
+    /// One round trip (`MGET`): who holds each of the node's shards' locks.
+    async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
+        count_request(self.kind, "leader");
+        let mut conn = self.conn.clone();
+        let values: Vec<Option<Vec<u8>>> = self
+            .bounded(
+                ::redis::cmd("MGET")
+                    .arg(&self.leaders.names)
+                    .query_async(&mut conn),
+            )
+            .await?;
+        Ok(self
+            .leaders
+            .names
+            .iter()
+            .zip(values)
+            .filter_map(|(key, v)| Some((key.clone(), LeaderInfo::decode(&v?))))
             .collect())
     }
 
@@ -433,12 +461,9 @@ impl Elector for RedisElector {
     }
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        count_request(self.kind, "leader");
-        let mut conn = self.conn.clone();
-        let v: Option<Vec<u8>> = self
-            .bounded(::redis::cmd("GET").arg(&self.key).query_async(&mut conn))
-            .await?;
-        Ok(v.map(|raw| LeaderInfo::decode(&raw)))
+        self.leaders
+            .leader(self.shard, &self.key, || self.read_leaders())
+            .await
     }
 
     /// One `GET` of the lock key (Redis serves it from its single copy): ours only while it

@@ -12,9 +12,14 @@
 //! per renew interval, whatever the number of shards; with one shard this is one renewal per
 //! interval, as before shards.
 //!
+//! [`SharedLeaderRead`] does the same for the observe loops' "who leads?" polls.
+//!
 //! A lease is named by its value (`L`: the row's name, holder and epoch; the key and its
 //! candidacy), never by the shard alone, so a batch that ran with a shard's *previous* lease
 //! cannot be taken as the answer for its current one.
+
+// etcd shares only the leader reads (its renewals ride on one lease, see `etcd.rs`).
+#![cfg_attr(not(any(feature = "pg-lease", feature = "redis")), allow(dead_code))]
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -22,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use super::ElectorResult;
+use super::{ElectorResult, LeaderInfo};
 
 /// What one batch said of one lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,6 +138,56 @@ impl<L: Clone + PartialEq + Send> RenewBatch<L> {
     }
 }
 
+/// Who leads each of a node's elections (by election name), as one read saw them.
+pub(crate) type Leaders = std::sync::Arc<BTreeMap<String, LeaderInfo>>;
+
+/// One backend read answers every shard's "who leads?" (the observe loop's polls), the way
+/// [`RenewBatch`] answers their renewals: a shard reuses the newest read if another shard made
+/// it less than `reuse_for` ago, else reads every election's leader in one round trip. A lone
+/// shard reads each time, as before. Leader reads only route clients and feed placement; no
+/// safety decision rests on them (a term is confirmed by `confirm_leadership`, per shard).
+pub(crate) struct SharedLeaderRead {
+    reuse_for: Duration,
+    /// Every election name of the node's shards, in shard order.
+    pub(crate) names: Vec<String>,
+    newest: Mutex<Option<(u32, Instant, Leaders)>>,
+}
+
+impl SharedLeaderRead {
+    pub(crate) fn new(reuse_for: Duration, names: Vec<String>) -> SharedLeaderRead {
+        SharedLeaderRead {
+            reuse_for,
+            names,
+            newest: Mutex::new(None),
+        }
+    }
+
+    /// The leader of `name` (shard `shard`'s election), from a fresh shared read or from
+    /// `fetch`, which reads the leaders of all of [`SharedLeaderRead::names`] at once.
+    pub(crate) async fn leader<F, Fut>(
+        &self,
+        shard: u32,
+        name: &str,
+        fetch: F,
+    ) -> ElectorResult<Option<LeaderInfo>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = ElectorResult<BTreeMap<String, LeaderInfo>>>,
+    {
+        let mut newest = self.newest.lock().await;
+        if let Some((by, at, leaders)) = &*newest {
+            if *by != shard && at.elapsed() < self.reuse_for {
+                return Ok(leaders.get(name).cloned());
+            }
+        }
+        let at = Instant::now();
+        let leaders: Leaders = std::sync::Arc::new(fetch().await?);
+        let mine = leaders.get(name).cloned();
+        *newest = Some((shard, at, leaders));
+        Ok(mine)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +260,37 @@ mod tests {
             .unwrap();
         assert!(matches!(b, Renewed::At(_)));
         assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn one_read_answers_every_shard_but_never_the_shard_that_made_it() {
+        let read = SharedLeaderRead::new(
+            Duration::from_secs(10),
+            vec!["e".into(), "e-shard-1".into()],
+        );
+        let reads = AtomicUsize::new(0);
+        let fetch = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            let who = LeaderInfo {
+                node_id: "n2".into(),
+                http_addr: None,
+            };
+            Ok(BTreeMap::from([("e-shard-1".to_string(), who)]))
+        };
+        assert_eq!(read.leader(0, "e", fetch).await.unwrap(), None);
+        let l = read.leader(1, "e-shard-1", fetch).await.unwrap();
+        assert_eq!(l.map(|l| l.node_id).as_deref(), Some("n2"));
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            1,
+            "shard 1 reused shard 0's read"
+        );
+        read.leader(0, "e", fetch).await.unwrap();
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            2,
+            "shard 0 made the newest read: read again"
+        );
     }
 
     #[tokio::test]
