@@ -138,6 +138,7 @@ fn status(app: &HttpApp) -> Resp {
                     "leader": st.leader,
                     "acting": st.acting,
                     "lease_ttl_remaining_ms": st.lease_ttl_remaining_ms,
+                    "failure_budget": st.failure_budget,
                 })
             })
             .collect();
