@@ -1128,15 +1128,18 @@ async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
     let pg = Pg::start().await;
     let dir = tempfile::tempdir().unwrap();
     let span = Duration::from_secs(30);
+    let fleet = |name: &str, set: &dyn Fn(&mut NodeConfig)| {
+        configs_with(
+            &pg,
+            &dir.path().join(name),
+            BackendKind::PgLease,
+            3,
+            PG_LEASE,
+            set,
+        )
+    };
     // The defaults, but a reset is seen within a second.
-    let on = configs_with(
-        &pg,
-        &dir.path().join("on"),
-        BackendKind::PgLease,
-        3,
-        PG_LEASE,
-        &|c| c.failure_budget.recheck_ms = 1000,
-    );
+    let on = fleet("on", &|c| c.failure_budget.recheck_ms = 1000);
     let limit = on[0].0.failure_budget.failed_terms as usize;
     assert_eq!(limit, 5, "the default");
     let client = NodeClient::new(Duration::from_secs(3));
@@ -1191,14 +1194,7 @@ async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
     drop(nodes);
 
     // Before: the same fleet, the budget off.
-    let off = configs_with(
-        &pg,
-        &dir.path().join("off"),
-        BackendKind::PgLease,
-        3,
-        PG_LEASE,
-        &|c| c.failure_budget.failed_terms = 0,
-    );
+    let off = fleet("off", &|c| c.failure_budget.failed_terms = 0);
     let (nodes, runs_off, terms_off) = burn(&off, span).await;
     drop(nodes);
     let per_minute = 60.0 / span.as_secs_f64();

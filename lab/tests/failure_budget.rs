@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use baton::backends::BackendKind;
 use baton::config::{FailureBudgetConfig, NodeConfig};
 use baton::elector::FenceToken;
 use baton::node::{NodeBuilder, NodeHandle};
@@ -17,18 +16,16 @@ use baton::shard::ShardId;
 use baton::work::fence::{reset_failure_budget, BudgetState};
 use baton::work::{Fence, FenceError};
 use baton_lab::fleet::servers::ScratchPg;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+
+use common::connect;
+
+mod common;
 
 async fn private_pg() -> ScratchPg {
     ScratchPg::start()
         .await
         .expect("a private PostgreSQL, migrated")
-}
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect(url);
-    tokio::spawn(conn);
-    client
 }
 
 /// A node's fence handle as the application role (what a node writes with).
@@ -44,6 +41,16 @@ fn budget(failed_terms: u32, window_ms: u64) -> FailureBudgetConfig {
         window_ms,
         ..FailureBudgetConfig::default()
     }
+}
+
+/// The rows of a two-column query.
+async fn pairs<A, B>(client: &Client, sql: &str) -> Vec<(A, B)>
+where
+    A: for<'a> tokio_postgres::types::FromSql<'a>,
+    B: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    let rows = client.query(sql, &[]).await.expect(sql);
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
 }
 
 /// `(accepted, reason, failed_terms, exhausted)` of one `record_failed_term` as the app role.
@@ -101,16 +108,11 @@ async fn a_stale_node_cannot_spend_the_budget() {
         record_sql(&app, "failure-budget", 6, "n2").await,
         (true, None, 2, false)
     );
-    let refused: Vec<(i64, String)> = admin
-        .query(
-            "SELECT token, reason FROM baton.fence_rejections WHERE op = 'failed-term' ORDER BY id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let refused: Vec<(i64, String)> = pairs(
+        &admin,
+        "SELECT token, reason FROM baton.fence_rejections WHERE op = 'failed-term' ORDER BY id",
+    )
+    .await;
     assert_eq!(
         refused,
         [
@@ -252,16 +254,11 @@ async fn the_budget_counts_per_shard_within_its_window_until_a_reset() {
     let s0 = shard0.failure_budget(&limits).await.unwrap();
     assert!(!s0.exhausted && s0.failed_terms == 0, "{s0:?}");
     assert!(spent(&shard2.failure_budget(&limits).await.unwrap()));
-    let logged: Vec<(String, i32)> = admin
-        .query(
-            "SELECT domain, cleared FROM baton.failure_budget_resets",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let logged: Vec<(String, i32)> = pairs(
+        &admin,
+        "SELECT domain, cleared FROM baton.failure_budget_resets",
+    )
+    .await;
     assert_eq!(logged, [("leadership".to_owned(), 2)]);
     // The CLI's report, from the same rows.
     let report = baton_lab::budget_admin::status(&admin, ShardId(2), &limits)
@@ -295,15 +292,7 @@ fn doomed_job(
 }
 
 fn node_config(pg: &ScratchPg, node_id: &str) -> NodeConfig {
-    let mut cfg = NodeConfig {
-        node_id: node_id.into(),
-        state_dir: pg.dir.path().join(node_id),
-        ..NodeConfig::for_backend(BackendKind::PgLease)
-    };
-    cfg.sequencer.enabled = false;
-    cfg.scheduler.enabled = false;
-    cfg.resource.database_url = pg.server.app_url();
-    cfg.pg_lease.database_url = pg.server.lease_url();
+    let mut cfg = common::job_node_config(pg, node_id);
     // Quick local backoff, a long window, quick looks while spent.
     cfg.term_backoff.base_ms = 100;
     cfg.term_backoff.max_ms = 400;
@@ -312,7 +301,6 @@ fn node_config(pg: &ScratchPg, node_id: &str) -> NodeConfig {
         window_ms: 600_000,
         recheck_ms: 300,
     };
-    std::fs::create_dir_all(&cfg.state_dir).unwrap();
     cfg
 }
 
