@@ -1151,6 +1151,7 @@ async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
     );
     assert_eq!(all.len(), limit, "runs after the span: {all:?}");
     assert!(all.windows(2).all(|w| w[0].1 < w[1].1), "{all:?}");
+    let spent_after_s = (all[limit - 1].0 - all[0].0) as f64 / 1e9;
     let recorded = pg.sql("SELECT count(*) FROM baton.failed_terms").await[0].get::<_, i64>(0);
     assert_eq!(recorded, limit as i64, "failed terms in the resource");
     for n in &nodes {
@@ -1201,7 +1202,8 @@ async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
     eprintln!(
         "failing program (exit 3 at once), 3 pg-lease nodes, default [term_backoff], {}s from the first run: \
          budget off: {runs_off} runs, {terms_off} terms won ({:.0} / {:.0} a minute); \
-         budget on (5 in 10 min): {runs_on} runs, {terms_on} terms won ({:.0} / {:.0} a minute, then none)",
+         budget on (5 in 10 min): {runs_on} runs, {terms_on} terms won ({:.0} / {:.0} a minute; \
+         the last run {spent_after_s:.1} s after the first, then none)",
         span.as_secs(),
         runs_off as f64 * per_minute,
         terms_off as f64 * per_minute,
