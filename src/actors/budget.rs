@@ -78,7 +78,7 @@ impl FailureBudget {
     /// Before a campaign: returns once the budget is not spent (or cannot be read).
     pub(crate) async fn wait_until_open(&self) {
         while let Some(reopens_in) = self.spent_for().await {
-            tokio::time::sleep(reopens_in.clamp(MIN_RECHECK, self.cfg.recheck())).await;
+            tokio::time::sleep(reopens_in.min(self.cfg.recheck()).max(MIN_RECHECK)).await;
         }
     }
 
