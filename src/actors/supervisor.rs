@@ -8,6 +8,9 @@
 //!     +--Released-- releasing <--WorkStopped-- demoting (checkpoint, then stop, kill after bound)
 //! ```
 //!
+//! A term whose work failed is recorded in the fleet's failure budget (`actors::budget`) before
+//! its release; a term that finds the budget spent as it begins runs no work.
+//!
 //! Starting and stopping leader work awaits other actors, so both run in spawned tasks that report
 //! back (`WorkStarted`, `WorkStopped`); `handle()` itself never awaits slow work. A `Demoted` that
 //! arrives while work is still starting is deferred until it has started, then acted on at once;
@@ -578,26 +581,28 @@ impl SupervisorState {
             reason,
             work_stopped_mono_ns,
         };
-        let release = ElectorMsg::Release { successor, pause };
         // A term whose claim the resource left unanswered failed on the resource, not on its
         // work: it backs off locally, and is not spent from the fleet's budget (an outage of the
         // resource must not stop the fleet once the resource is back).
         let failure = ended
             .failure
             .filter(|_| !self.args.fence.claim_unanswered(token));
-        match (self.budget.clone(), failure) {
-            // Recorded while this node still holds the term (the record is fenced), then released.
-            (Some(budget), Some(error)) => {
-                let elector = self.elector.clone();
-                tokio::spawn(async move {
-                    budget.record(token, &error).await;
-                    let _ = elector.cast(release);
-                });
-            }
-            _ => {
-                let _ = self.elector.cast(release);
-            }
-        }
+        self.release(token, ElectorMsg::Release { successor, pause }, failure);
+    }
+
+    /// Has the elector release the term, once its failure (if any, and if the budget is on) is
+    /// recorded in the fleet's budget: recorded while this node still holds the term, so the
+    /// fenced record is accepted.
+    fn release(&self, token: FenceToken, release: ElectorMsg, failure: Option<String>) {
+        let (Some(budget), Some(error)) = (self.budget.clone(), failure) else {
+            let _ = self.elector.cast(release);
+            return;
+        };
+        let elector = self.elector.clone();
+        tokio::spawn(async move {
+            budget.record(token, &error).await;
+            let _ = elector.cast(release);
+        });
     }
 
     fn on_released(&mut self, myself: &ActorRef<SupervisorMsg>, result: Result<(), String>) {
