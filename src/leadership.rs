@@ -3,7 +3,8 @@
 //! Each fact has exactly one writer, an actor of the tree: the supervisor writes the term's token
 //! and whether leader work runs; the watchdog writes the lease deadline it enforces (so the
 //! deadline read here moves with every renewal, as the watchdog's does); the elector's observer
-//! writes who the backend says leads. HTTP, the node handle and metrics only read. Reads never
+//! writes who the backend says leads; the tree's failure budget (`actors::budget`) writes what
+//! the resource last said of it. HTTP, the node handle and metrics only read. Reads never
 //! block on an actor: a read lock on a few words.
 
 use std::sync::RwLock;
@@ -81,6 +82,55 @@ pub struct Status {
     /// `CLOCK_MONOTONIC` as this process reads it, ns: lets an observer compare the node's clock
     /// rate with its own (a node started under libfaketime reads a scaled clock).
     pub monotonic_ns: u64,
+    /// The fleet-wide failure budget as this node last read it from the fenced resource; `None`
+    /// while it is off (`[failure_budget] failed_terms = 0`) or has not been read yet.
+    pub failure_budget: Option<FailureBudgetStatus>,
+}
+
+/// The fleet-wide failure budget of a shard (`[failure_budget]`), as this node last read it
+/// from the fenced resource: before each campaign, at each term's start, after each failed term
+/// it recorded, and every `recheck_ms` while exhausted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailureBudgetStatus {
+    /// Whether the budget is spent: this node does not campaign for the shard.
+    pub exhausted: bool,
+    /// Failed terms the resource counted within the window (after the latest reset).
+    pub failed_terms: u32,
+    /// The limit that exhausts it (`failed_terms` of the config).
+    pub limit: u32,
+    /// The window.
+    pub window_ms: u64,
+    /// While exhausted: time left until enough failures have left the window for the budget
+    /// to reopen, as of this read (an operator reset reopens it sooner).
+    pub reopens_in_ms: Option<u64>,
+    /// The latest failed term counted: `term T on NODE: ERROR` (the program's exit status, the
+    /// job's error chain).
+    pub last_failure: Option<String>,
+    /// How long ago the resource was read.
+    pub checked_ms_ago: u64,
+}
+
+/// One read of the budget and when it was made.
+#[derive(Clone)]
+struct BudgetSeen {
+    status: FailureBudgetStatus,
+    at: Instant,
+}
+
+impl BudgetSeen {
+    /// The status with its times counted to now.
+    fn now(&self) -> FailureBudgetStatus {
+        let age = self.at.elapsed();
+        let age_ms = age.as_millis() as u64;
+        FailureBudgetStatus {
+            reopens_in_ms: self
+                .status
+                .reopens_in_ms
+                .map(|ms| ms.saturating_sub(age_ms)),
+            checked_ms_ago: age_ms,
+            ..self.status.clone()
+        }
+    }
 }
 
 /// What a leader knows for a read, taken in one snapshot ([`Leadership::read_view`]).
@@ -105,6 +155,8 @@ pub struct Leadership {
     backend: BackendKind,
     term: RwLock<TermView>,
     leader: watch::Receiver<Option<LeaderInfo>>,
+    /// Written only by the node's `FailureBudget` (`actors::budget`).
+    budget: RwLock<Option<BudgetSeen>>,
 }
 
 impl Leadership {
@@ -120,6 +172,7 @@ impl Leadership {
             backend,
             term: RwLock::new(TermView::default()),
             leader,
+            budget: RwLock::new(None),
         }
     }
 
@@ -177,6 +230,21 @@ impl Leadership {
         if let Ok(mut t) = self.term.write() {
             t.committed_cursor = Some((token, position));
         }
+    }
+
+    /// The failure budget as the resource just answered it (its times as of now).
+    pub(crate) fn set_failure_budget(&self, status: FailureBudgetStatus) {
+        if let Ok(mut b) = self.budget.write() {
+            *b = Some(BudgetSeen {
+                status,
+                at: Instant::now(),
+            });
+        }
+    }
+
+    /// The failure budget as last read, `None` while it is off or not yet read.
+    pub fn failure_budget(&self) -> Option<FailureBudgetStatus> {
+        self.budget.read().ok()?.as_ref().map(BudgetSeen::now)
     }
 
     /// One consistent snapshot of what a read needs: `None` unless this node holds a term.
@@ -246,6 +314,7 @@ impl Leadership {
             backend: self.backend,
             acting: t.acting.is_some(),
             monotonic_ns: crate::clock::monotonic_ns(),
+            failure_budget: self.failure_budget(),
         }
     }
 }

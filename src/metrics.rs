@@ -36,7 +36,8 @@ pub const RENEWAL_FAILURES: &str = "baton_lease_renewal_failures_total";
 /// started and reset to 0 when it has fully stopped; label `shard`.
 pub const FENCE_TOKEN: &str = "baton_fence_token";
 /// Counter of this node's writes refused by the fenced resource, label `op`: `claim`, `next`,
-/// `tick`, `checkpoint`, or `user` (a [`Fence::begin`](crate::work::Fence::begin) transaction).
+/// `tick`, `checkpoint`, `user` (a [`Fence::begin`](crate::work::Fence::begin) transaction), or
+/// `failed-term` (a failed term recorded for the failure budget by a node no longer its leader).
 pub const FENCE_REJECTIONS: &str = "baton_fence_rejections_total";
 /// Gauge: how many of this node's terms in a row had their first write (the claim) refused by the
 /// fenced resource; reset to 0 by an accepted claim; no labels. A value that keeps climbing means
@@ -74,6 +75,12 @@ pub const FAILED_TERMS_IN_A_ROW: &str = "baton_failed_terms_in_a_row";
 /// Gauge, seconds: how long this node waits after its last failed term before campaigning
 /// again (0 once a term ends otherwise); no labels.
 pub const CAMPAIGN_BACKOFF_SECONDS: &str = "baton_campaign_backoff_seconds";
+/// Gauge: 1 while this node finds the fleet-wide failure budget of a shard spent (label
+/// `shard`): it does not campaign for that shard until the budget reopens (`[failure_budget]`).
+pub const FAILURE_BUDGET_EXHAUSTED: &str = "baton_failure_budget_exhausted";
+/// Gauge: the failed terms of a shard the fenced resource counted within the failure budget's
+/// window at this node's last look (label `shard`).
+pub const FAILURE_BUDGET_FAILED_TERMS: &str = "baton_failure_budget_failed_terms";
 /// Gauge: the pid of the external program `baton run` runs as leader work (see
 /// [`ChildWork`](crate::work::child::ChildWork)), 0 while none runs; no labels.
 pub const CHILD_PID: &str = "baton_child_pid";
@@ -274,6 +281,14 @@ pub fn describe() {
         CAMPAIGN_BACKOFF_SECONDS,
         Unit::Seconds,
         "Wait after the last failed term before campaigning again"
+    );
+    describe_gauge!(
+        FAILURE_BUDGET_EXHAUSTED,
+        "1 while the fleet-wide failure budget of the shard is spent and this node does not campaign for it"
+    );
+    describe_gauge!(
+        FAILURE_BUDGET_FAILED_TERMS,
+        "Failed terms of the shard counted in the failure budget's window, at this node's last look"
     );
     describe_counter!(
         WORK_RESTARTS,

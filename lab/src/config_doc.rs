@@ -504,6 +504,7 @@ mod tests {
         // The default backend is raft, whose default lease is 150 ms.
         assert!(r.contains("| `lease_ttl_ms` | `150` | ms |"), "{r}");
         assert!(r.contains("## `[term_backoff]`"));
+        assert!(r.contains("| `failed_terms` | `5` |  |"), "{r}");
     }
 
     fn init_args(extra: &[&str]) -> InitArgs {

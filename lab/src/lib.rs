@@ -11,12 +11,14 @@
 //! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
 //! config_doc.rs      `baton config reference|init`: the node config's reference and a host's config, from the code
 //! fence_admin.rs     `baton fence status|reset`: inspect the fence, recover from a poisoned max_token
+//! budget_admin.rs    `baton budget status|reset`: the fleet-wide failure budget, and its reset
 //! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
 //! logging.rs         the binary's log lines: plain text off a terminal, openraft's repeats limited
 //! main.rs            the `baton` binary (clap)
 //! ```
 
 pub mod bench;
+pub mod budget_admin;
 pub mod chaos;
 pub mod check;
 pub mod config_doc;

@@ -66,6 +66,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: baton_lab::fence_admin::FenceCmd,
     },
+    /// The fleet-wide failure budget (`[failure_budget]`): inspect it (`status`), or let a
+    /// fleet that spent it campaign again (`reset`).
+    Budget {
+        #[command(subcommand)]
+        cmd: baton_lab::budget_admin::BudgetCmd,
+    },
     /// Set up a database for a service that embeds baton: schema and roles (`init`), access to
     /// the service's own tables (`grant`).
     Db {
@@ -357,6 +363,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Fleet { cmd } => fleet_cmd(cmd).await,
         Cmd::Config { cmd } => config_cmd(cmd),
         Cmd::Fence { cmd } => baton_lab::fence_admin::run(cmd).await,
+        Cmd::Budget { cmd } => baton_lab::budget_admin::run(cmd).await,
         Cmd::Db { cmd } => baton_lab::db_admin::run(cmd).await,
         Cmd::Load(args) => baton_lab::load::cli_main(args).await,
         Cmd::Check(args) => std::process::exit(baton_lab::check::cli_main(args).await?),

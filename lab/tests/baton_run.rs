@@ -22,6 +22,8 @@ use baton_lab::fleet::servers::{free_ports, log_tail, EtcdCluster, PgServer, Scr
 use baton_lab::fleet::zk_server::ZkEnsemble;
 use serde_json::Value;
 
+mod common;
+
 const BATON: &str = env!("CARGO_BIN_EXE_baton");
 const FENCED_CHILD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/fenced_child.py");
 
@@ -101,14 +103,19 @@ impl RunNode {
         self.proc.as_ref().map(|p| p.id() as i32).unwrap_or(0)
     }
 
-    /// The child lines of this node's actor trace.
-    fn child_steps(&self) -> Vec<Value> {
+    /// The lines `actor` wrote in this node's actor trace.
+    fn actor_steps(&self, actor: &str) -> Vec<Value> {
         let text =
             std::fs::read_to_string(self.state_dir.join("actor-trace.jsonl")).unwrap_or_default();
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["actor"] == "child")
+            .filter(|v| v["actor"] == actor)
             .collect()
+    }
+
+    /// The child lines of this node's actor trace.
+    fn child_steps(&self) -> Vec<Value> {
+        self.actor_steps("child")
     }
 
     fn steps(&self, event: &str) -> Vec<Value> {
@@ -975,6 +982,8 @@ async fn failing_terms_back_off_exponentially_and_say_why() {
     let dir = tempfile::tempdir().unwrap();
     let (base_ms, max_ms) = (300u64, 1200u64);
     let cfgs = configs_with(&pg, dir.path(), BackendKind::PgLease, 3, PG_LEASE, &|c| {
+        // One node's patience alone: the fleet's budget would stop these nodes after 5 terms.
+        c.failure_budget.failed_terms = 0;
         match c.node_id.as_str() {
             "n1" => (c.term_backoff.base_ms, c.term_backoff.max_ms) = (base_ms, max_ms),
             "n2" => c.term_backoff.base_ms = 0, // off: the behaviour before the backoff
@@ -1062,5 +1071,147 @@ async fn failing_terms_back_off_exponentially_and_say_why() {
         "off: {} terms, defaults: {}",
         burned[0],
         burned[1]
+    );
+}
+
+/// Every program start of the fleet (`child-started`: CLOCK_MONOTONIC ns, token), in time order.
+fn fleet_starts(nodes: &[RunNode]) -> Vec<(u64, i64)> {
+    let mut all: Vec<(u64, i64)> = nodes.iter().flat_map(starts).collect();
+    all.sort();
+    all
+}
+
+/// Every term the fleet won (the supervisor's `elected`), CLOCK_MONOTONIC ns: the tokens burned,
+/// with or without a program run.
+fn fleet_terms(nodes: &[RunNode]) -> Vec<u64> {
+    let mut all: Vec<u64> = nodes
+        .iter()
+        .flat_map(|n| n.actor_steps("supervisor"))
+        .filter(|v| v["event"] == "elected")
+        .map(|v| mono(&v))
+        .collect();
+    all.sort();
+    all
+}
+
+/// Starts `cfgs` running `failing` (`--on-exit demote`), waits `span` from the first program
+/// start; returns the nodes and (program runs, terms won) within that span.
+async fn burn(cfgs: &[(NodeConfig, PathBuf)], span: Duration) -> (Vec<RunNode>, usize, usize) {
+    let failing = ["sh", "-c", "exit 3"];
+    let nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, PG_LEASE, &["--on-exit", "demote"], &failing))
+        .collect();
+    let first = wait_for("the first program start", 60, || {
+        fleet_starts(&nodes).first().map(|s| s.0)
+    })
+    .await;
+    let end = first + span.as_nanos() as u64;
+    tokio::time::sleep(Duration::from_nanos(end.saturating_sub(monotonic_ns()))).await;
+    let runs = fleet_starts(&nodes).iter().filter(|s| s.0 <= end).count();
+    let terms = fleet_terms(&nodes)
+        .iter()
+        .filter(|&&t| t + 1_000_000_000 >= first && t <= end)
+        .count();
+    (nodes, runs, terms)
+}
+
+/// The fleet-wide failure budget, with `baton run`: three pg-lease nodes whose program exits 3
+/// at once. With the budget's defaults (5 failed terms in 10 minutes) the fleet runs the program
+/// 5 times, then no node campaigns for it: each node's `/status` and
+/// `baton_failure_budget_exhausted` say so, each logs one WARN with the program's exit, and the
+/// resource counts 5 failed terms. `baton budget reset` lets the fleet campaign again. Then the
+/// same fleet with the budget off for the same 30 s: the terms burned before and after (printed,
+/// FINDINGS 12.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let span = Duration::from_secs(30);
+    let fleet = |name: &str, set: &dyn Fn(&mut NodeConfig)| {
+        configs_with(
+            &pg,
+            &dir.path().join(name),
+            BackendKind::PgLease,
+            3,
+            PG_LEASE,
+            set,
+        )
+    };
+    // The defaults, but a reset is seen within a second.
+    let on = fleet("on", &|c| c.failure_budget.recheck_ms = 1000);
+    let limit = on[0].0.failure_budget.failed_terms as usize;
+    assert_eq!(limit, 5, "the default");
+    let client = NodeClient::new(Duration::from_secs(3));
+    let (nodes, runs_on, terms_on) = burn(&on, span).await;
+    let all = fleet_starts(&nodes);
+    assert_eq!(
+        runs_on, limit,
+        "program runs in {span:?} with a budget of {limit}: {all:?}"
+    );
+    assert_eq!(all.len(), limit, "runs after the span: {all:?}");
+    assert!(all.windows(2).all(|w| w[0].1 < w[1].1), "{all:?}");
+    let spent_after_s = (all[limit - 1].0 - all[0].0) as f64 / 1e9;
+    let recorded = pg.sql("SELECT count(*) FROM baton.failed_terms").await[0].get::<_, i64>(0);
+    assert_eq!(recorded, limit as i64, "failed terms in the resource");
+    for n in &nodes {
+        let r = client.get(&n.http, "/status").await.expect("GET /status");
+        let st: Value = serde_json::from_slice(&r.body).unwrap();
+        let b = &st["failure_budget"];
+        assert_eq!(b["exhausted"], true, "{}: {st}", n.id);
+        assert_eq!(b["failed_terms"], limit, "{}: {st}", n.id);
+        assert_eq!(b["window_ms"], 600_000, "{}: {st}", n.id);
+        let left = b["reopens_in_ms"].as_u64().unwrap_or(0);
+        assert!(left > 0 && left <= 600_000, "{}: {st}", n.id);
+        assert!(
+            b["last_failure"]
+                .as_str()
+                .is_some_and(|l| l.contains("exit=3")),
+            "{}: {st}",
+            n.id
+        );
+        assert_eq!(
+            metric(&client, n, "baton_failure_budget_exhausted").await,
+            Some(1.0),
+            "{}",
+            n.id
+        );
+        let log = n.log_text();
+        let warns: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("failure budget is spent"))
+            .collect();
+        assert_eq!(warns.len(), 1, "{}: one WARN per exhaustion:\n{log}", n.id);
+        assert!(warns[0].contains("exit=3"), "{}: {}", n.id, warns[0]);
+    }
+
+    // The operator's reset: the fleet campaigns again (and runs the program again).
+    let out = common::baton(&["budget", "reset", "--admin-url", &pg.server.admin_url()]);
+    assert!(out.contains(&format!("{limit} failed term(s)")), "{out}");
+    wait_for("a program start after the reset", 30, || {
+        (fleet_starts(&nodes).len() > limit).then_some(())
+    })
+    .await;
+    drop(nodes);
+
+    // Before: the same fleet, the budget off.
+    let off = fleet("off", &|c| c.failure_budget.failed_terms = 0);
+    let (nodes, runs_off, terms_off) = burn(&off, span).await;
+    drop(nodes);
+    let per_minute = 60.0 / span.as_secs_f64();
+    eprintln!(
+        "failing program (exit 3 at once), 3 pg-lease nodes, default [term_backoff], {}s from the first run: \
+         budget off: {runs_off} runs, {terms_off} terms won ({:.0} / {:.0} a minute); \
+         budget on (5 in 10 min): {runs_on} runs, {terms_on} terms won ({:.0} / {:.0} a minute; \
+         the last run {spent_after_s:.1} s after the first, then none)",
+        span.as_secs(),
+        runs_off as f64 * per_minute,
+        terms_off as f64 * per_minute,
+        runs_on as f64 * per_minute,
+        terms_on as f64 * per_minute,
+    );
+    assert!(
+        runs_off > 2 * limit,
+        "without the budget the fleet keeps burning terms: {runs_off} runs"
     );
 }

@@ -5,8 +5,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use baton::backends::BackendKind;
-use baton::config::NodeConfig;
 use baton::elector::FenceToken;
 use baton::leadership::Role;
 use baton::node::{NodeBuilder, NodeHandle};
@@ -21,19 +19,9 @@ async fn private_pg() -> Pg {
         .expect("a private PostgreSQL, migrated")
 }
 
-fn node_config(pg: &Pg, node_id: &str) -> NodeConfig {
-    let mut cfg = NodeConfig {
-        node_id: node_id.into(),
-        state_dir: pg.dir.path().join(node_id),
-        ..NodeConfig::for_backend(BackendKind::PgLease)
-    };
-    cfg.sequencer.enabled = false;
-    cfg.scheduler.enabled = false;
-    cfg.resource.database_url = pg.server.app_url();
-    cfg.pg_lease.database_url = pg.server.lease_url();
-    std::fs::create_dir_all(&cfg.state_dir).unwrap();
-    cfg
-}
+use common::job_node_config as node_config;
+
+mod common;
 
 /// Every term a job was started in, in order, and how each start ended.
 #[derive(Default)]

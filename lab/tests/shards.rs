@@ -224,6 +224,14 @@ async fn shards_spread_evenly_and_every_interface_names_its_shard() {
         Some(3),
         "{st}"
     );
+    // Each shard's leader read that shard's own failure budget as its term began (K = 1's
+    // code path, per shard): open, nothing spent.
+    for (s, (leader, addr, _)) in &placed {
+        let st = fleet.client.get(addr, "/status").await.unwrap().json();
+        let b = &st["shards"][*s as usize]["failure_budget"];
+        assert_eq!(b["exhausted"], false, "shard {s} on {leader}: {st}");
+        assert_eq!(b["failed_terms"], 0, "shard {s} on {leader}: {st}");
+    }
     let mut texts = Vec::new();
     for n in &nodes {
         let body = fleet

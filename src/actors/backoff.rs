@@ -18,6 +18,10 @@
 //!
 //! Every wait is stretched by a random 0-20% ([`JITTER`]), never shortened: nodes that failed
 //! together do not come back together, and no wait is below what was configured.
+//!
+//! This is one node's patience. The fleet's is the failure budget (`actors::budget`): each
+//! failed term is also recorded in the fenced resource, and once the fleet has spent its
+//! `[failure_budget]` every node stops campaigning.
 
 use std::time::{Duration, Instant};
 
@@ -51,6 +55,16 @@ pub(crate) fn restart_delay(backoff: Duration, earlier: usize) -> Duration {
     )
 }
 
+/// How a term ended, as far as backing off goes.
+#[derive(Debug, PartialEq)]
+pub(crate) struct TermEnd {
+    /// How long to wait before campaigning again.
+    pub(crate) pause: Duration,
+    /// The error of a failed term (its leader work failed, the claim was not refused): what
+    /// the fleet-wide failure budget records (`actors::budget`).
+    pub(crate) failure: Option<String>,
+}
+
 /// This node's streak of failed terms, and the wait it earns.
 pub(crate) struct TermFailures {
     cfg: TermBackoffConfig,
@@ -74,24 +88,35 @@ impl TermFailures {
 
     /// The term `token` has ended for `reason` (its work has stopped); `claim_refused`: the
     /// fenced resource refused its claim. Returns how long to wait before campaigning again
-    /// (zero unless the work failed), after logging and counting a failure.
+    /// (zero unless the work failed) and, for a failed term, its error, after logging and
+    /// counting the failure.
     pub(crate) fn term_ended(
         &mut self,
         token: FenceToken,
         reason: &DemotionReason,
         claim_refused: bool,
-    ) -> Duration {
+    ) -> TermEnd {
         let ran = self
             .term_began
             .take()
             .map(|t| t.elapsed())
             .unwrap_or_default();
-        let DemotionReason::WorkFailed(why) = reason else {
-            self.reset();
-            return Duration::ZERO;
+        let no_failure = TermEnd {
+            pause: Duration::ZERO,
+            failure: None,
+        };
+        let why = match reason {
+            DemotionReason::WorkFailed(why) => why,
+            // The term ran no work: it says nothing about the work, so the streak stands (and
+            // the budget keeps this node from campaigning meanwhile).
+            DemotionReason::FailureBudgetExhausted => return no_failure,
+            _ => {
+                self.reset();
+                return no_failure;
+            }
         };
         if claim_refused {
-            return Duration::ZERO;
+            return no_failure;
         }
         if ran >= Duration::from_millis(self.cfg.reset_after_ms) {
             self.in_a_row = 0;
@@ -117,7 +142,10 @@ impl TermFailures {
             error = %why,
             "leader work failed and ended the term; this node waits before campaigning again"
         );
-        pause
+        TermEnd {
+            pause,
+            failure: Some(why.clone()),
+        }
     }
 
     fn reset(&mut self) {
@@ -168,20 +196,36 @@ mod tests {
         let t = FenceToken(7);
         for want_ms in [500, 1000, 2000, 3000, 3000] {
             f.term_began();
-            assert_jittered(f.term_ended(t, &failed(), false), want_ms);
+            assert_jittered(f.term_ended(t, &failed(), false).pause, want_ms);
         }
-        // A refused claim is the token source, not the work: no wait, and the streak stands.
+        // A refused claim is the token source, not the work: no wait, nothing for the budget,
+        // and the streak stands; so does a term that gave up because the budget was spent.
+        let nothing = TermEnd {
+            pause: Duration::ZERO,
+            failure: None,
+        };
         f.term_began();
-        assert_eq!(f.term_ended(t, &failed(), true), Duration::ZERO);
+        assert_eq!(f.term_ended(t, &failed(), true), nothing);
+        f.term_began();
+        assert_eq!(
+            f.term_ended(t, &DemotionReason::FailureBudgetExhausted, false),
+            nothing
+        );
         assert_eq!(f.in_a_row, 5);
         // A term that ends any other way ends the streak.
         f.term_began();
         assert_eq!(
             f.term_ended(t, &DemotionReason::StepDown { successor: None }, false),
-            Duration::ZERO
+            nothing
         );
         f.term_began();
-        assert_jittered(f.term_ended(t, &failed(), false), 500);
+        let end = f.term_ended(t, &failed(), false);
+        assert_jittered(end.pause, 500);
+        assert_eq!(
+            end.failure.as_deref(),
+            Some("child: failed: the program exited (exit=3)"),
+            "a failed term hands its error on, for the budget"
+        );
     }
 
     #[test]
@@ -194,7 +238,7 @@ mod tests {
         let mut f = TermFailures::new(&cfg);
         for _ in 0..4 {
             f.term_began();
-            assert_jittered(f.term_ended(FenceToken(1), &failed(), false), 500);
+            assert_jittered(f.term_ended(FenceToken(1), &failed(), false).pause, 500);
         }
     }
 
@@ -208,7 +252,7 @@ mod tests {
         let mut f = TermFailures::new(&cfg);
         f.term_began();
         assert_eq!(
-            f.term_ended(FenceToken(1), &failed(), false),
+            f.term_ended(FenceToken(1), &failed(), false).pause,
             Duration::ZERO
         );
         assert_eq!(f.in_a_row, 1, "still counted");

@@ -16,6 +16,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rand::Rng;
 use tokio::task::JoinHandle;
 
+use crate::actors::budget::FailureBudget;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::actors::watchdog::WatchdogMsg;
 use crate::actors::DemotionReason;
@@ -61,6 +62,8 @@ pub struct ElectorArgs {
     pub leader_tx: tokio::sync::watch::Sender<Option<LeaderInfo>>,
     /// Whether to campaign from the start (placement's first word; always true at K = 1).
     pub candidate: bool,
+    /// The fleet-wide failure budget each campaign waits for (`None`: off).
+    pub budget: Option<Arc<FailureBudget>>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -238,8 +241,17 @@ impl ElectorState {
         }
         self.mode = Mode::Campaigning;
         self.args.trace.step("elector", "campaign", None, "");
-        let (backend, me) = (self.args.backend.clone(), myself.clone());
+        let (backend, me, budget) = (
+            self.args.backend.clone(),
+            myself.clone(),
+            self.args.budget.clone(),
+        );
         self.campaign_task = Some(tokio::spawn(async move {
+            // Not while the fleet has spent its failure budget (cancel-safe: a withdrawal or
+            // a shutdown aborts the wait like the campaign).
+            if let Some(budget) = budget {
+                budget.wait_until_open().await;
+            }
             let started = Instant::now();
             let result = backend.campaign().await;
             let _ = me.cast(ElectorMsg::CampaignDone { result, started });

@@ -17,6 +17,7 @@
 //! * no actor awaits slow I/O inside `handle()`: it spawns a task and gets the result as a message.
 
 pub(crate) mod backoff;
+pub(crate) mod budget;
 pub(crate) mod elector;
 pub mod placement;
 pub(crate) mod supervisor;
@@ -49,6 +50,9 @@ pub enum DemotionReason {
     /// Placement moved this shard to another member: a planned hand-over (the new owner is
     /// already campaigning and claims as soon as this node releases).
     Handover,
+    /// The fleet-wide failure budget was found spent as the term began (a campaign under way
+    /// when the last allowed failure was recorded): the term gave up without starting its work.
+    FailureBudgetExhausted,
 }
 
 impl fmt::Display for DemotionReason {
@@ -61,6 +65,7 @@ impl fmt::Display for DemotionReason {
             DemotionReason::WorkFailed(d) => write!(f, "work-failed: {d}"),
             DemotionReason::Shutdown => f.write_str("shutdown"),
             DemotionReason::Handover => f.write_str("handover"),
+            DemotionReason::FailureBudgetExhausted => f.write_str("failure-budget-exhausted"),
         }
     }
 }

@@ -8,6 +8,9 @@
 //!     +--Released-- releasing <--WorkStopped-- demoting (checkpoint, then stop, kill after bound)
 //! ```
 //!
+//! A term whose work failed is recorded in the fleet's failure budget (`actors::budget`) before
+//! its release; a term that finds the budget spent as it begins runs no work.
+//!
 //! Starting and stopping leader work awaits other actors, so both run in spawned tasks that report
 //! back (`WorkStarted`, `WorkStopped`); `handle()` itself never awaits slow work. A `Demoted` that
 //! arrives while work is still starting is deferred until it has started, then acted on at once;
@@ -23,6 +26,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, Super
 use serde::Serialize;
 
 use crate::actors::backoff::{restart_delay, TermFailures};
+use crate::actors::budget::FailureBudget;
 use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
 use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
 use crate::actors::DemotionReason;
@@ -44,7 +48,8 @@ pub enum SupervisorMsg {
     },
     WorkStarted {
         token: FenceToken,
-        result: Result<Vec<Slot>, String>,
+        /// The started works, or why the term gives up at once.
+        result: Result<Vec<Slot>, DemotionReason>,
     },
     /// A `Restart` policy's backoff has passed: start work `index` again in term `token`.
     RestartDue {
@@ -168,6 +173,8 @@ pub struct SupervisorState {
     stop_after_release: Option<String>,
     /// Failed terms in a row, and the wait before campaigning again (`actors::backoff`).
     term_failures: TermFailures,
+    /// The fleet-wide failure budget (`actors::budget`; `None`: off).
+    budget: Option<Arc<FailureBudget>>,
 }
 
 pub struct NodeSupervisor;
@@ -191,6 +198,13 @@ impl Actor for NodeSupervisor {
             cell.clone(),
         )
         .await?;
+        let budget = FailureBudget::new(
+            &args.cfg.failure_budget,
+            args.fence.clone(),
+            args.shared.clone(),
+            args.trace.clone(),
+            args.shard,
+        );
         let elector_args = ElectorArgs {
             backend: args.backend.clone(),
             cfg: args.cfg.clone(),
@@ -199,6 +213,7 @@ impl Actor for NodeSupervisor {
             trace: args.trace.clone(),
             leader_tx: args.leader_tx.clone(),
             candidate: args.wanted,
+            budget: budget.clone(),
         };
         let (elector, _) = Actor::spawn_linked(None, ElectorActor, elector_args, cell).await?;
         args.trace
@@ -218,6 +233,7 @@ impl Actor for NodeSupervisor {
             restarting: 0,
             stop_after_release: None,
             term_failures,
+            budget,
         })
     }
 
@@ -383,8 +399,17 @@ impl SupervisorState {
             shard: self.args.shard,
         };
         self.restarts.clear();
-        let (works, me) = (self.args.works.clone(), myself.clone());
+        let (works, me, budget) = (self.args.works.clone(), myself.clone(), self.budget.clone());
         tokio::spawn(async move {
+            // A campaign under way when the fleet spent its budget may win right after: such a
+            // term runs no work.
+            if let Some(budget) = budget {
+                if budget.spent_now().await {
+                    let result = Err(DemotionReason::FailureBudgetExhausted);
+                    let _ = me.cast(SupervisorMsg::WorkStarted { token, result });
+                    return;
+                }
+            }
             let mut started: Vec<Slot> = Vec::new();
             let mut failure = None;
             for (index, w) in works.iter().enumerate() {
@@ -400,7 +425,7 @@ impl SupervisorState {
                 None => Ok(started),
                 Some(e) => {
                     stop_all(&started, &ctx.trace, token, Duration::from_secs(2)).await;
-                    Err(e)
+                    Err(DemotionReason::WorkFailed(e))
                 }
             };
             let _ = me.cast(SupervisorMsg::WorkStarted { token, result });
@@ -411,7 +436,7 @@ impl SupervisorState {
         &mut self,
         myself: &ActorRef<SupervisorMsg>,
         token: FenceToken,
-        result: Result<Vec<Slot>, String>,
+        result: Result<Vec<Slot>, DemotionReason>,
     ) {
         if !matches!(self.phase, Phase::Starting(t) if t == token) {
             return;
@@ -443,16 +468,19 @@ impl SupervisorState {
                     self.demote(myself, Some(token), reason);
                 }
             }
-            Err(e) => {
-                self.args
-                    .trace
-                    .step("supervisor", "work-start-failed", Some(token), &e);
+            Err(reason) => {
+                self.args.trace.step(
+                    "supervisor",
+                    "work-start-failed",
+                    Some(token),
+                    &reason.to_string(),
+                );
                 // Nothing runs; release so another node can lead.
                 self.phase = Phase::Leading {
                     token,
                     works: Vec::new(),
                 };
-                self.demote(myself, Some(token), DemotionReason::WorkFailed(e));
+                self.demote(myself, Some(token), reason);
             }
         }
     }
@@ -542,20 +570,39 @@ impl SupervisorState {
             DemotionReason::StepDown { .. } | DemotionReason::Handover
         ) || self.stop_after_release.is_some();
         let refused = self.args.fence.refused_claims_in_a_row() > 0;
-        let pause = self
-            .term_failures
-            .term_ended(token, &reason, refused)
-            .max(if handover {
-                self.args.cfg.renew_interval()
-            } else {
-                Duration::ZERO
-            });
+        let ended = self.term_failures.term_ended(token, &reason, refused);
+        let pause = ended.pause.max(if handover {
+            self.args.cfg.renew_interval()
+        } else {
+            Duration::ZERO
+        });
         self.phase = Phase::Releasing {
             token,
             reason,
             work_stopped_mono_ns,
         };
-        let _ = self.elector.cast(ElectorMsg::Release { successor, pause });
+        // A term whose claim the resource left unanswered failed on the resource, not on its
+        // work: it backs off locally, and is not spent from the fleet's budget (an outage of the
+        // resource must not stop the fleet once the resource is back).
+        let failure = ended
+            .failure
+            .filter(|_| !self.args.fence.claim_unanswered(token));
+        self.release(token, ElectorMsg::Release { successor, pause }, failure);
+    }
+
+    /// Has the elector release the term, once its failure (if any, and if the budget is on) is
+    /// recorded in the fleet's budget: recorded while this node still holds the term, so the
+    /// fenced record is accepted.
+    fn release(&self, token: FenceToken, release: ElectorMsg, failure: Option<String>) {
+        let (Some(budget), Some(error)) = (self.budget.clone(), failure) else {
+            let _ = self.elector.cast(release);
+            return;
+        };
+        let elector = self.elector.clone();
+        tokio::spawn(async move {
+            budget.record(token, &error).await;
+            let _ = elector.cast(release);
+        });
     }
 
     fn on_released(&mut self, myself: &ActorRef<SupervisorMsg>, result: Result<(), String>) {

@@ -150,6 +150,7 @@ pub(super) fn status_body(app: &HttpApp) -> serde_json::Value {
                     "leader": st.leader,
                     "acting": st.acting,
                     "lease_ttl_remaining_ms": st.lease_ttl_remaining_ms,
+                    "failure_budget": st.failure_budget,
                 })
             })
             .collect();

@@ -3,14 +3,14 @@
 //! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
 
 use crate::backends::FenceToken;
-use crate::config::ResourceConfig;
+use crate::config::{FailureBudgetConfig, ResourceConfig};
 use crate::metrics as m;
 use crate::pg::{admin_session, answer_bound, create_pool, error_chain, Conn, Unanswered};
 use crate::shard::ShardId;
@@ -18,6 +18,9 @@ use crate::shard::ShardId;
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
 const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
 const READ_SQL: &str = include_str!("sql/0002_read.sql");
+const BUDGET_SQL: &str = include_str!("sql/0004_failure_budget.sql");
+/// The schema files applied as `baton_owner`, in order: each needs only those before it.
+const OWNER_SQL: &[&str] = &[SCHEMA_SQL, READ_SQL, BUDGET_SQL];
 /// Session defaults for every role that calls the fenced functions (the shared application role
 /// and each per-node role): nobody holds the fence row. A transaction left idle (a client paused
 /// or gone mid-transaction, or a hostile `BEGIN; ...`) is ended by the server, which releases its
@@ -42,8 +45,9 @@ pub enum FenceError {
     Rejected {
         /// The fenced resource's name (the sequence, the work-set cursor, or the caller's own).
         resource: String,
-        /// The refused operation: `claim`, `next`, `tick`, `checkpoint`, or `user` (a
-        /// [`Fence::begin`] transaction); the `op` label of `baton_fence_rejections_total`.
+        /// The refused operation: `claim`, `next`, `tick`, `checkpoint`, `user` (a
+        /// [`Fence::begin`] transaction), or `failed-term` ([`Fence::record_failed_term`]); the
+        /// `op` label of `baton_fence_rejections_total`.
         op: &'static str,
         /// The token this node wrote with.
         token: FenceToken,
@@ -119,6 +123,8 @@ pub struct Fence {
     shard: ShardId,
     /// Claims refused in a row (shared by every clone: one count per node).
     refused_claims_in_a_row: Arc<AtomicU64>,
+    /// The token of this shard's latest claim that the resource did not answer (0: none).
+    unanswered_claim_token: Arc<AtomicI64>,
 }
 
 /// The three columns every fenced function returns first.
@@ -185,6 +191,7 @@ impl Fence {
             holder: holder.to_owned(),
             shard: ShardId::ZERO,
             refused_claims_in_a_row: Arc::default(),
+            unanswered_claim_token: Arc::default(),
         })
     }
 
@@ -198,6 +205,8 @@ impl Fence {
         Ok(Fence {
             shard,
             seq_pool,
+            // Tokens are per shard.
+            unanswered_claim_token: Arc::default(),
             ..self.clone()
         })
     }
@@ -243,13 +252,27 @@ impl Fence {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, FenceError> {
+        let row = self.query_row(sql, params).await.inspect_err(|_| {
+            if op == "claim" {
+                self.unanswered_claim_token
+                    .store(token.0, Ordering::Relaxed);
+            }
+        })?;
+        self.judge(resource, op, token, row)
+    }
+
+    /// The one row of `sql` (prepared once per pooled connection), within the answer bound.
+    async fn query_row(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, FenceError> {
         let client = Conn::new(self.pool.get().await?);
         let asked = async {
             let stmt = client.prepare_cached(sql).await?;
             client.query_one(&stmt, params).await
         };
-        let row = self.ask(&client, asked).await??;
-        self.judge(resource, op, token, row)
+        Ok(self.ask(&client, asked).await??)
     }
 
     /// The row of a fenced function, or its refusal as [`FenceError::Rejected`].
@@ -273,6 +296,12 @@ impl Fence {
     /// How many of this node's terms in a row had their claim refused (0 after an accepted one).
     pub(crate) fn refused_claims_in_a_row(&self) -> u64 {
         self.refused_claims_in_a_row.load(Ordering::Relaxed)
+    }
+
+    /// Whether a claim of term `token` went unanswered (the resource unreachable, or the call
+    /// failed): the term's work then failed on the resource, not on its own.
+    pub(crate) fn claim_unanswered(&self, token: FenceToken) -> bool {
+        self.unanswered_claim_token.load(Ordering::Relaxed) == token.0
     }
 
     /// Tracks whether the resource refuses every new term of this node.
@@ -473,16 +502,12 @@ impl Fence {
     ) -> Result<ResourceState, FenceError> {
         let (seq_resource, cursor_resource) =
             (&*self.named(seq_resource), &*self.named(cursor_resource));
-        let client = Conn::new(self.pool.get().await?);
-        let asked = async {
-            let stmt = client
-                .prepare_cached("SELECT * FROM baton.read_state($1, $2)")
-                .await?;
-            client
-                .query_one(&stmt, &[&seq_resource, &cursor_resource])
-                .await
-        };
-        let row = self.ask(&client, asked).await??;
+        let row = self
+            .query_row(
+                "SELECT * FROM baton.read_state($1, $2)",
+                &[&seq_resource, &cursor_resource],
+            )
+            .await?;
         Ok(ResourceState {
             last_seq: row.get(0),
             cursor: row.get(1),
@@ -538,6 +563,97 @@ impl Fence {
                 reason: row.get(7),
             })
             .collect())
+    }
+}
+
+/// The resource name a shard's failure budget is recorded under, as shard 0 names it: shard S
+/// appends `#S` ([`ShardId::resource`]), so its failures fall in its own fence domain
+/// (`leadership#S`) and are counted apart from every other shard's.
+pub const FAILURE_BUDGET_RESOURCE: &str = "failure-budget";
+
+/// A shard's fleet-wide failure budget as the resource counts it (`sql/0004_failure_budget.sql`),
+/// from one snapshot: the failed terms within the window (and after the latest operator reset).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetState {
+    /// Failed terms counted.
+    pub failed_terms: u32,
+    /// Whether they reach the limit: no node campaigns for this shard.
+    pub exhausted: bool,
+    /// While exhausted: how long until the count falls below the limit, by the resource's clock.
+    pub reopens_in: Option<Duration>,
+    /// The latest failed term counted: `term T on NODE: ERROR` (a program's exit status, a job's
+    /// error chain).
+    pub last_failure: Option<String>,
+}
+
+impl BudgetState {
+    fn from_row(row: &tokio_postgres::Row) -> BudgetState {
+        BudgetState {
+            failed_terms: u32::try_from(row.get::<_, i32>("failed_terms")).unwrap_or(0),
+            exhausted: row.get("exhausted"),
+            reopens_in: row
+                .get::<_, Option<i64>>("reopens_in_ms")
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            last_failure: row.get("last_failure"),
+        }
+    }
+}
+
+/// `(window_ms, limit)` as the budget's SQL functions take them.
+fn budget_args(budget: &FailureBudgetConfig) -> (i64, i32) {
+    (
+        i64::try_from(budget.window_ms).unwrap_or(i64::MAX),
+        i32::try_from(budget.failed_terms).unwrap_or(i32::MAX),
+    )
+}
+
+impl Fence {
+    /// Records that the leader work of this node's term `token` failed with `detail`, in this
+    /// handle's shard, and returns the budget after it. Fenced like every write: a token the
+    /// resource has moved past (or the current one under another holder) is refused as
+    /// [`FenceError::Rejected`] (op `failed-term`), so a stale node cannot spend the budget. A
+    /// second record of the same term counts once.
+    pub async fn record_failed_term(
+        &self,
+        token: FenceToken,
+        detail: &str,
+        budget: &FailureBudgetConfig,
+    ) -> Result<BudgetState, FenceError> {
+        let resource = &*self.named(FAILURE_BUDGET_RESOURCE);
+        let (window_ms, limit) = budget_args(budget);
+        let row = self
+            .call(
+                resource,
+                "failed-term",
+                token,
+                "SELECT * FROM baton.record_failed_term($1, $2, $3, $4, $5, $6)",
+                &[
+                    &resource,
+                    &token.0,
+                    &self.holder,
+                    &detail,
+                    &window_ms,
+                    &limit,
+                ],
+            )
+            .await?;
+        Ok(BudgetState::from_row(&row))
+    }
+
+    /// This handle's shard's failure budget now: one read, no lock taken, nothing written.
+    pub async fn failure_budget(
+        &self,
+        budget: &FailureBudgetConfig,
+    ) -> Result<BudgetState, FenceError> {
+        let resource = &*self.named(FAILURE_BUDGET_RESOURCE);
+        let (window_ms, limit) = budget_args(budget);
+        let row = self
+            .query_row(
+                "SELECT * FROM baton.failure_budget($1, $2, $3)",
+                &[&resource, &window_ms, &limit],
+            )
+            .await?;
+        Ok(BudgetState::from_row(&row))
     }
 }
 
@@ -731,10 +847,13 @@ pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), Fence
         .batch_execute("DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'baton') THEN ALTER SCHEMA baton OWNER TO baton_owner; END IF; END $$;")
         .await?;
     client.batch_execute("SET ROLE baton_owner").await?;
-    let applied = match client.batch_execute(SCHEMA_SQL).await {
-        Ok(()) => client.batch_execute(READ_SQL).await,
-        Err(e) => Err(e),
-    };
+    let applied = async {
+        for sql in OWNER_SQL {
+            client.batch_execute(sql).await?;
+        }
+        Ok::<_, tokio_postgres::Error>(())
+    }
+    .await;
     client.batch_execute("RESET ROLE").await?;
     applied?;
     if let Some(on) = fencing {
@@ -870,6 +989,25 @@ pub async fn reset(admin_url: &str, max_token: i64) -> Result<(i64, String), Fen
     drop(client);
     let _ = conn_task.await;
     Ok(replaced?)
+}
+
+/// Resets `shard`'s fleet-wide failure budget, as a superuser (`admin_url`): the failed terms
+/// recorded so far no longer count, and the nodes campaign again at their next look (within
+/// `[failure_budget] recheck_ms`). Logged in `baton.failure_budget_resets` (when, by whom, how
+/// many). Returns how many failed terms counted since the previous reset (whatever their age,
+/// up to the 7 days the resource keeps). `baton budget reset` runs it. Fix what made the work
+/// fail first: a budget reset over a work that still fails only buys another round of failures.
+pub async fn reset_failure_budget(admin_url: &str, shard: ShardId) -> Result<u32, FenceError> {
+    let (client, conn_task) = admin_session(admin_url).await?;
+    let cleared = client
+        .query_one(
+            "SELECT cleared_terms FROM baton.failure_budget_reset($1)",
+            &[&shard.resource(FAILURE_BUDGET_RESOURCE)],
+        )
+        .await;
+    drop(client);
+    let _ = conn_task.await;
+    Ok(u32::try_from(cleared?.get::<_, i32>(0)).unwrap_or(0))
 }
 
 /// Sets whether the resource refuses sessions of the shared application role (only per-node

@@ -20,7 +20,7 @@ use ractor::ActorCell;
 use crate::backends::FenceToken;
 use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
-pub use fence::{Fence, FenceError, FencedTransaction, ResourceState};
+pub use fence::{BudgetState, Fence, FenceError, FencedTransaction, ResourceState};
 pub use job::Term;
 
 /// What a piece of leader work is given when its node wins.

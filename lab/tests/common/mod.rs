@@ -222,6 +222,25 @@ impl Fleet {
     }
 }
 
+/// A node on pg-lease with `pg` as both its lease store and its fenced resource, and none of the
+/// built-in works: for library tests of closure jobs (its state dir created beside `pg`).
+pub fn job_node_config(
+    pg: &baton_lab::fleet::servers::ScratchPg,
+    node_id: &str,
+) -> baton::config::NodeConfig {
+    let mut cfg = baton::config::NodeConfig {
+        node_id: node_id.into(),
+        state_dir: pg.dir.path().join(node_id),
+        ..baton::config::NodeConfig::for_backend(baton::backends::BackendKind::PgLease)
+    };
+    cfg.sequencer.enabled = false;
+    cfg.scheduler.enabled = false;
+    cfg.resource.database_url = pg.server.app_url();
+    cfg.pg_lease.database_url = pg.server.lease_url();
+    std::fs::create_dir_all(&cfg.state_dir).unwrap();
+    cfg
+}
+
 pub async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, NoTls)
         .await
