@@ -198,7 +198,7 @@ impl PgLeaseElector {
             http_addr: cfg.advertise_addr.clone(),
         };
         let info = String::from_utf8(me.encode()).expect("JSON is UTF-8");
-        let batch = Arc::new(RenewBatch::new(cfg.renew_interval() / 2));
+        let batch = Arc::new(RenewBatch::new(cfg.renew_interval()));
         let leaders = Arc::new(SharedLeaderRead::new(
             cfg.retry_interval() / 2,
             cfgs.iter().map(|c| c.pg_lease.lease_name.clone()).collect(),

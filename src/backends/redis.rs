@@ -196,7 +196,7 @@ impl RedisElector {
         if cfgs.iter().any(|c| c.redis.key.is_empty()) {
             return Err(ElectorError::Config("redis.key is empty".into()));
         }
-        let batch = Arc::new(RenewBatch::new(cfg.renew_interval() / 2));
+        let batch = Arc::new(RenewBatch::new(cfg.renew_interval()));
         let leaders = Arc::new(SharedLeaderRead::new(
             cfg.retry_interval() / 2,
             cfgs.iter().map(|c| c.redis.key.clone()).collect(),

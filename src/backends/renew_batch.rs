@@ -3,14 +3,16 @@
 //!
 //! Each shard's elector keeps its own renew schedule (the loop in `crate::actors::elector` is
 //! unchanged). When a shard's renewal is due, [`RenewBatch::renew`] either reuses the node's
-//! newest batch, if another shard sent it less than `reuse_for` ago and it renewed exactly this
-//! shard's lease, or sends one new batch for every lease the node's shards hold. A shard never
+//! newest batch or sends one new batch for every lease the node's shards hold. It reuses the
+//! newest batch when another shard sent it, it renewed exactly this shard's lease, it is younger
+//! than one renew interval (`interval`), and it moves this shard's grant on by at least half an
+//! interval. The last condition is judged against the shard's own previous grant, not against
+//! the time the shard's call got the lock, so a slow runtime (hundreds of shards on a loaded
+//! machine, renewals queued on the lock) still reuses instead of sending more. A shard never
 //! reuses a batch it sent itself: each call of a lone shard is a round trip, exactly as before
-//! batching. The grant a shard gets
-//! carries the batch's send time, so its deadline is still counted from a request that really
-//! extended its lease. With half a renew interval as `reuse_for` a node sends about two batches
-//! per renew interval, whatever the number of shards; with one shard this is one renewal per
-//! interval, as before shards.
+//! batching. The grant a shard gets carries the batch's send time, so its deadline is still
+//! counted from a request that really extended its lease. A node sends about one batch per renew
+//! interval, whatever the number of shards.
 //!
 //! [`SharedLeaderRead`] does the same for the observe loops' "who leads?" polls.
 //!
@@ -41,6 +43,8 @@ pub(crate) enum Renewed {
 struct Batch<L> {
     /// Every lease this node's shards hold, by shard: included in each batch.
     held: BTreeMap<u32, L>,
+    /// When each shard's newest grant was sent (its own batch or one it reused).
+    granted: BTreeMap<u32, Instant>,
     /// The newest batch: which shard sent it, when, and what it said of each lease it carried.
     newest: Option<Newest<L>>,
 }
@@ -53,17 +57,18 @@ struct Newest<L> {
 
 /// The node's coalesced renewals (see the module docs). Shared by its shards' electors.
 pub(crate) struct RenewBatch<L> {
-    reuse_for: Duration,
+    interval: Duration,
     batch: Mutex<Batch<L>>,
 }
 
 impl<L: Clone + PartialEq + Send> RenewBatch<L> {
-    /// `reuse_for`: how old (since sent) a batch may be and still answer a shard's renewal.
-    pub(crate) fn new(reuse_for: Duration) -> RenewBatch<L> {
+    /// `interval`: the renew interval (see the module docs for how it bounds reuse).
+    pub(crate) fn new(interval: Duration) -> RenewBatch<L> {
         RenewBatch {
-            reuse_for,
+            interval,
             batch: Mutex::new(Batch {
                 held: BTreeMap::new(),
+                granted: BTreeMap::new(),
                 newest: None,
             }),
         }
@@ -86,17 +91,25 @@ impl<L: Clone + PartialEq + Send> RenewBatch<L> {
         let mut b = self.batch.lock().await;
         if let Some(newest) = &b.newest {
             let sent_at = newest.sent_at;
-            let fresh = newest.sent_by != shard && sent_at.elapsed() < self.reuse_for;
+            let moves_on = b
+                .granted
+                .get(&shard)
+                .is_none_or(|prev| sent_at >= *prev + self.interval / 2);
+            let fresh = newest.sent_by != shard && sent_at.elapsed() < self.interval && moves_on;
             let said = newest
                 .said
                 .iter()
                 .find(|(s, l, _)| *s == shard && *l == lease)
                 .map(|(_, _, ok)| *ok);
             match (fresh, said) {
-                (true, Some(true)) => return Ok(Renewed::At(sent_at)),
+                (true, Some(true)) => {
+                    b.granted.insert(shard, sent_at);
+                    return Ok(Renewed::At(sent_at));
+                }
                 // A lost lease stays lost, however old the batch that found it.
                 (_, Some(false)) => {
                     b.held.remove(&shard);
+                    b.granted.remove(&shard);
                     return Ok(Renewed::Lost);
                 }
                 _ => {}
@@ -114,12 +127,16 @@ impl<L: Clone + PartialEq + Send> RenewBatch<L> {
         for (s, l, ok) in &outcomes {
             if !ok && b.held.get(s) == Some(l) {
                 b.held.remove(s);
+                b.granted.remove(s);
             }
         }
         let mine = outcomes
             .iter()
             .find(|(s, l, _)| *s == shard && *l == lease)
             .is_some_and(|(_, _, ok)| *ok);
+        if mine {
+            b.granted.insert(shard, sent_at);
+        }
         b.newest = Some(Newest {
             sent_by: shard,
             sent_at,
@@ -134,7 +151,9 @@ impl<L: Clone + PartialEq + Send> RenewBatch<L> {
 
     /// `shard` holds no lease any more (resigned, closed): later batches leave it out.
     pub(crate) async fn forget(&self, shard: u32) {
-        self.batch.lock().await.held.remove(&shard);
+        let mut b = self.batch.lock().await;
+        b.held.remove(&shard);
+        b.granted.remove(&shard);
     }
 }
 
@@ -204,18 +223,30 @@ mod tests {
         Ok(leases.iter().map(|l| alive.contains(&l.as_str())).collect())
     }
 
+    /// The renew interval of these tests: batches a moment apart do not renew each other's
+    /// shards (half an interval is required), batches `HALF` apart do.
+    const INTERVAL: Duration = Duration::from_millis(400);
+    const HALF: Duration = Duration::from_millis(220);
+
     #[tokio::test]
     async fn shards_renewing_together_share_one_round_trip() {
-        let batch = Arc::new(RenewBatch::new(Duration::from_secs(10)));
+        let batch = Arc::new(RenewBatch::new(INTERVAL));
         let sent = AtomicUsize::new(0);
         let alive = ["a", "b", "c"];
-        let first = batch
-            .renew(0, "a".to_string(), |l| send_to(&alive, &sent, l))
-            .await
-            .unwrap();
-        // b and c join; the next due renewal carries all three, then each reuses it.
+        // a, b and c start one after the other: each sends (the others' batches did not carry
+        // its lease yet, or move its grant on).
+        for (s, l) in [(0, "a"), (1, "b"), (2, "c")] {
+            batch
+                .renew(s, l.to_string(), |ls| send_to(&alive, &sent, ls))
+                .await
+                .unwrap();
+        }
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+        // Their next renewals, half an interval on: b sends one batch for all three, and a and
+        // c take its answer.
+        tokio::time::sleep(HALF).await;
         let mut grants = Vec::new();
-        for (s, l) in [(1, "b"), (2, "c"), (1, "b"), (0, "a")] {
+        for (s, l) in [(1, "b"), (0, "a"), (2, "c")] {
             grants.push(
                 batch
                     .renew(s, l.to_string(), |ls| send_to(&alive, &sent, ls))
@@ -223,18 +254,15 @@ mod tests {
                     .unwrap(),
             );
         }
-        // a's first batch did not carry b (unknown then), so b's renewal sent one batch for
-        // a and b; c was unknown to that one too, so it sent the last; then b and a reuse it.
-        assert_eq!(sent.load(Ordering::SeqCst), 3);
-        assert!(matches!(first, Renewed::At(_)));
-        assert!(grants.iter().all(|g| matches!(g, Renewed::At(_))));
+        assert_eq!(sent.load(Ordering::SeqCst), 4);
+        assert!(matches!(grants[0], Renewed::At(_)));
+        assert_eq!(grants[0], grants[1]);
         assert_eq!(grants[1], grants[2]);
-        assert_eq!(grants[2], grants[3]);
     }
 
     #[tokio::test]
     async fn a_lost_lease_is_lost_for_its_shard_only_and_a_new_lease_is_not_judged_by_it() {
-        let batch = RenewBatch::new(Duration::from_secs(10));
+        let batch = RenewBatch::new(INTERVAL);
         let sent = AtomicUsize::new(0);
         let alive = ["a1", "b1", "b2"];
         batch
@@ -242,6 +270,7 @@ mod tests {
             .await
             .unwrap();
         // b's lease "b0" is gone (expired): lost; a's is still renewed by the same batch.
+        tokio::time::sleep(HALF).await;
         let b = batch
             .renew(1, "b0".into(), |l| send_to(&alive, &sent, l))
             .await
@@ -290,6 +319,33 @@ mod tests {
             reads.load(Ordering::SeqCst),
             2,
             "shard 0 made the newest read: read again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_reused_only_if_it_moves_the_shards_grant_on_by_half_an_interval() {
+        let batch = RenewBatch::new(Duration::from_secs(10));
+        let sent = AtomicUsize::new(0);
+        let alive = ["a", "b"];
+        batch
+            .renew(0, "a".to_string(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        // b's first renewal sends (b was not in a's batch) and a reuses it...
+        batch
+            .renew(1, "b".to_string(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
+        // ... but only if it moves a's grant on by 5 s: it was sent a moment after a's own.
+        batch
+            .renew(0, "a".to_string(), |l| send_to(&alive, &sent, l))
+            .await
+            .unwrap();
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            3,
+            "a batch a moment newer is not a renewal"
         );
     }
 
