@@ -55,6 +55,10 @@ pub struct ShardsArgs {
     /// fleet sends (renewals, campaigns, observation) are counted. 0 = skip.
     #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
     pub idle: u64,
+    /// How long the fleet is left alone between every shard being led and the idle window
+    /// (a large K keeps moving shards for a while after the first full placement).
+    #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
+    pub idle_settle: u64,
     /// Only the idle window (no load): for the cost of K alone.
     #[arg(long)]
     pub idle_only: bool,
@@ -165,6 +169,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
     let placement = settled(state, k, Duration::from_secs(120)).await?;
     let mut idle_backend_requests_by_op = BTreeMap::new();
     let idle_backend_requests_per_s = if args.idle > 0 {
+        tokio::time::sleep(Duration::from_millis(args.idle_settle)).await;
         let a = super::shard_events::fleet_backend_requests_by_op(state).await;
         tokio::time::sleep(Duration::from_millis(args.idle)).await;
         let b = super::shard_events::fleet_backend_requests_by_op(state).await;
