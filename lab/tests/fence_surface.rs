@@ -329,6 +329,18 @@ async fn a_lower_tokens_open_transaction_is_ended_not_waited_for() {
         .unwrap()
         .get(0);
     assert_eq!(preempted, 2, "one row per ended session");
+    // A per-node role writing as another holder ends nobody: it is refused before it could.
+    let stale = open("orders", 10, "n4").await;
+    let impostor = connect(&pg.server.node_role_url("n9").await.unwrap()).await;
+    let refused = impostor
+        .query_one(
+            "SELECT * FROM baton.seq_commit('seq', 11, 'n4', 11, 20)",
+            &[],
+        )
+        .await
+        .expect_err("n9 writing as n4");
+    assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
+    stale.batch_execute("COMMIT").await.expect("not ended");
 }
 
 /// A poisoned max_token (a credential holder claimed i64::MAX): every real term is refused,

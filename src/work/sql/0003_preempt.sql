@@ -75,7 +75,9 @@ $$;
 -- read from its per-node role, else its login role), max_token and max_holder the writer's.
 -- Does nothing with fencing or preemption off. Returns how many it ended. The session is
 -- signalled, not waited for: the caller's lock request then waits only for it to exit, which
--- releases its locks. Internal: not granted to the application role.
+-- releases its locks. The writer must be who it says (check_holder) before it ends anyone: a
+-- refusal for that comes after the lock on some paths (seq_commit), and a record of the ending
+-- would roll back with it. Internal: not granted to the application role.
 CREATE OR REPLACE FUNCTION baton.fence_preempt(p_domain TEXT, p_token BIGINT, p_holder TEXT) RETURNS INTEGER
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -85,6 +87,7 @@ BEGIN
     IF NOT (SELECT s.fencing AND s.preempt_lower_tokens FROM baton.settings s) THEN
         RETURN 0;
     END IF;
+    PERFORM baton.check_holder(p_holder);
     FOR v IN SELECT * FROM baton.fence_holders(p_domain) h WHERE h.token < p_token AND NOT h.superuser LOOP
         IF pg_terminate_backend(v.pid) THEN
             v_ended := v_ended + 1;
