@@ -154,20 +154,22 @@ async fn application_role_abuse_is_refused_or_bounded() {
 }
 
 /// A client that takes the fence row's lock and then stalls (paused mid-transaction, or a
-/// hostile `BEGIN; ...; pg_sleep`) is cut off by the server; the next writer gets through.
+/// hostile `BEGIN; ...; pg_sleep`) is cut off by the server; the next writer gets through. All
+/// three write under one token, so none may end another (a higher token would, see
+/// `a_lower_tokens_open_transaction_is_ended_not_waited_for`): this is the servers' timeouts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_holds_the_fence_row() {
     let pg = private_pg().await;
     let app_url = pg.server.app_url();
     let idle = connect(&app_url).await;
-    idle.batch_execute("BEGIN; SELECT baton.fence_assert('r', 3, 'n1');")
+    idle.batch_execute("BEGIN; SELECT baton.fence_assert('r', 5, 'n1');")
         .await
         .unwrap();
     // ... and now it sits idle inside its transaction, holding the lock.
     let sleeper = connect(&app_url).await;
     let sleeping = tokio::spawn(async move {
         sleeper
-            .batch_execute("BEGIN; SELECT baton.fence_assert('r', 4, 'n2'); SELECT pg_sleep(60);")
+            .batch_execute("BEGIN; SELECT baton.fence_assert('r', 5, 'n2'); SELECT pg_sleep(60);")
             .await
     });
     let writer = connect(&app_url).await;
@@ -197,6 +199,148 @@ async fn nobody_holds_the_fence_row() {
         "pg_sleep(60) under the fence lock was allowed to finish"
     );
     eprintln!("next writer through after {waited:?}");
+}
+
+/// A transaction left open under a lower token (its client paused between `fence_assert` and
+/// `COMMIT`) does not hold a newer term up: the newer term's first write ends the session instead
+/// of waiting for its lock, the stale COMMIT fails, and the ending is in `fence_rejections`. It
+/// ends nothing else: a holder under an equal or a higher token (the latter still inside its
+/// term's first, uncommitted write), another shard's holder, or anyone once the owner switched
+/// preemption off, is waited for as before (here for the writer's 500 ms lock_timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_tokens_open_transaction_is_ended_not_waited_for() {
+    let pg = private_pg().await;
+    let app_url = pg.server.app_url();
+    let admin = connect(&pg.server.admin_url()).await;
+    // A fenced transaction left open under `token`; returns its session.
+    let open = |resource: &'static str, token: i64, holder: &'static str| {
+        let app_url = app_url.clone();
+        async move {
+            let c = connect(&app_url).await;
+            c.batch_execute(&format!(
+                "BEGIN; SELECT baton.fence_assert('{resource}', {token}, '{holder}');"
+            ))
+            .await
+            .expect("fence_assert");
+            c
+        }
+    };
+    // A claim under `token` that waits at most 500 ms for a lock: accepted, or why not.
+    let claim = |resource: &'static str, token: i64, holder: &'static str| {
+        let app_url = app_url.clone();
+        async move {
+            let c = connect(&app_url).await;
+            c.batch_execute("SET lock_timeout = '500ms'").await.unwrap();
+            let began = Instant::now();
+            let r = c
+                .query_one(
+                    "SELECT accepted FROM baton.seq_claim($1, $2, $3)",
+                    &[&resource, &token, &holder],
+                )
+                .await;
+            let took = began.elapsed();
+            let outcome = r
+                .map(|r| r.get::<_, bool>(0))
+                .map_err(|e| e.code().map(|c| c.code().to_owned()).unwrap_or_default());
+            (outcome, took)
+        }
+    };
+    let lock_timeout = Err("55P03".to_owned());
+
+    // Lower: ended at once, the claim accepted, the stale COMMIT refused.
+    let stale = open("orders", 3, "n1").await;
+    let (outcome, took) = claim("seq", 4, "n2").await;
+    assert_eq!(outcome, Ok(true), "the newer term's claim");
+    assert!(
+        took < Duration::from_secs(2),
+        "the claim waited {took:?} on a lower token"
+    );
+    let commit = stale.batch_execute("COMMIT").await;
+    assert!(commit.is_err(), "the stale transaction committed");
+    eprintln!(
+        "the claim took {took:?}; the stale COMMIT: {}",
+        commit.unwrap_err()
+    );
+    let recorded = admin
+        .query_one(
+            "SELECT resource, token, max_token, holder, max_holder, op FROM baton.fence_rejections
+              WHERE reason = 'preempted'",
+            &[],
+        )
+        .await
+        .expect("one preemption recorded");
+    let recorded: (String, i64, i64, String, String, String) = (
+        recorded.get(0),
+        recorded.get(1),
+        recorded.get(2),
+        recorded.get(3),
+        recorded.get(4),
+        recorded.get(5),
+    );
+    assert_eq!(
+        recorded,
+        (
+            "leadership".into(),
+            3,
+            4,
+            "baton_app".into(),
+            "n2".into(),
+            "user".into()
+        )
+    );
+
+    // Equal, and higher (a term's first write: the fence row's new token is not committed yet).
+    for (held, claimed) in [(4, 4), (6, 5)] {
+        let holder = open("orders", held, "n2").await;
+        let (outcome, _) = claim("seq", claimed, "n2").await;
+        assert_eq!(outcome, lock_timeout, "token {claimed} ended {held}");
+        holder.batch_execute("COMMIT").await.expect("not ended");
+    }
+    // Another shard's holder: neither ended nor in the way.
+    let other_shard = open("orders#2", 1, "n1").await;
+    assert_eq!(claim("seq", 7, "n2").await.0, Ok(true));
+    other_shard
+        .batch_execute("COMMIT")
+        .await
+        .expect("not ended");
+    // The switch off: the behaviour before, waiting.
+    admin
+        .batch_execute("UPDATE baton.settings SET preempt_lower_tokens = false")
+        .await
+        .unwrap();
+    let holder = open("orders", 7, "n2").await;
+    assert_eq!(claim("seq", 8, "n3").await.0, lock_timeout);
+    holder.batch_execute("COMMIT").await.expect("not ended");
+    admin
+        .batch_execute("UPDATE baton.settings SET preempt_lower_tokens = true")
+        .await
+        .unwrap();
+    // The sequencer's hot path ends a lower holder too.
+    let stale = open("orders", 8, "n3").await;
+    let (accepted, _, _) = seq_commit(&connect(&app_url).await, 9, "n4", 1, 10).await;
+    assert!(accepted, "seq_commit under a newer token");
+    assert!(stale.batch_execute("COMMIT").await.is_err());
+    let preempted: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM baton.fence_rejections WHERE reason = 'preempted'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(preempted, 2, "one row per ended session");
+    // A per-node role writing as another holder ends nobody: it is refused before it could.
+    let stale = open("orders", 10, "n4").await;
+    let impostor = connect(&pg.server.node_role_url("n9").await.unwrap()).await;
+    let refused = impostor
+        .query_one(
+            "SELECT * FROM baton.seq_commit('seq', 11, 'n4', 11, 20)",
+            &[],
+        )
+        .await
+        .expect_err("n9 writing as n4");
+    assert_eq!(refused.code().map(|c| c.code()), Some("42501"), "{refused}");
+    stale.batch_execute("COMMIT").await.expect("not ended");
 }
 
 /// A poisoned max_token (a credential holder claimed i64::MAX): every real term is refused,

@@ -16,17 +16,26 @@ use crate::pg::{admin_session, answer_bound, create_pool, error_chain, Conn, Una
 use crate::shard::ShardId;
 
 const ROLES_SQL: &str = include_str!("sql/0000_roles.sql");
-const SCHEMA_SQL: &str = include_str!("sql/0001_fence.sql");
-const READ_SQL: &str = include_str!("sql/0002_read.sql");
-const BUDGET_SQL: &str = include_str!("sql/0004_failure_budget.sql");
-/// The schema files applied as `baton_owner`, in order: each needs only those before it.
-const OWNER_SQL: &[&str] = &[SCHEMA_SQL, READ_SQL, BUDGET_SQL];
+/// The schema, file by file, in the order [`migrate`] applies it (as `baton_owner`, in one
+/// transaction: a later file may replace what an earlier one calls, and a node never sees the
+/// schema half applied).
+const SCHEMA_FILES: [(&str, &str); 4] = [
+    ("0001_fence.sql", include_str!("sql/0001_fence.sql")),
+    ("0002_read.sql", include_str!("sql/0002_read.sql")),
+    ("0003_preempt.sql", include_str!("sql/0003_preempt.sql")),
+    (
+        "0004_failure_budget.sql",
+        include_str!("sql/0004_failure_budget.sql"),
+    ),
+];
 /// Session defaults for every role that calls the fenced functions (the shared application role
 /// and each per-node role): nobody holds the fence row. A transaction left idle (a client paused
 /// or gone mid-transaction, or a hostile `BEGIN; ...`) is ended by the server, which releases its
-/// locks; no statement runs, or waits for a lock, for long. These are defaults a session could
-/// override: they bound a paused or buggy client, not a hostile holder of the role's credentials
-/// (the trust boundary: the fence protects against stale nodes).
+/// locks; no statement runs, or waits for a lock, for long. (A newer term does not wait even that
+/// long for a lower token's open transaction: it ends it, see [`Fence::begin`]; these timeouts
+/// bound the rest.) These are defaults a session could override: they bound a paused or buggy
+/// client, not a hostile holder of the role's credentials (the trust boundary: the fence
+/// protects against stale nodes).
 const ROLE_TIMEOUTS: [(&str, &str); 3] = [
     ("idle_in_transaction_session_timeout", "5s"),
     ("statement_timeout", "5s"),
@@ -672,6 +681,17 @@ impl Fence {
     /// in `baton_fence_rejections_total{op="user"}`, logged, and returned as
     /// [`FenceError::Rejected`].
     ///
+    /// A transaction left open does not hold a newer term up: the resource records the token
+    /// asserted here, and the first fenced write of any higher token in this fence domain ends
+    /// this session (`pg_terminate_backend`) instead of waiting for its lock. Its statements
+    /// roll back, [`FencedTransaction::commit`] fails, and `baton.fence_rejections` has a row
+    /// with reason `preempted` (this token, and the token that ended it as `max_token`). So a
+    /// process paused (SIGSTOP, a GC pause) between `begin` and `commit` delays the next leader
+    /// by no more than the lease, and its commit can never land after a newer term's write.
+    /// Sessions under an equal or higher token are waited for (up to the role's
+    /// `lock_timeout`), as are superusers'; the resource's owner can switch the preemption off
+    /// (`UPDATE baton.settings SET preempt_lower_tokens = false`, `sql/0003_preempt.sql`).
+    ///
     /// Your tables must be writable by the role in `resource.database_url` (by default
     /// `baton_app`: `GRANT INSERT, SELECT ON my_table TO baton_app`). Writes made outside such a
     /// transaction are **not** protected.
@@ -792,6 +812,11 @@ impl FencedTransaction {
 
     /// Commits your statements together with the fence check. An error here means the outcome
     /// is unknown if the connection broke mid-commit: treat it as "may or may not have landed".
+    ///
+    /// A transaction a newer term ended while it was open (see [`Fence::begin`]) fails here as
+    /// [`FenceError::Unavailable`]: `57P01: terminating connection due to administrator
+    /// command`, or a closed connection when the client read the server's goodbye first.
+    /// Nothing of it landed; the resource has it in `baton.fence_rejections` (`preempted`).
     pub async fn commit(mut self) -> Result<(), FenceError> {
         let client = self.client.take().expect("a live transaction");
         let committed = client
@@ -846,16 +871,7 @@ pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), Fence
     client
         .batch_execute("DO $$ BEGIN IF EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'baton') THEN ALTER SCHEMA baton OWNER TO baton_owner; END IF; END $$;")
         .await?;
-    client.batch_execute("SET ROLE baton_owner").await?;
-    let applied = async {
-        for sql in OWNER_SQL {
-            client.batch_execute(sql).await?;
-        }
-        Ok::<_, tokio_postgres::Error>(())
-    }
-    .await;
-    client.batch_execute("RESET ROLE").await?;
-    applied?;
+    apply_schema(&client).await?;
     if let Some(on) = fencing {
         client
             .execute("UPDATE baton.settings SET fencing = $1", &[&on])
@@ -867,6 +883,25 @@ pub async fn migrate(admin_url: &str, fencing: Option<bool>) -> Result<(), Fence
     drop(client);
     let _ = conn_task.await;
     Ok(())
+}
+
+/// Applies [`SCHEMA_FILES`] in order as `baton_owner`, in one transaction: all of them, or (on
+/// an error, which names the file) none.
+async fn apply_schema(client: &tokio_postgres::Client) -> Result<(), FenceError> {
+    client
+        .batch_execute("BEGIN; SET LOCAL ROLE baton_owner")
+        .await?;
+    for (file, sql) in SCHEMA_FILES {
+        if let Err(e) = client.batch_execute(sql).await {
+            // The session stays usable for the migration lock's release.
+            client.batch_execute("ROLLBACK").await?;
+            return Err(match FenceError::from(e) {
+                FenceError::Unavailable(why) => FenceError::Unavailable(format!("{file}: {why}")),
+                other => other,
+            });
+        }
+    }
+    Ok(client.batch_execute("COMMIT").await?)
 }
 
 /// `ALTER ROLE ... SET` statements applying [`ROLE_TIMEOUTS`] to `role`.

@@ -3,7 +3,9 @@
 //!
 //! * `stale-token`: token < max_token;
 //! * `holder-mismatch`: token = max_token from another holder;
-//! * `seq-not-forward`: the fence itself passed (token > max_token, or = from the same holder).
+//! * `seq-not-forward`: the fence itself passed (token > max_token, or = from the same holder);
+//! * `preempted`: a fenced transaction left open under token was ended by a writer of the higher
+//!   max_token (`sql/0003_preempt.sql`), never an equal or higher one.
 //!
 //! A refusal that fails this is a fence deciding on the wrong facts; one whose `max_token` the
 //! ledger never accepted means the ledger lost writes (or was edited).
@@ -22,14 +24,14 @@ pub const NAME: &str = "rejections_consistent";
 
 fn justified(r: &Rejection) -> Result<(), String> {
     match r.reason.as_str() {
-        "stale-token" if r.token < r.max_token => Ok(()),
+        "stale-token" | "preempted" if r.token < r.max_token => Ok(()),
         "holder-mismatch" if r.token == r.max_token && r.holder != r.max_holder => Ok(()),
         "seq-not-forward"
             if r.token > r.max_token || (r.token == r.max_token && r.holder == r.max_holder) =>
         {
             Ok(())
         }
-        "stale-token" | "holder-mismatch" | "seq-not-forward" => Err(format!(
+        "stale-token" | "holder-mismatch" | "seq-not-forward" | "preempted" => Err(format!(
             "refusal {} says {} but token {} (holder {}) vs max_token {} (holder {}) does not fit it",
             r.id, r.reason, r.token, r.holder, r.max_token, r.max_holder
         )),
@@ -106,8 +108,23 @@ mod tests {
             rej(1, 5, 7, "n1", "n2", "stale-token"),
             rej(2, 7, 7, "intruder", "n2", "holder-mismatch"),
             rej(3, 7, 7, "n2", "n2", "seq-not-forward"),
+            rej(4, 6, 7, "n1", "n2", "preempted"),
         ];
         assert_eq!(check(&input), None);
+    }
+
+    /// The fence ends only a lower token's open transaction: an ending at an equal token is a
+    /// writer ending its own term's (or a rival's) session.
+    #[test]
+    fn a_preemption_of_an_equal_token_fails() {
+        let mut input = healthy();
+        input.rejections = vec![rej(1, 7, 7, "n1", "n2", "preempted")];
+        let v = check(&input).expect("violation");
+        assert!(
+            v.message.starts_with("refusal 1 says preempted"),
+            "{}",
+            v.message
+        );
     }
 
     #[test]

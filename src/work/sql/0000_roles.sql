@@ -11,5 +11,8 @@ BEGIN
   END IF;
 END
 $$;
+-- A writer ends a lower-token session that holds its fence row open (0003_preempt.sql), which
+-- takes pg_signal_backend; it never reaches a superuser's session.
+GRANT pg_signal_backend TO baton_owner;
 -- Their timeouts (nobody holds the fence row) are set by the migration in Rust, for baton_app and
 -- for every per-node role alike: see ROLE_TIMEOUTS in src/work/fence.rs.

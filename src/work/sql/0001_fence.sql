@@ -108,6 +108,7 @@ INSERT INTO baton.fenced_resource (name, max_token, holder) VALUES (baton.fence_
 
 -- Locks the fence row for the rest of the calling transaction and returns it. Every writer
 -- takes this lock first, so concurrent writers serialize and the check and the write are atomic.
+-- Writers reach it through fence_lock_for (0003), which first ends a lower-token holder.
 -- The common case is one indexed SELECT ... FOR UPDATE: the sequencer's group commits call this
 -- thousands of times a second, so the (speculative) insert only runs when the row is missing.
 -- A shard's row is created by its first write (the same path).
@@ -206,7 +207,8 @@ DECLARE
 BEGIN
     PERFORM baton.check_args(p_resource, p_token, p_holder);
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock(baton.fence_domain(p_resource)) l;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder
+      FROM baton.fence_lock_for(baton.fence_domain(p_resource), p_token, p_holder) l;
     SELECT a.accepted, a.reason INTO accepted, reason
       FROM baton.fence_apply(p_resource, p_token, p_holder, p_op, v_fencing, max_token, max_holder) a;
 END
@@ -277,11 +279,13 @@ BEGIN
       INTO max_token, max_holder, v_fencing, v_max_advance, v_require_node_roles
       FROM baton.fenced_resource r CROSS JOIN baton.settings s
      WHERE r.name = baton.fence_domain(p_resource)
-       FOR UPDATE OF r;
+       FOR UPDATE OF r SKIP LOCKED;
     IF NOT FOUND THEN
-        -- The fence row (or the settings row) was deleted by an owner: the slow path, which
-        -- re-creates the fence row as fence_lock does for every other entry point.
-        SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock(baton.fence_domain(p_resource)) l;
+        -- Another session holds the fence row (or an owner deleted it, or the settings row): the
+        -- slow path, which ends a lower-token holder rather than wait on it and re-creates a
+        -- missing fence row, as every other entry point does (fence_lock_for, 0003).
+        SELECT l.max_token, l.max_holder INTO max_token, max_holder
+          FROM baton.fence_lock_for(baton.fence_domain(p_resource), p_token, p_holder) l;
         SELECT s.fencing, s.max_seq_advance, s.require_node_roles
           INTO v_fencing, v_max_advance, v_require_node_roles FROM baton.settings s;
     END IF;
@@ -424,7 +428,9 @@ $$;
 --     INSERT INTO orders ...;
 --     COMMIT;
 -- It takes the fence row's lock for the rest of the transaction (so a newer term's first write
--- waits for this commit, or comes entirely before it) and checks the rule. A stale token raises
+-- comes entirely before this commit, or after it) and checks the rule. A newer term's first write
+-- does not wait for a transaction left open (its client paused): it ends the session, the
+-- transaction rolls back and its COMMIT fails (0003_preempt.sql). A stale token raises
 -- SQLSTATE BF409, which aborts the whole transaction: none of its statements land. Because the
 -- abort also rolls back anything written here, the rejection is recorded by a second call after
 -- ROLLBACK, `baton.fence_record_rejection` (baton's Rust client does this for you); the server
@@ -443,6 +449,10 @@ BEGIN
                   DETAIL = format('max_token=%s max_holder=%s', v.max_token, v.max_holder),
                   HINT = 'ROLLBACK, then SELECT * FROM baton.fence_record_rejection(resource, token, holder) to record it';
     END IF;
+    -- The transaction now holds the fence row until its client commits: a newer term finds this
+    -- token and ends the transaction rather than wait on it (0003). (A refusal needs no such
+    -- record: the error aborts the transaction, which releases the lock at once.)
+    PERFORM baton.fence_register(p_token);
     INSERT INTO baton.fence_log (resource, token, holder, op) VALUES (p_resource, p_token, p_holder, 'user');
     RETURN p_token;
 END
@@ -460,7 +470,8 @@ DECLARE
 BEGIN
     PERFORM baton.check_holder(p_holder);
     SELECT s.fencing INTO v_fencing FROM baton.settings s;
-    SELECT l.max_token, l.max_holder INTO max_token, max_holder FROM baton.fence_lock(baton.fence_domain(p_resource)) l;
+    SELECT l.max_token, l.max_holder INTO max_token, max_holder
+      FROM baton.fence_lock_for(baton.fence_domain(p_resource), p_token, p_holder) l;
     recorded := v_fencing AND p_token IS NOT NULL AND p_holder IS NOT NULL
                 AND (p_token < max_token OR (p_token = max_token AND p_holder <> max_holder));
     IF recorded THEN
