@@ -179,8 +179,11 @@ impl EtcdElector {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),
         };
+        // etcd's observe streams push every change; a shard re-reads only when its stream has
+        // been quiet for 8 retry intervals (see `observe`), so a read half that old is fresh
+        // enough, and the node's quiet shards share about one read per second between them.
         let leaders = Arc::new(SharedLeaderRead::new(
-            cfg.retry_interval() / 2,
+            cfg.retry_interval() * 4,
             cfgs.iter().map(|c| c.etcd.election_name.clone()).collect(),
         ));
         Ok((0u32..)
