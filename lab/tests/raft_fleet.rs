@@ -17,34 +17,12 @@ use std::time::{Duration, Instant};
 use baton::config::NodeConfig;
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::servers::PgServer;
-use common::{
-    assert_ledger_monotonic, config_with, issued, next_anywhere, strip_ansi, Fleet, NextLoad, BATON,
-};
+use common::{assert_ledger_monotonic, issued, next_anywhere, strip_ansi, Fleet, NextLoad, BATON};
 
 const SETTLE: Duration = Duration::from_secs(30);
 
 /// Sub-second elections on a 2-core machine, one PostgreSQL per fleet: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A raft fleet for the checks below: config/raft.toml at twice its timing. These tests run debug
-/// builds beside the rest of the suite on 2 cores, where a scheduling stall of 50-100 ms is common;
-/// with the default 150 ms grant that stall costs a term now and then, which is the lease doing its
-/// job but reads as a failed hand-over check. Nothing asserted here depends on the timing (safety
-/// holds at any), and `one_leader_among_three_with_raft_as_the_default_backend` keeps the shipped
-/// defaults; their false-failover rate is measured in release builds (`scripts/bench/perf.sh starve`).
-fn raft_fleet(nodes: usize) -> Fleet {
-    let config = config_with(
-        "raft",
-        &[
-            ("election_timeout_ms", "\"300-500\""),
-            ("lease_ttl_ms", "300"),
-            ("renew_interval_ms", "80"),
-            ("retry_interval_ms", "40"),
-            ("heartbeat_interval_ms", "100"),
-        ],
-    );
-    Fleet::up_with_config("raft", nodes, &config)
-}
 
 /// The client view: seq strictly increasing, tokens never going back.
 fn assert_client_view_monotonic(got: &[(i64, i64)]) {
@@ -167,7 +145,7 @@ async fn one_leader_among_three_with_raft_as_the_default_backend() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_among_five() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(5);
+    let fleet = Fleet::raft_at_twice_the_timing(5);
     assert_exactly_one_leader(&fleet, 5).await;
 }
 
@@ -181,7 +159,7 @@ async fn one_leader_among_five() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(3);
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     let (l1, _, t1) = fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
     let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -238,7 +216,7 @@ async fn kill9_leader_new_leader_higher_token_seq_strictly_increases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_fleet_restart_every_token_after_exceeds_every_token_before() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(3);
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     let db = fleet.admin_db().await;
     let mut hint = None;
     // Two terms before the restart, so "before" is more than one token.
@@ -318,7 +296,7 @@ fn isolate_file(fleet: &Fleet, id: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(3);
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     let (l1, addr1, t1) = fleet.leader(SETTLE).await;
     let load = NextLoad::start(&fleet);
     // A second client talks to the old leader only, all along: it would see any write it still made.
@@ -441,7 +419,7 @@ async fn isolated_leader_stops_acting_before_the_new_leader_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(3);
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     let (mut leader, mut addr, mut token) = fleet.leader(SETTLE).await;
     let load = NextLoad::start(&fleet);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -513,7 +491,7 @@ async fn stepdown_to_named_node_hands_over_with_positive_dark_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_wiped_disk_rejoins_under_its_old_id() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(3);
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     let (leader, addr, token) = fleet.leader(SETTLE).await;
     // A few hand-overs first, so the follower's matching log index is well past the start.
     let (mut leader, mut addr, mut token) = (leader, addr, token);
@@ -612,7 +590,7 @@ async fn wait_steady_leader(fleet: &Fleet, hold: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_that_goes_away_gets_prompt_503s_and_one_warning_then_ids_resume() {
     let _g = SERIAL.lock().await;
-    let fleet = raft_fleet(3);
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     let (leader, addr, token) = fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
     let mut got = Vec::new();
     let until = Instant::now() + SETTLE;

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{config_with, Fleet};
+use common::Fleet;
 
 /// Installed by `scripts/ensure-deps.sh` (Debian's `chromium`).
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -23,23 +23,6 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const SETTLE: Duration = Duration::from_secs(30);
 /// Virtual time per dump: about three polls of the page (it polls every second).
 const DUMP_VIRTUAL_MS: u32 = 3000;
-
-/// The shipped raft config at twice its timing, for the same reason as `raft_fleet.rs`: a 50-100
-/// ms scheduling stall of a debug build on 2 cores otherwise costs a term now and then, and this
-/// test is about the page, not the false-failover rate.
-fn raft_fleet() -> Fleet {
-    let config = config_with(
-        "raft",
-        &[
-            ("election_timeout_ms", "\"300-500\""),
-            ("lease_ttl_ms", "300"),
-            ("renew_interval_ms", "80"),
-            ("retry_interval_ms", "40"),
-            ("heartbeat_interval_ms", "100"),
-        ],
-    );
-    Fleet::up_with_config("raft", 3, &config)
-}
 
 /// The Chromium flags every run shares: headless, no GPU, no sandbox (tests run as root), and a
 /// profile of its own, so two instances never share one.
@@ -237,7 +220,7 @@ impl Drop for OpenPage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_page_shows_the_new_leader_after_the_old_one_is_killed() {
-    let fleet = raft_fleet();
+    let fleet = Fleet::raft_at_twice_the_timing(3);
     fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
     let ids: Vec<String> = fleet.state().nodes.iter().map(|n| n.id.clone()).collect();
     // A refusal as the resource records it (a stale writer's claim would add the same row): the
