@@ -151,9 +151,7 @@ impl EtcdElector {
     /// lease session (the first config's endpoints, timing and TLS; the shards differ only in
     /// their election name).
     pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<EtcdElector>> {
-        let cfg = cfgs
-            .first()
-            .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
+        let cfg = super::session_config(cfgs)?;
         if cfg.lease_ttl_ms % 1000 != 0 {
             return Err(ElectorError::Config(format!(
                 "etcd leases are whole seconds; lease_ttl_ms {} is not",

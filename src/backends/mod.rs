@@ -36,25 +36,15 @@ pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elec
     };
     match first.backend {
         #[cfg(feature = "etcd")]
-        BackendKind::Etcd => Ok(etcd::EtcdElector::connect_shards(cfgs)
-            .await?
-            .into_iter()
-            .map(|e| Arc::new(e) as Arc<dyn Elector>)
-            .collect()),
+        BackendKind::Etcd => Ok(shared(etcd::EtcdElector::connect_shards(cfgs).await?)),
         #[cfg(feature = "pg-lease")]
-        BackendKind::PgLease => Ok(pg_lease::PgLeaseElector::connect_shards(cfgs)
-            .await?
-            .into_iter()
-            .map(|e| Arc::new(e) as Arc<dyn Elector>)
-            .collect()),
+        BackendKind::PgLease => Ok(shared(
+            pg_lease::PgLeaseElector::connect_shards(cfgs).await?,
+        )),
         #[cfg(feature = "redis")]
-        kind @ (BackendKind::Redis | BackendKind::RedisNaive) => Ok(
-            redis::RedisElector::connect_shards(cfgs, kind == BackendKind::Redis)
-                .await?
-                .into_iter()
-                .map(|e| Arc::new(e) as Arc<dyn Elector>)
-                .collect(),
-        ),
+        kind @ (BackendKind::Redis | BackendKind::RedisNaive) => Ok(shared(
+            redis::RedisElector::connect_shards(cfgs, kind == BackendKind::Redis).await?,
+        )),
         _ => {
             let mut electors = Vec::with_capacity(cfgs.len());
             for cfg in cfgs {
@@ -63,6 +53,23 @@ pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elec
             Ok(electors)
         }
     }
+}
+
+/// A node's shard electors, as the node holds them.
+#[cfg(any(feature = "etcd", feature = "pg-lease", feature = "redis"))]
+fn shared<E: Elector>(electors: Vec<E>) -> Vec<Arc<dyn Elector>> {
+    electors
+        .into_iter()
+        .map(|e| Arc::new(e) as Arc<dyn Elector>)
+        .collect()
+}
+
+/// The config the shards of one node share their session by (the first shard's: every shard
+/// config differs only in its election's name).
+#[cfg(any(feature = "etcd", feature = "pg-lease", feature = "redis"))]
+fn session_config(cfgs: &[NodeConfig]) -> ElectorResult<&NodeConfig> {
+    cfgs.first()
+        .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))
 }
 
 /// Builds the configured backend. A backend whose cargo feature is off is a configuration error

@@ -169,9 +169,7 @@ impl PgLeaseElector {
     /// One elector per shard config (`NodeConfig::for_shard`, which names each shard's lease
     /// row), sharing one pool and one renewal batch (the first config's database and timing).
     pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<PgLeaseElector>> {
-        let cfg = cfgs
-            .first()
-            .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
+        let cfg = super::session_config(cfgs)?;
         if cfg.pg_lease.lease_name.is_empty() {
             return Err(ElectorError::Config("pg_lease.lease_name is empty".into()));
         }

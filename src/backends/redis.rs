@@ -181,9 +181,7 @@ impl RedisElector {
         cfgs: &[NodeConfig],
         fenced: bool,
     ) -> ElectorResult<Vec<RedisElector>> {
-        let cfg = cfgs
-            .first()
-            .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
+        let cfg = super::session_config(cfgs)?;
         let timeout = Duration::from_millis(cfg.redis.request_timeout_ms.max(1));
         let client = open_client(&cfg.redis)?;
         let mcfg = ConnectionManagerConfig::new()
