@@ -194,17 +194,55 @@ pub(crate) async fn run(args: PlacementArgs) {
 /// One `GET /healthz`: `Up` on 200, `Draining` on 503, `Down` on anything else or no answer
 /// within `bound`.
 async fn probe(addr: &str, bound: Duration) -> Probe {
-    let ask = async {
-        let mut conn = TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        conn.write_all(req.as_bytes()).await.ok()?;
-        let mut head = [0u8; 12];
-        conn.read_exact(&mut head).await.ok()?;
-        Some(head)
-    };
-    match tokio::time::timeout(bound, ask).await {
-        Ok(Some(head)) if head.starts_with(b"HTTP/1.1 200") => Probe::Up,
-        Ok(Some(head)) if head.starts_with(b"HTTP/1.1 503") => Probe::Draining,
+    match tokio::time::timeout(bound, get_from_member(addr, "/healthz", 1024)).await {
+        Ok(Ok(a)) if a.code == 200 => Probe::Up,
+        Ok(Ok(a)) if a.code == 503 => Probe::Draining,
         _ => Probe::Down,
     }
+}
+
+/// A member's answer to [`get_from_member`].
+pub(crate) struct MemberAnswer {
+    pub(crate) code: u16,
+    /// As sent (`HTTP/1.1 503 Service Unavailable`), for messages.
+    pub(crate) status_line: String,
+    pub(crate) body: Vec<u8>,
+}
+
+/// One plain-HTTP `GET path` to a member's client port on a connection of its own, read to its
+/// end (at most `max_bytes`). The members' own small client, for
+/// placement's probes and the fleet page's sweep; unbounded in time (callers add their bound).
+pub(crate) async fn get_from_member(
+    addr: &str,
+    path: &str,
+    max_bytes: u64,
+) -> Result<MemberAnswer, String> {
+    let mut conn = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let ask = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    conn.write_all(ask.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut raw = Vec::new();
+    conn.take(max_bytes)
+        .read_to_end(&mut raw)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("an incomplete answer")?;
+    let head = String::from_utf8_lossy(&raw[..split]);
+    let status_line = head.lines().next().unwrap_or("").to_owned();
+    let code = status_line
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| format!("not an HTTP/1.1 answer: {status_line}"))?;
+    Ok(MemberAnswer {
+        code,
+        status_line,
+        body: raw[split + 4..].to_vec(),
+    })
 }

@@ -25,11 +25,10 @@ use http_body_util::Full;
 use hyper::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::routes::{status_body, Resp};
 use super::HttpApp;
+use crate::actors::placement::get_from_member;
 use crate::config::MemberSpec;
 
 const INDEX_HTML: &str = include_str!("ui/index.html");
@@ -195,31 +194,13 @@ async fn ask_status(app: &HttpApp, addr: &str) -> Result<serde_json::Value, Stri
     }
 }
 
-/// One `GET /status` on a connection of its own, read to its end (at most
-/// [`MAX_PEER_ANSWER_BYTES`]).
+/// One `GET /status` (at most [`MAX_PEER_ANSWER_BYTES`]), the member's JSON.
 async fn get_status(addr: &str) -> Result<serde_json::Value, String> {
-    let mut conn = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let ask = format!("GET /status HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    conn.write_all(ask.as_bytes())
-        .await
-        .map_err(|e| format!("send: {e}"))?;
-    let mut raw = Vec::new();
-    conn.take(MAX_PEER_ANSWER_BYTES)
-        .read_to_end(&mut raw)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("an incomplete answer")?;
-    let (head, body) = (&raw[..split], &raw[split + 4..]);
-    let status_line = String::from_utf8_lossy(head.split(|b| *b == b'\r').next().unwrap_or(b""));
-    if !status_line.starts_with("HTTP/1.1 200") {
-        return Err(format!("answered {status_line}"));
+    let answer = get_from_member(addr, "/status", MAX_PEER_ANSWER_BYTES).await?;
+    if answer.code != 200 {
+        return Err(format!("answered {}", answer.status_line));
     }
-    serde_json::from_slice(body).map_err(|e| format!("not a status: {e}"))
+    serde_json::from_slice(&answer.body).map_err(|e| format!("not a status: {e}"))
 }
 
 /// The resource's newest rejections as `{rows, error}`: on the node's runtime, where the
@@ -246,6 +227,7 @@ async fn recent_rejections(app: &HttpApp) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     /// A one-shot peer that answers its first connection with `answer`, whatever it is asked.
