@@ -201,7 +201,9 @@ async fn probe(addr: &str, bound: Duration) -> Probe {
     }
 }
 
-/// A member's answer to [`get_from_member`].
+/// A member's answer to [`get_from_member`] (placement reads only the code; the fleet page,
+/// feature `http`, the rest).
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) struct MemberAnswer {
     pub(crate) code: u16,
     /// As sent (`HTTP/1.1 503 Service Unavailable`), for messages.
