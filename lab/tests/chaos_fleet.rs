@@ -137,8 +137,11 @@ async fn next_ok(addr: &str, within: Duration) -> (i64, i64, u64) {
     }
 }
 
-/// Waits until `id` answers `/status` as a follower of `leader`.
-async fn rejoined_as_follower(addr: &str, leader: &str, within: Duration) {
+/// Waits until the node at `addr` (`old_id`, the leader cut off) answers `/status` as a follower
+/// of some other node. Not necessarily of the leader elected during the cut: when the old leader
+/// rejoins, leadership may move once more (raft: its return can start an election), and what this
+/// checks is that the old node follows, not who leads.
+async fn rejoined_as_follower(addr: &str, old_id: &str, within: Duration) {
     let client = NodeClient::new(Duration::from_secs(1));
     let until = Instant::now() + within;
     loop {
@@ -147,12 +150,13 @@ async fn rejoined_as_follower(addr: &str, leader: &str, within: Duration) {
             .await
             .map(|r| r.json())
             .unwrap_or_default();
-        if st["role"] == "follower" && st["leader"]["node_id"] == leader {
+        let leader = &st["leader"]["node_id"];
+        if st["role"] == "follower" && leader.is_string() && leader != old_id {
             return;
         }
         assert!(
             Instant::now() < until,
-            "{addr} did not rejoin as a follower of {leader} within {within:?}: {st}"
+            "{addr} ({old_id}) did not rejoin as a follower within {within:?}: {st}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -279,9 +283,11 @@ async fn partition_scenario(fleet: &Fleet, hold: Duration) -> String {
 
     let stop = Arc::new(AtomicBool::new(false));
     let calls = hammer(old_addr.clone(), stop.clone());
+    // The node that just answered as leader with t1 is cut, by name: on a loaded machine the
+    // fault's own look for the leader could find one elected since.
     let fault = {
-        let st = state.clone();
-        tokio::spawn(async move { chaos::partition_leader(&st, hold).await })
+        let (st, id) = (state.clone(), old_id.clone());
+        tokio::spawn(async move { chaos::partition_node(&st, &id, hold).await })
     };
     let (new_id, new_addr, t2) =
         new_leader(&state, &old_id, t1, hold + Duration::from_secs(10)).await;
@@ -300,7 +306,7 @@ async fn partition_scenario(fleet: &Fleet, hold: Duration) -> String {
         "the new leader should serve while the old one is still cut off ({report:?})"
     );
 
-    rejoined_as_follower(&old_addr, &new_id, Duration::from_secs(20)).await;
+    rejoined_as_follower(&old_addr, &old_id, Duration::from_secs(20)).await;
     stop.store(true, Ordering::Relaxed);
     let calls = calls.await.unwrap();
 
@@ -395,9 +401,11 @@ async fn etcd_partitioned_leader_is_refused_then_rejoins() {
 async fn raft_leader_cut_from_peers_is_refused_then_rejoins() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let t0 = Instant::now();
-    let fleet = Fleet::up_with("raft", 3, &["--netns"]);
-    // The raft lease is 150 ms, elections 150-300 ms: 2 s is many terms.
-    partition_scenario(&fleet, Duration::from_secs(2)).await;
+    // At twice raft's shipped timing (lease 300 ms, elections 300-500 ms): a debug build on a
+    // loaded 2-core machine at the shipped 150 ms lets the two survivors trade terms during the
+    // cut, which is no failure of the fence but not what this test checks. 3 s is many terms.
+    let fleet = Fleet::raft_at_twice_the_timing_and(3, &["--netns"]);
+    partition_scenario(&fleet, Duration::from_secs(3)).await;
     down_and_check_clean(&fleet);
     eprintln!("raft partition test took {:?}", t0.elapsed());
 }
@@ -469,7 +477,7 @@ async fn etcd_leader_paused_past_its_lease_cannot_write_with_its_old_token() {
             )
         })
         .collect();
-    rejoined_as_follower(&old_addr, &new_id, Duration::from_secs(20)).await;
+    rejoined_as_follower(&old_addr, &old_id, Duration::from_secs(20)).await;
 
     let l = ledger(&fleet, t1, t2).await;
     assert_eq!(

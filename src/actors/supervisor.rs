@@ -160,6 +160,9 @@ pub struct SupervisorState {
     watchdog: ActorRef<WatchdogMsg>,
     phase: Phase,
     deferred: Option<DemotionReason>,
+    /// Work actors that ended while their term was starting, with why (the supervision event
+    /// arrives before `WorkStarted` names them; `on_work_started` acts on it).
+    ended_while_starting: HashMap<ractor::ActorId, String>,
     step_down_waiters: Vec<RpcReplyPort<Result<StepDownReport, StepDownError>>>,
     shutdown_waiters: Vec<RpcReplyPort<()>>,
     /// The elector or watchdog died: finish stopping work, then stop the node.
@@ -225,6 +228,7 @@ impl Actor for NodeSupervisor {
             watchdog,
             phase: Phase::Follower,
             deferred: None,
+            ended_while_starting: HashMap::new(),
             step_down_waiters: Vec::new(),
             shutdown_waiters: Vec::new(),
             fatal: None,
@@ -344,8 +348,12 @@ impl Actor for NodeSupervisor {
             }
             return Ok(());
         }
-        // A work that ends while its term is still starting is not in the phase yet:
-        // `on_work_started` finds it by its status instead.
+        // A work that ends while its term is still starting is not in the phase yet: kept with
+        // its reason (a job's error chain) for `on_work_started`.
+        if matches!(state.phase, Phase::Starting(_)) {
+            state.ended_while_starting.insert(cell.get_id(), why);
+            return Ok(());
+        }
         if let Phase::Leading { works, .. } = &mut state.phase {
             if let Some(pos) = works
                 .iter()
@@ -388,6 +396,7 @@ impl SupervisorState {
             sent_at: grant_sent_at,
         });
         self.phase = Phase::Starting(token);
+        self.ended_while_starting.clear();
         self.term_failures.term_began();
         let ctx = WorkContext {
             token,
@@ -443,7 +452,7 @@ impl SupervisorState {
         }
         match result {
             Ok(works) => {
-                let ended = ended_early(&works);
+                let ended = std::mem::take(&mut self.ended_while_starting);
                 self.phase = Phase::Leading { token, works };
                 self.args.shared.set_acting(Some(token));
                 let shard = self.shard_label();
@@ -453,15 +462,21 @@ impl SupervisorState {
                 self.args
                     .trace
                     .step("supervisor", "work-started", Some(token), "");
-                // A work that ended while the term was starting is handled by its policy now.
+                // A work that ended while the term was starting is handled by its policy now,
+                // with the reason it ended for. One whose end is still on its way is handled
+                // when its supervision event arrives (the term is `Leading` by then).
                 let mut ended_slots = Vec::new();
                 if let Phase::Leading { works, .. } = &mut self.phase {
-                    for pos in ended.into_iter().rev() {
-                        ended_slots.push(works.remove(pos));
+                    let mut pos = 0;
+                    while pos < works.len() {
+                        match ended.get(&works[pos].running.cell().get_id()) {
+                            Some(why) => ended_slots.push((works.remove(pos), why.clone())),
+                            None => pos += 1,
+                        }
                     }
                 }
-                for slot in ended_slots {
-                    let why = format!("{}: ended while the term was starting", slot.running.name());
+                for (slot, why) in ended_slots {
+                    let why = format!("{}: {why}", slot.running.name());
                     self.on_work_ended(myself, slot.index, why);
                 }
                 if let Some(reason) = self.deferred.take() {
@@ -770,15 +785,6 @@ impl SupervisorState {
 /// milliseconds, often before the rest of the term has started). ractor marks an actor Stopping
 /// before it notifies its supervisor, so a supervision event that arrived while the term was
 /// starting, and was not matched then, shows here as well as one still on its way.
-fn ended_early(works: &[Slot]) -> Vec<usize> {
-    works
-        .iter()
-        .enumerate()
-        .filter(|(_, w)| w.running.cell().get_status() >= ractor::ActorStatus::Stopping)
-        .map(|(pos, _)| pos)
-        .collect()
-}
-
 async fn checkpoint_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: Duration) {
     for w in works.iter().map(|s| &s.running) {
         match tokio::time::timeout(bound, w.checkpoint()).await {

@@ -89,10 +89,17 @@ impl Fleet {
     /// Like [`Fleet::up_with`], with `config` (a whole TOML text) as every node's base config,
     /// written into the fleet's own temp dir.
     pub fn up_with_config(backend: &str, nodes: usize, config: &str) -> Fleet {
+        Fleet::up_with_config_and(backend, nodes, config, &[])
+    }
+
+    /// [`Fleet::up_with_config`] with more `fleet up` arguments (`--netns`).
+    pub fn up_with_config_and(backend: &str, nodes: usize, config: &str, extra: &[&str]) -> Fleet {
         let cfg_dir = tempfile::tempdir().expect("tempdir");
         let path = cfg_dir.path().join(format!("{backend}.toml"));
         std::fs::write(&path, config).expect("write config");
-        Fleet::up_with(backend, nodes, &["--config", path.to_str().unwrap()])
+        let mut args = vec!["--config", path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Fleet::up_with(backend, nodes, &args)
     }
 
     /// A raft fleet on config/raft.toml at twice its timing. Tests run debug builds beside the
@@ -103,6 +110,11 @@ impl Fleet {
     /// the_default_backend`) and their false-failover rate is measured in release builds
     /// (`scripts/bench/perf.sh starve`).
     pub fn raft_at_twice_the_timing(nodes: usize) -> Fleet {
+        Fleet::raft_at_twice_the_timing_and(nodes, &[])
+    }
+
+    /// [`Fleet::raft_at_twice_the_timing`] with more `fleet up` arguments (`--netns`).
+    pub fn raft_at_twice_the_timing_and(nodes: usize, extra: &[&str]) -> Fleet {
         let config = config_with(
             "raft",
             &[
@@ -113,7 +125,7 @@ impl Fleet {
                 ("heartbeat_interval_ms", "100"),
             ],
         );
-        Fleet::up_with_config("raft", nodes, &config)
+        Fleet::up_with_config_and("raft", nodes, &config, extra)
     }
 
     pub fn path(&self) -> &Path {
