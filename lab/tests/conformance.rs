@@ -257,16 +257,31 @@ async fn etcd_backend_passes_the_conformance_suite() {
     run_suite(base, opts(), &Check::ALL).await;
 }
 
+/// The base config of `backend` on its server(s), started in `servers`.
+async fn base_on_own_servers(servers: &mut Servers, backend: BackendKind) -> NodeConfig {
+    let mut base = base_config(backend);
+    match backend {
+        BackendKind::Etcd => {
+            servers.start_etcd();
+            base.etcd.endpoints = servers.etcd.as_ref().unwrap().endpoints();
+        }
+        BackendKind::Redis => {
+            servers.start_redis();
+            base.redis.url = servers.redis.as_ref().unwrap().url();
+        }
+        BackendKind::PgLease => base = pg_lease_base(servers).await,
+        other => panic!("no shared session on {other}"),
+    }
+    base
+}
+
 /// etcd, pg-lease and redis share a node's session between its shards: a shard's candidacy,
 /// resign and close on it, while the node's other shard leads on the same session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_shards_sharing_a_session_pass_the_conformance_suite() {
     let _serial = serial();
     let mut servers = Servers::new();
-    servers.start_etcd();
-    let mut etcd = base_config(BackendKind::Etcd);
-    etcd.etcd.endpoints = servers.etcd.as_ref().unwrap().endpoints();
-    run_shared_session_suite(etcd).await;
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::Etcd).await).await;
 }
 
 /// See [`etcd_shards_sharing_a_session_pass_the_conformance_suite`].
@@ -274,10 +289,7 @@ async fn etcd_shards_sharing_a_session_pass_the_conformance_suite() {
 async fn redis_shards_sharing_a_session_pass_the_conformance_suite() {
     let _serial = serial();
     let mut servers = Servers::new();
-    servers.start_redis();
-    let mut redis = base_config(BackendKind::Redis);
-    redis.redis.url = servers.redis.as_ref().unwrap().url();
-    run_shared_session_suite(redis).await;
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::Redis).await).await;
 }
 
 /// See [`etcd_shards_sharing_a_session_pass_the_conformance_suite`].
@@ -285,8 +297,7 @@ async fn redis_shards_sharing_a_session_pass_the_conformance_suite() {
 async fn pg_lease_shards_sharing_a_session_pass_the_conformance_suite() {
     let _serial = serial();
     let mut servers = Servers::new();
-    let pg_lease = pg_lease_base(&mut servers).await;
-    run_shared_session_suite(pg_lease).await;
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::PgLease).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
