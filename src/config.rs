@@ -449,6 +449,12 @@ pub struct HttpConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1). Keep it 0600; never logged.
     pub tls_key_file: Option<PathBuf>,
+    /// PEM CA bundle that the other members' HTTPS certificates must chain to (feature `tls`),
+    /// for what this node asks them over their client API: placement's `/healthz` probes
+    /// (needed with `tls_cert_file` when `[shards] count` > 1) and the fleet page's `/status`
+    /// sweep. A member's certificate must name the host of its address in `[shards] members`
+    /// (or the raft peers' `http_addr`).
+    pub member_ca_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -464,6 +470,7 @@ impl Default for HttpConfig {
             threads: 0,
             tls_cert_file: None,
             tls_key_file: None,
+            member_ca_file: None,
         }
     }
 }
@@ -870,6 +877,7 @@ impl NodeConfig {
                 ("redis", "tls_ca_file"),
                 ("http", "tls_cert_file"),
                 ("http", "tls_key_file"),
+                ("http", "member_ca_file"),
             ] {
                 if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
                     s.remove(key);
@@ -1214,9 +1222,9 @@ impl NodeConfig {
                 "[shards] count = {k} needs a lease backend (etcd, pg-lease, redis, zk): sharded raft is not built yet; use --shards 1 with raft"
             )));
         }
-        if self.http.tls_cert_file.is_some() {
+        if self.http.tls_cert_file.is_some() && self.http.member_ca_file.is_none() {
             return Err(ConfigError::Invalid(
-                "[shards] count > 1 with HTTPS: placement probes members over plain HTTP; not supported yet".into(),
+                "[shards] count > 1 with HTTPS needs [http] member_ca_file: the CA bundle the members' certificates chain to, which placement verifies them against when it probes them".into(),
             ));
         }
         let members = self.shard_members();
@@ -1253,6 +1261,11 @@ impl NodeConfig {
                 ))
             }
         };
+        if self.http.member_ca_file.is_some() && self.http.tls_cert_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "[http] member_ca_file is for a fleet that serves HTTPS; this node serves plain HTTP (no tls_cert_file)".into(),
+            ));
+        }
         if self.redis.tls_ca_file.is_some() && !self.redis.url.starts_with("rediss://") {
             return Err(ConfigError::Invalid(
                 "[redis] tls_ca_file needs a rediss:// url".into(),
@@ -1280,6 +1293,7 @@ impl NodeConfig {
             ("[pg_lease] tls_ca_file", &self.pg_lease.tls_ca_file),
             ("[redis] tls_ca_file", &self.redis.tls_ca_file),
             ("[etcd] tls_ca_file", &self.etcd.tls_ca_file),
+            ("[http] member_ca_file", &self.http.member_ca_file),
         ]
         .map(|(option, path)| path.as_ref().map(|p| (option, p)));
         for (option, path) in http.into_iter().chain(cas).flatten() {
