@@ -102,8 +102,11 @@ pub struct LeaseTtlReader {
     sent: std::sync::atomic::AtomicU64,
     /// Per lease: the newest reading (and its granted TTL), behind an async lock that makes the
     /// reapers of one lease wait for the read in flight instead of sending their own.
-    leases: StdMutex<HashMap<i64, Arc<tokio::sync::Mutex<Option<(TtlReading, i64)>>>>>,
+    leases: StdMutex<HashMap<i64, Arc<NewestReading>>>,
 }
+
+/// One lease's newest reading and its granted TTL (`None` before the first).
+type NewestReading = tokio::sync::Mutex<Option<(TtlReading, i64)>>;
 
 impl LeaseTtlReader {
     /// A reader on `client`, each request bounded by `timeout`.
