@@ -206,6 +206,10 @@ enum FleetCmd {
         /// K shards, each its own term, placed over the nodes (a lease backend for K > 1).
         #[arg(long, default_value_t = 1)]
         shards: u32,
+        /// A streaming standby of the fenced resource's PostgreSQL; the nodes find whichever
+        /// server accepts writes. `async` warns: its promotion can lose acknowledged IDs.
+        #[arg(long, value_enum)]
+        resource_standby: Option<fleet::StandbyMode>,
     },
     /// Print each node's id, pid, HTTP address, role and token.
     Status {
@@ -449,6 +453,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             run_for,
             netns,
             shards,
+            resource_standby,
         } => {
             let base_config = config.or_else(|| fleet::default_base_config(backend));
             let spec = FleetSpec {
@@ -460,6 +465,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 lease_ttl_ms: lease_ttl,
                 node_args: Vec::new(),
                 shards,
+                resource_standby,
             };
             let state = if netns {
                 baton_lab::chaos::netns::up_interruptible(&spec).await?
