@@ -8,6 +8,9 @@
 //! * **asynchronous** standby: IDs acknowledged while it lagged are gone from the promoted
 //!   server: the loss is real, and the ledger check sees it.
 //!
+//! And the same through the fleet's own tools: `baton fleet up --resource-standby sync` and
+//! `baton chaos pg-promote` under load, the leader's acknowledged IDs all in the promoted ledger.
+//!
 //! Every server is ours, on loopback.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +22,9 @@ use baton::config::NodeConfig;
 use baton::node::NodeBuilder;
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::servers::{children_of, free_ports, PgServer};
+
+mod common;
+use common::Fleet;
 
 /// Both servers of the pair; stopped however the test ends.
 struct Pair {
@@ -130,6 +136,37 @@ struct Outcome {
     twice: usize,
 }
 
+/// The promoted server's ledger against the acknowledged answers: those not in a committed range
+/// of their token, and how many seqs were acknowledged twice.
+async fn against_ledger(
+    db: &tokio_postgres::Client,
+    acked: &[&Answer],
+) -> (Vec<(i64, i64)>, usize) {
+    let ranges: Vec<(i64, i64, i64)> = db
+        .query(
+            "SELECT token, seq_lo, seq_hi FROM baton.fence_log WHERE seq_lo IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let missing: Vec<(i64, i64)> = acked
+        .iter()
+        .map(|a| (a.token.unwrap(), a.seq.unwrap()))
+        .filter(|&(t, q)| {
+            !ranges
+                .iter()
+                .any(|&(rt, lo, hi)| rt == t && lo <= q && q <= hi)
+        })
+        .collect();
+    let mut seqs: Vec<i64> = acked.iter().map(|a| a.seq.unwrap()).collect();
+    seqs.sort_unstable();
+    let twice = seqs.windows(2).filter(|w| w[0] == w[1]).count();
+    (missing, twice)
+}
+
 /// Two server pairs under load at once on 2 cores would measure the scheduler: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -214,34 +251,11 @@ async fn lagging_standby_promoted(sync: bool) -> Outcome {
         "acked {before} before, {after} after"
     );
 
-    // The promoted server's ledger: every acknowledged (token, seq) in a committed range of its
-    // token; no seq acknowledged twice.
     let (db, conn) = tokio_postgres::connect(&pair.standby.admin_url(), tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
-    let ranges: Vec<(i64, i64, i64)> = db
-        .query(
-            "SELECT token, seq_lo, seq_hi FROM baton.fence_log WHERE seq_lo IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
-        .collect();
-    let missing: Vec<(i64, i64)> = acked
-        .iter()
-        .map(|a| (a.token.unwrap(), a.seq.unwrap()))
-        .filter(|&(t, q)| {
-            !ranges
-                .iter()
-                .any(|&(rt, lo, hi)| rt == t && lo <= q && q <= hi)
-        })
-        .collect();
-    let mut seqs: Vec<i64> = acked.iter().map(|a| a.seq.unwrap()).collect();
-    seqs.sort_unstable();
-    let twice = seqs.windows(2).filter(|w| w[0] == w[1]).count();
+    let (missing, twice) = against_ledger(&db, &acked).await;
     let tokens: std::collections::BTreeSet<i64> = acked.iter().map(|a| a.token.unwrap()).collect();
     eprintln!(
         "{} standby, lagging 1 s, promoted: {} IDs acknowledged ({before} before the kill, {after} after the promotion), tokens {tokens:?}, serving again {:.2} s after the kill; {} not in the promoted ledger, {twice} acknowledged twice",
@@ -277,4 +291,49 @@ async fn a_promoted_async_standby_loses_what_it_lagged_behind() {
         "the async standby lagged a second under load and lost nothing of {} IDs: the check or the lag is not real",
         o.acked
     );
+}
+
+/// The fleet's own tools: a 3-node raft fleet on a resource with a sync standby, load on its
+/// leader, `chaos pg-promote`; the leader serves again from the promoted server, and every ID it
+/// acknowledged is in that server's ledger, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_pg_promote_under_load_keeps_every_acknowledged_id() {
+    let _serial = SERIAL.lock().await;
+    let fleet = Fleet::raft_at_twice_the_timing_and(3, &["--resource-standby", "sync"]);
+    let (_, addr, _) = fleet.leader(Duration::from_secs(30)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = hammer(addr.clone(), stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut state = fleet.state();
+    let old_port = state.postgres.port;
+    let report = baton_lab::chaos::pg_promote(&mut state)
+        .await
+        .expect("pg-promote");
+    assert!(report.verified, "{report:?}");
+    assert_ne!(
+        fleet.state().postgres.port,
+        old_port,
+        "fleet.json names the promoted server"
+    );
+    let promoted_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, Ordering::Relaxed);
+    let answers = load.await.unwrap();
+    let acked: Vec<&Answer> = answers.iter().filter(|a| a.status == Some(200)).collect();
+    let after = acked.iter().filter(|a| a.at > promoted_at).count();
+    // The leader may have changed: IDs acknowledged by this node only are counted, which is enough
+    // for the ledger check (the load follows no redirect).
+    assert!(
+        after > 0,
+        "no ID acknowledged after the promotion: {answers:?}"
+    );
+    let (missing, twice) = against_ledger(&fleet.admin_db().await, &acked).await;
+    eprintln!(
+        "fleet pg-promote (sync): {} IDs acknowledged, {after} after the promotion; {} missing, {twice} twice; {}",
+        acked.len(),
+        missing.len(),
+        report.detail
+    );
+    assert!(missing.is_empty(), "lost across the promotion: {missing:?}");
+    assert_eq!(twice, 0);
 }
