@@ -158,7 +158,9 @@ pub struct NodeConfig {
     pub http_listen: SocketAddr,
     /// The address other nodes and clients should use (defaults to the bound address).
     pub advertise_addr: Option<String>,
-    /// How long a granted lease lasts.
+    /// How long a granted lease lasts. On raft with one shard the raft leader's lease, capped at
+    /// the minimum election timeout; on sharded raft (`[shards] count` > 1) each shard's lease
+    /// in the raft group's lease table, not capped (`config/raft-shards.toml`: 3000).
     pub lease_ttl_ms: u64,
     /// How often the leader renews its lease (below the usable lease, see [`NodeConfig::validate`]).
     pub renew_interval_ms: u64,
@@ -971,11 +973,15 @@ impl NodeConfig {
         Ok(self.lease_ttl_ms.min(emin))
     }
 
-    /// The lease this config's backend grants: [`NodeConfig::raft_lease_ttl_ms`] on raft,
-    /// `lease_ttl_ms` elsewhere.
+    /// The lease this config's backend grants: [`NodeConfig::raft_lease_ttl_ms`] on raft with
+    /// one shard (the raft leader's own lease), `lease_ttl_ms` elsewhere — sharded raft among
+    /// them, whose shard leases are judged by the raft leader's clock and need no election bound
+    /// (`backends::raft::shards`).
     fn granted_lease_ttl_ms(&self) -> u64 {
         match self.backend {
-            BackendKind::Raft => self.raft_lease_ttl_ms().unwrap_or(self.lease_ttl_ms),
+            BackendKind::Raft if self.shard_count() == 1 => {
+                self.raft_lease_ttl_ms().unwrap_or(self.lease_ttl_ms)
+            }
             _ => self.lease_ttl_ms,
         }
     }
@@ -1008,7 +1014,7 @@ impl NodeConfig {
                 "lease_ttl_ms to at least {ttl_ms} (--lease-ttl {ttl_ms}ms)"
             ));
         }
-        if self.backend == BackendKind::Raft {
+        if self.backend == BackendKind::Raft && self.shard_count() == 1 {
             let emin = self
                 .election_timeout_range_ms()
                 .map(|(lo, _)| lo)
@@ -1039,7 +1045,10 @@ impl NodeConfig {
         } else {
             return Ok(());
         };
-        let granted_is = if self.backend == BackendKind::Raft && granted < self.lease_ttl() {
+        let granted_is = if self.backend == BackendKind::Raft
+            && self.shard_count() == 1
+            && granted < self.lease_ttl()
+        {
             format!(
                 "raft's lease of {} ms (the minimum election timeout, below lease_ttl_ms)",
                 granted.as_millis()
@@ -1216,11 +1225,6 @@ impl NodeConfig {
         }
         if k == 1 {
             return Ok(());
-        }
-        if self.backend == BackendKind::Raft {
-            return Err(ConfigError::Invalid(format!(
-                "[shards] count = {k} needs a lease backend (etcd, pg-lease, redis, zk): sharded raft is not built yet; use --shards 1 with raft"
-            )));
         }
         if self.http.tls_cert_file.is_some() && self.http.member_ca_file.is_none() {
             return Err(ConfigError::Invalid(

@@ -119,11 +119,12 @@ bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" \
   --config experiments/bench-configs/raft-commits-in-flight-2.toml
 python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
 # Sharded leadership (issue 28): aggregate IDs/s against K on the same machine, one fleet per K
-# pg-lease: a lease backend (sharded raft is not built) whose only server, PostgreSQL, is in the
-# bundle. SHARDS="1,4,16" by default; SHARDS="" skips it.
+# pg-lease by default, whose only server, PostgreSQL, is in the bundle (SHARDS_BACKEND=raft
+# needs nothing else either). SHARDS="1,4,16" by default; SHARDS="" skips it.
 shards=${SHARDS-1,4,16}
+shards_backend=${SHARDS_BACKEND-pg-lease}
 if [ -n "$shards" ]; then
-  say "baton bench shards --shards $shards --rate $last"
-  "$baton" bench shards --backend pg-lease --shards "$shards" --rate "$last" --duration "$duration" \
+  say "baton bench shards --backend $shards_backend --shards $shards --rate $last"
+  "$baton" bench shards --backend "$shards_backend" --shards "$shards" --rate "$last" --duration "$duration" \
     --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
 fi

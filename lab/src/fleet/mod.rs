@@ -390,6 +390,19 @@ pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// [`default_base_config`] for a fleet of `shards` shards: sharded raft runs on
+/// `config/raft-shards.toml` (shard leases of 3 s renewed every second, as on the lease
+/// backends, so a raft leader change does not outlast them), everything else as without shards.
+pub fn default_base_config_for(backend: BackendKind, shards: u32) -> Option<PathBuf> {
+    if backend == BackendKind::Raft && shards > 1 {
+        let p = crate::repo_path("config/raft-shards.toml");
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    default_base_config(backend)
+}
+
 /// Makes `dir` ready for a fresh fleet: absent or empty is fine; a stopped fleet's directory is
 /// wiped (its servers stopped, should any have survived); a running fleet, or a directory that is
 /// not a fleet's, is refused, so a scratch `--dir` typo never deletes someone's files.
@@ -461,7 +474,17 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     if let Some(ttl) = spec.lease_ttl_ms {
         base.lease_ttl_ms = ttl;
     }
-    base.validate().context("fleet node config")?;
+    // Checked as the nodes will run it: with its shard count (sharded raft's leases are
+    // judged otherwise than one raft leader's), members filled in below.
+    let mut check = base.clone();
+    if spec.shards > 1 {
+        check.shards.count = spec.shards;
+        check.shards.members = vec![baton::config::MemberSpec {
+            id: check.node_id.clone(),
+            addr: check.http_listen.to_string(),
+        }];
+    }
+    check.validate().context("fleet node config")?;
     // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
     let mut net = crate::chaos::netns::NetnsGuard::new(
         &dir,
