@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use baton::backends::raft::shards::{connect_shards, RaftShardElector};
-use baton::backends::{Elector, Grant, Win};
+use baton::backends::{Elector, Grant};
 use baton::config::{MemberSpec, NodeConfig, PeerSpec, Secret};
 use baton::shard::ShardId;
 use openraft::async_runtime::WatchReceiver;

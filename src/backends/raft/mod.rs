@@ -70,6 +70,13 @@
 //! measured runs are in experiments/FINDINGS.md §1). Lowering `L` further lowers failover but shortens nothing else:
 //! the lease a leader may act on is capped by `election_timeout_min`, not by `L`.
 //!
+//! # Sharded (`[shards] count` > 1)
+//!
+//! K = 1 is everything above: the raft leader is the one leader. At K > 1 the same raft group
+//! (one per fleet) also replicates a shard lease table, and each shard's elector is a client of
+//! it as pg-lease's are clients of their rows: see [`shards`]. `campaign`/`renew` of this type
+//! are then unused; the raft member runs for the table.
+//!
 //! # Where raft differs from the lease backends
 //!
 //! * Leadership is raft's, not the caller's: a node leads because a quorum elected it, whether or

@@ -19,14 +19,14 @@
 //!
 //! **Renewals are not log entries.** Expiry cannot be replicated (it is a clock reading, and
 //! nodes' clocks differ), so the raft *leader* keeps it in memory, on its own monotonic clock:
-//! when it last heard each holder renew ([`Leases`]). Renewals cost one request to the leader
+//! when it last heard each holder renew (`Leases`). Renewals cost one request to the leader
 //! per node per renew interval, for all of the node's shards together
-//! ([`super::super::renew_batch::RenewBatch`]), and one ReadIndex round there, never a write.
+//! (`backends::renew_batch::RenewBatch`), and one ReadIndex round there, never a write.
 //!
-//! # Requests ([`ShardRequest`])
+//! # Requests (`ShardRequest`)
 //!
 //! Every request goes to the raft leader: in process when this node leads raft, else as one
-//! signed `POST /peer/shard` over the peer transport ([`super::network::signed_post`],
+//! signed `POST /peer/shard` over the peer transport (`network::signed_post`,
 //! authenticated like every other peer RPC, [`super::auth`]). The leader answers:
 //!
 //! * `acquire` — after a ReadIndex round (it still leads, and its state machine has applied

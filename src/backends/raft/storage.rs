@@ -318,17 +318,36 @@ struct SmInner {
     leases: Leases,
 }
 
-/// `snapshot.json`: the meta and the shard lease table, or (written before shards existed)
-/// the meta alone.
+/// `snapshot.json`: the meta and the shard lease table. A file written before shards existed
+/// holds the meta alone (read with an empty table).
 #[derive(Serialize, Deserialize)]
-#[serde(untagged)]
-enum SnapshotFile {
-    WithTable {
-        meta: SnapshotMeta,
-        #[serde(default)]
-        table: LeaseTable,
-    },
-    MetaOnly(SnapshotMeta),
+struct SnapshotFile {
+    meta: SnapshotMeta,
+    #[serde(default)]
+    table: LeaseTable,
+}
+
+/// Reads `snapshot.json` in either layout. Each is parsed straight from the bytes (not through
+/// `#[serde(untagged)]`, whose buffering cannot read the membership's numeric map keys).
+fn read_snapshot_file(path: &Path) -> io::Result<Option<SnapshotFile>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if let Ok(file) = serde_json::from_slice::<SnapshotFile>(&bytes) {
+        return Ok(Some(file));
+    }
+    match serde_json::from_slice::<SnapshotMeta>(&bytes) {
+        Ok(meta) => Ok(Some(SnapshotFile {
+            meta,
+            table: LeaseTable::default(),
+        })),
+        Err(e) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )),
+    }
 }
 
 /// The state machine: what it last applied, the membership, and the shard lease table.
@@ -360,10 +379,8 @@ impl StateMachine {
     /// Opens (creating if needed) the state machine's files in `dir`.
     pub fn open(dir: &Path) -> io::Result<StateMachine> {
         fs::create_dir_all(dir)?;
-        let file: Option<SnapshotFile> = read_json(&dir.join("snapshot.json"))?;
-        let (meta, table) = match file {
-            Some(SnapshotFile::WithTable { meta, table }) => (Some(meta), table),
-            Some(SnapshotFile::MetaOnly(meta)) => (Some(meta), LeaseTable::default()),
+        let (meta, table) = match read_snapshot_file(&dir.join("snapshot.json"))? {
+            Some(f) => (Some(f.meta), f.table),
             None => (None, LeaseTable::default()),
         };
         let (last_applied, membership) = match &meta {
@@ -386,7 +403,7 @@ impl StateMachine {
     }
 
     fn persist_snapshot(g: &mut SmInner, meta: SnapshotMeta, data: SnapshotData) -> io::Result<()> {
-        let file = SnapshotFile::WithTable {
+        let file = SnapshotFile {
             meta: meta.clone(),
             table: table_from(&data)?,
         };
@@ -526,10 +543,19 @@ mod tests {
     async fn the_shard_table_rides_in_snapshots_and_an_old_snapshot_still_opens() {
         use crate::backends::raft::shards::{Holder, ShardCmd};
         let dir = tempfile::tempdir().unwrap();
-        // A snapshot.json written before shards: the meta alone.
+        // A snapshot.json written before shards: the meta alone, with a real membership (its
+        // map of members has numeric keys, which JSON writes as strings).
+        let members: std::collections::BTreeSet<u64> = [1, 2, 3].into();
+        let nodes: BTreeMap<u64, openraft::BasicNode> = members
+            .iter()
+            .map(|id| (*id, openraft::BasicNode::new(format!("127.0.0.1:{id}"))))
+            .collect();
         let old = SnapshotMeta {
             last_log_id: Some(log_id(3, 10)),
-            last_membership: StoredMembership::default(),
+            last_membership: StoredMembership::new(
+                Some(log_id(1, 1)),
+                openraft::Membership::new(vec![members], nodes).unwrap(),
+            ),
         };
         fs::write(
             dir.path().join("snapshot.json"),
@@ -537,8 +563,9 @@ mod tests {
         )
         .unwrap();
         let mut sm = StateMachine::open(dir.path()).unwrap();
-        let (applied, _) = sm.applied_state().await.unwrap();
+        let (applied, membership) = sm.applied_state().await.unwrap();
         assert_eq!(applied, Some(log_id(3, 10)));
+        assert_eq!(membership, old.last_membership);
         assert!(sm.with_leases(|l| l.table().is_empty()));
         // A grant, then a snapshot: reopened, and installed elsewhere, the table is the same.
         let grant = ShardCmd::Grant {
@@ -555,8 +582,12 @@ mod tests {
         let snap = sm.build_snapshot().await.unwrap();
         let table = sm.with_leases(|l| l.table().clone());
         assert_eq!(table.slot(2).map(|s| s.epoch), Some(3));
-        let reopened = StateMachine::open(dir.path()).unwrap();
+        let mut reopened = StateMachine::open(dir.path()).unwrap();
         assert_eq!(reopened.with_leases(|l| l.table().clone()), table);
+        assert_eq!(
+            reopened.applied_state().await.unwrap().1,
+            old.last_membership
+        );
         let other = tempfile::tempdir().unwrap();
         let mut fresh = StateMachine::open(other.path()).unwrap();
         fresh
