@@ -212,8 +212,17 @@ async fn shards_spread_evenly_and_every_interface_names_its_shard() {
     assert_eq!(r.json()["shard"].as_u64(), Some(3));
     assert_eq!(r.json()["token"].as_i64(), Some(*token3));
 
-    // /status lists every shard; /metrics: leaders_acting{shard} sums to exactly 1 per shard.
-    let st = fleet.client.get(any, "/status").await.unwrap().json();
+    // /status lists every shard and placement's live members; /metrics: leaders_acting{shard}
+    // sums to exactly 1 per shard. The live set is looked at until it shows all three, for a
+    // few seconds (a member unanswered for `down_after_ms` on a loaded machine leaves it).
+    let until = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st = fleet.client.get(any, "/status").await.unwrap().json();
+        if st["placement"]["live"].as_array().map(Vec::len) == Some(3) || Instant::now() > until {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(
         st["shards"].as_array().map(Vec::len),
         Some(K as usize),

@@ -128,11 +128,17 @@ pub(crate) async fn run(args: PlacementArgs) {
                 h.up_since
                     .get_or_insert(if first_round { now - 2 * every } else { now });
                 h.last_up = Some(now);
-            } else {
+            } else if p == Probe::Draining {
                 h.up_since = None;
-                if p == Probe::Draining {
-                    h.last_up = None;
-                }
+                h.last_up = None;
+            } else if h
+                .last_up
+                .is_none_or(|t| now.duration_since(t) >= down_after)
+            {
+                // Down for `down_after`: when it answers again it has just joined. One probe
+                // answered late on a loaded machine is not that (it stays live, and keeps its
+                // shards, until `down_after` has passed without an answer).
+                h.up_since = None;
             }
         }
         first_round = false;
