@@ -333,6 +333,7 @@ impl NodeBuilder {
                     sequencer: sequencers.is_some(),
                     scheduler: self.scheduler,
                     node_rt: tokio::runtime::Handle::current(),
+                    counters: Default::default(),
                 },
                 #[cfg(feature = "prometheus")]
                 prometheus,

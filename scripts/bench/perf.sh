@@ -51,6 +51,19 @@
 #                                      # side, wrk on each /next at 8, 32, 256 connections
 #   scripts/bench/perf.sh linger [RATE] [MS] [ROUNDS]  # [sequencer] min_commit_interval_ms 0 vs MS,
 #                                      # bench next beside the neighbour, alternating (DURATION=30s)
+#   scripts/bench/perf.sh reads [RATE] [ROUNDS]  # lease reads against GET /healthz: one raft fleet,
+#                                      # `bench read --modes lease --rounds ROUNDS` (lease, healthz,
+#                                      # lease, ... each DURATION=10s) at RATE (default 150000,
+#                                      # above this machine's capacity: the answered rates are the
+#                                      # limits), the medians of the ratios; each row says what
+#                                      # limited it (CONNECTIONS=, LOAD_THREADS= override)
+#   scripts/bench/perf.sh readpairs OLD NEW [RATE] [PAIRS]  # the same for two builds in turn (OLD,
+#                                      # NEW, OLD, ...), a fresh fleet and one round each
+#   scripts/bench/perf.sh leaseab OLD NEW [ROUNDS]  # the lease-read server path of two builds: a
+#                                      # fleet each, both up; wrk -t1 -c256 closed loop on each
+#                                      # leader's GET /read?mode=lease and GET /healthz in turn
+#                                      # (SECONDS_EACH=10), with the leader's HTTP thread's CPU per
+#                                      # request (/proc ticks over the run)
 #
 # Uses the release binary (cargo build --release --bin baton). ratio, ab and pipe first drive each
 # leader's /next for WARMUP_SECONDS (10), unmeasured. The neighbour is
@@ -404,6 +417,77 @@ linger() {
   done
 }
 
+# `bench read --modes lease` of binary $1 at rate $2, ROUNDS $3, report to $4.
+read_lease() {
+  local bin=$1 rate=$2 rounds=$3 out=$4
+  "$bin" bench read --backends raft --modes lease --rate "$rate" --duration "${DURATION:-10s}" \
+    --rounds "$rounds" ${CONNECTIONS:+--connections "$CONNECTIONS"} \
+    ${LOAD_THREADS:+--load-threads "$LOAD_THREADS"} --out "$out"
+}
+
+reads() {
+  local rate=${1:-150000} rounds=${2:-5}
+  local out="$OUT/reads-lease-$((rate / 1000))k-rounds$rounds${TAG:+-$TAG}.json"
+  read_lease "$BATON" "$rate" "$rounds" "$out"
+  python3 scripts/bench/summarize.py read "$out"
+}
+
+readpairs() {
+  local old=$1 new=$2 rate=${3:-150000} n=${4:-3}
+  for i in $(seq 1 "$n"); do
+    for bin in "$old" "$new"; do
+      read_lease "$bin" "$rate" 1 "$OUT/readpair-$(basename "$bin")-$((rate / 1000))k-run$i.json" >/dev/null
+    done
+  done
+  python3 scripts/bench/summarize.py read "$OUT"/readpair-*-"$((rate / 1000))"k-run*.json
+}
+
+# The HTTP thread's CPU ticks of process $1 (its first `baton-http-*` thread).
+http_thread_ticks() {
+  awk '/\(baton-http-0\)/ { i = index($0, ") "); split(substr($0, i + 2), f, " "); print f[12] + f[13] }' \
+    /proc/"$1"/task/*/stat
+}
+
+# The raft leader of the fleet at $2 (binary $1): "ADDR PID".
+leader_pid_of() {
+  "$1" fleet status --dir "$2" --json | python3 -c \
+    'import json,sys; print(next((r["http_addr"] + " " + str(r["pid"]) for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))'
+}
+
+leaseab() {
+  local old=$1 new=$2 rounds=${3:-5} secs=${SECONDS_EACH:-10}
+  local a=state/bench/lease-old b=state/bench/lease-new log="$OUT/wrk-lease-ab.txt"
+  two_fleets "$old" "$new" "$a" "$b"
+  leader_of "$old" "$a" >/dev/null
+  leader_of "$new" "$b" >/dev/null
+  echo "# leaseab: old=$old new=$new; wrk -t1 -c256 -d${secs}s; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-); load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for side in "old $old $a" "new $new $b"; do
+      set -- $side
+      for what in "read?mode=lease" healthz; do
+        local l pid t0 t1
+        read -r l pid < <(leader_pid_of "$2" "$3")
+        t0=$(http_thread_ticks "$pid")
+        wrk -t1 -c256 -d"${secs}s" --latency "http://$l/$what" >"$OUT/lease-ab.wrk"
+        t1=$(http_thread_ticks "$pid")
+        python3 - "$OUT/lease-ab.wrk" "$round" "$1" "$what" "$((t1 - t0))" "$(getconf CLK_TCK)" <<'PY' | tee -a "$log"
+import re, sys
+text = open(sys.argv[1]).read()
+rnd, side, what, ticks, hz = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+total = int(re.search(r"(\d+) requests in", text).group(1))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+p99 = re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1)
+print(f"round {rnd} {side} {what}: {rps:.0f} req/s, non-2xx {non2xx.group(1) if non2xx else 0}, "
+      f"p99 {p99}, HTTP thread {ticks / hz / max(total, 1) * 1e6:.2f} us/request")
+PY
+      done
+    done
+  done
+  rm -f "$OUT/lease-ab.wrk"
+  python3 scripts/bench/summarize.py leaseab "$log"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
@@ -421,5 +505,8 @@ case "${1:-}" in
   gen) shift; gen "$@" ;;
   pipe) shift; pipe "$@" ;;
   linger) shift; linger "$@" ;;
+  reads) shift; reads "$@" ;;
+  readpairs) shift; readpairs "$@" ;;
+  leaseab) shift; leaseab "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 2 ;;
 esac

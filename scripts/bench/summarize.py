@@ -7,12 +7,72 @@
   summarize.py split PREFIX         client latency beside the leader's own histograms (perf.sh split)
   summarize.py profile PREFIX [ROUNDS]  CPU per request by thread, /healthz vs /next (perf.sh profile)
   summarize.py gen PREFIX          the open-loop generator's rate, latency and CPU per request (perf.sh gen)
+  summarize.py leaseab wrk-lease-ab.txt  per build: lease reads over GET /healthz per round (req/s,
+                                   and the HTTP thread's CPU per request), and the medians
+  summarize.py read FILE.json...   `baton bench read` reports: each row with what limited it, and
+                                   each mode's answered rate over GET /healthz's in the same run
 """
 import json
 import os
 import re
 import statistics
 import sys
+
+
+def leaseab(path):
+    """perf.sh leaseab: per build and round, lease read over /healthz (rate; HTTP thread CPU)."""
+    pat = re.compile(r"round (\d+) (\w+) (\S+): (\d+) req/s, non-2xx (\d+), p99 (\S+), HTTP thread ([\d.]+) us/request")
+    runs = {}
+    for line in open(path):
+        m = pat.search(line)
+        if m:
+            rnd, side, what, rps, non2xx, p99, us = m.groups()
+            runs.setdefault((side, int(rnd)), {})["lease" if what.startswith("read") else "healthz"] = (
+                float(rps), int(non2xx), p99, float(us))
+    print("| build | round | lease req/s | /healthz req/s | ratio | lease p99 / healthz p99 | HTTP thread µs per request, lease / healthz | extra µs per lease read |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for (side, rnd), r in sorted(runs.items()):
+        if "lease" not in r or "healthz" not in r:
+            continue
+        (lr, ln, lp, lu), (hr, hn, hp, hu) = r["lease"], r["healthz"]
+        summary.setdefault(side, []).append((lr / hr, lu - hu, hu / lu))
+        print(f"| {side} | {rnd} | {lr:.0f}{f' ({ln} non-2xx)' if ln else ''} | {hr:.0f} | {lr / hr:.2f} | {lp} / {hp} | {lu:.2f} / {hu:.2f} | {lu - hu:.2f} |")
+    for side, v in summary.items():
+        print(f"\n{side}: {len(v)} rounds, median ratio {statistics.median(x[0] for x in v):.2f}, "
+              f"median extra HTTP-thread CPU per lease read {statistics.median(x[1] for x in v):.2f} µs, "
+              f"median CPU ratio (healthz / lease) {statistics.median(x[2] for x in v):.2f}")
+
+
+def read_rows(paths):
+    """`baton bench read` reports: every row, then the ratios to plain HTTP, per file."""
+    print("| file | backend | mode | round | offered/s | answered/s | errors | p99 ms (schedule) | service p50 / p99 ms | connections (busy) | limited by | busiest node / generator thread |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for p in paths:
+        r = json.load(open(p))
+        name = p.rsplit('/', 1)[-1]
+        for row in r["rows"]:
+            def busiest(what):
+                for t in row.get("threads", []):
+                    if t["what"].startswith(what) and t["busiest"]:
+                        b = t["busiest"][0]
+                        return f"{b['name']} {b['busy'] * 100:.0f}%"
+                return "-"
+            print(f"| {name} | {row['backend']} | {row['mode']} | {row.get('round', 1)} | {row['offered_rate']:.0f} | "
+                  f"{row['ok_per_s']:.0f} | {row['errors']} | {row['p99_ms']:.2f} | "
+                  f"{row['service_p50_ms']:.2f} / {row['service_p99_ms']:.2f} | "
+                  f"{row.get('connections', '?')} ({row.get('busy_connections_mean', 0):.0f}) | "
+                  f"{row.get('limited_by', {}).get('limit', '?')} | {busiest('leader')} / {busiest('generator')} |")
+        for m in r.get("ratio_medians", []):
+            ratios.append((name, m))
+    if ratios:
+        print("\n| file | backend | mode | rounds | answered/s | /healthz req/s | ratio median (min-max) | p99 ms, mode / healthz |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, m in ratios:
+            print(f"| {name} | {m['backend']} | {m['mode']} | {m['rounds']} | {m['ok_per_s_median']:.0f} | "
+                  f"{m['plain_http_ok_per_s_median']:.0f} | **{m['ratio_median']:.2f}** "
+                  f"({m['ratio_min']:.2f}-{m['ratio_max']:.2f}) | {m['p99_ms_median']:.2f} / {m['plain_http_p99_ms_median']:.2f} |")
 
 
 def neighbour_words(r):
@@ -244,6 +304,10 @@ if __name__ == "__main__":
         sys.exit(2)
     if sys.argv[1] == "next":
         next_rows(sys.argv[2:])
+    elif sys.argv[1] == "read":
+        read_rows(sys.argv[2:])
+    elif sys.argv[1] == "leaseab":
+        leaseab(sys.argv[2])
     elif sys.argv[1] == "ratio":
         ratio(sys.argv[2])
     elif sys.argv[1] == "ab":
