@@ -158,7 +158,9 @@ pub struct NodeConfig {
     pub http_listen: SocketAddr,
     /// The address other nodes and clients should use (defaults to the bound address).
     pub advertise_addr: Option<String>,
-    /// How long a granted lease lasts.
+    /// How long a granted lease lasts. On raft with one shard the raft leader's lease, capped at
+    /// the minimum election timeout; on sharded raft (`[shards] count` > 1) each shard's lease
+    /// in the raft group's lease table, not capped (`config/raft-shards.toml`: 3000).
     pub lease_ttl_ms: u64,
     /// How often the leader renews its lease (below the usable lease, see [`NodeConfig::validate`]).
     pub renew_interval_ms: u64,
@@ -449,6 +451,12 @@ pub struct HttpConfig {
     pub tls_cert_file: Option<PathBuf>,
     /// PEM private key of `tls_cert_file` (PKCS#8, PKCS#1 or SEC1). Keep it 0600; never logged.
     pub tls_key_file: Option<PathBuf>,
+    /// PEM CA bundle that the other members' HTTPS certificates must chain to (feature `tls`),
+    /// for what this node asks them over their client API: placement's `/healthz` probes
+    /// (needed with `tls_cert_file` when `[shards] count` > 1) and the fleet page's `/status`
+    /// sweep. A member's certificate must name the host of its address in `[shards] members`
+    /// (or the raft peers' `http_addr`).
+    pub member_ca_file: Option<PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -464,6 +472,7 @@ impl Default for HttpConfig {
             threads: 0,
             tls_cert_file: None,
             tls_key_file: None,
+            member_ca_file: None,
         }
     }
 }
@@ -870,6 +879,7 @@ impl NodeConfig {
                 ("redis", "tls_ca_file"),
                 ("http", "tls_cert_file"),
                 ("http", "tls_key_file"),
+                ("http", "member_ca_file"),
             ] {
                 if let Some(s) = o.get_mut(section).and_then(|s| s.as_object_mut()) {
                     s.remove(key);
@@ -963,11 +973,15 @@ impl NodeConfig {
         Ok(self.lease_ttl_ms.min(emin))
     }
 
-    /// The lease this config's backend grants: [`NodeConfig::raft_lease_ttl_ms`] on raft,
-    /// `lease_ttl_ms` elsewhere.
+    /// The lease this config's backend grants: [`NodeConfig::raft_lease_ttl_ms`] on raft with
+    /// one shard (the raft leader's own lease), `lease_ttl_ms` elsewhere — sharded raft among
+    /// them, whose shard leases are judged by the raft leader's clock and need no election bound
+    /// (`backends::raft::shards`).
     fn granted_lease_ttl_ms(&self) -> u64 {
         match self.backend {
-            BackendKind::Raft => self.raft_lease_ttl_ms().unwrap_or(self.lease_ttl_ms),
+            BackendKind::Raft if self.shard_count() == 1 => {
+                self.raft_lease_ttl_ms().unwrap_or(self.lease_ttl_ms)
+            }
             _ => self.lease_ttl_ms,
         }
     }
@@ -1000,7 +1014,7 @@ impl NodeConfig {
                 "lease_ttl_ms to at least {ttl_ms} (--lease-ttl {ttl_ms}ms)"
             ));
         }
-        if self.backend == BackendKind::Raft {
+        if self.backend == BackendKind::Raft && self.shard_count() == 1 {
             let emin = self
                 .election_timeout_range_ms()
                 .map(|(lo, _)| lo)
@@ -1031,7 +1045,10 @@ impl NodeConfig {
         } else {
             return Ok(());
         };
-        let granted_is = if self.backend == BackendKind::Raft && granted < self.lease_ttl() {
+        let granted_is = if self.backend == BackendKind::Raft
+            && self.shard_count() == 1
+            && granted < self.lease_ttl()
+        {
             format!(
                 "raft's lease of {} ms (the minimum election timeout, below lease_ttl_ms)",
                 granted.as_millis()
@@ -1209,14 +1226,9 @@ impl NodeConfig {
         if k == 1 {
             return Ok(());
         }
-        if self.backend == BackendKind::Raft {
-            return Err(ConfigError::Invalid(format!(
-                "[shards] count = {k} needs a lease backend (etcd, pg-lease, redis, zk): sharded raft is not built yet; use --shards 1 with raft"
-            )));
-        }
-        if self.http.tls_cert_file.is_some() {
+        if self.http.tls_cert_file.is_some() && self.http.member_ca_file.is_none() {
             return Err(ConfigError::Invalid(
-                "[shards] count > 1 with HTTPS: placement probes members over plain HTTP; not supported yet".into(),
+                "[shards] count > 1 with HTTPS needs [http] member_ca_file: the CA bundle the members' certificates chain to, which placement verifies them against when it probes them".into(),
             ));
         }
         let members = self.shard_members();
@@ -1253,6 +1265,11 @@ impl NodeConfig {
                 ))
             }
         };
+        if self.http.member_ca_file.is_some() && self.http.tls_cert_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "[http] member_ca_file is for a fleet that serves HTTPS; this node serves plain HTTP (no tls_cert_file)".into(),
+            ));
+        }
         if self.redis.tls_ca_file.is_some() && !self.redis.url.starts_with("rediss://") {
             return Err(ConfigError::Invalid(
                 "[redis] tls_ca_file needs a rediss:// url".into(),
@@ -1280,6 +1297,7 @@ impl NodeConfig {
             ("[pg_lease] tls_ca_file", &self.pg_lease.tls_ca_file),
             ("[redis] tls_ca_file", &self.redis.tls_ca_file),
             ("[etcd] tls_ca_file", &self.etcd.tls_ca_file),
+            ("[http] member_ca_file", &self.http.member_ca_file),
         ]
         .map(|(option, path)| path.as_ref().map(|p| (option, p)));
         for (option, path) in http.into_iter().chain(cas).flatten() {

@@ -31,7 +31,7 @@ use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::actors::placement::{PlacementArgs, PlacementState, PlacementView};
+use crate::actors::placement::{MemberClient, PlacementArgs, PlacementState, PlacementView};
 use crate::actors::supervisor::{
     NodeSupervisor, StepDownError, StepDownReport, SupervisorArgs, SupervisorMsg,
 };
@@ -235,6 +235,7 @@ impl NodeBuilder {
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
         let placement = Arc::new(PlacementState::default());
+        let members = MemberClient::for_config(&cfg.http).context("[http] member_ca_file")?;
         let mut shards: Vec<ShardTree> = Vec::with_capacity(shard_count as usize);
         let shard_cfgs: Vec<NodeConfig> = (0..shard_count)
             .map(|s| cfg.for_shard(ShardId(s)))
@@ -304,6 +305,7 @@ impl NodeBuilder {
                 leaderships: shards.iter().map(|t| t.leadership.clone()).collect(),
                 trace: trace.clone(),
                 state: placement.clone(),
+                client: members.clone(),
             })))
         });
         tracing::info!(node = %cfg.node_id, http_addr = http_addr.as_deref().unwrap_or("-"), backend = %cfg.backend, shards = shard_count, "node started");
@@ -342,7 +344,7 @@ impl NodeBuilder {
                 max_connections: http::connection_cap(cfg.http.max_connections, nofile),
                 limits: cfg.http.clone(),
                 trace: trace.clone(),
-                ui: http::UiState::new(http_addr.clone(), cfg.shard_members()),
+                ui: http::UiState::new(http_addr.clone(), cfg.shard_members(), members),
                 #[cfg(feature = "tls")]
                 tls: http_tls,
             });

@@ -137,7 +137,7 @@ struct NodeArgs {
     #[arg(long, env = "BATON_ADMIN_TOKEN")]
     admin_token: Option<String>,
     /// K shards, each its own term (election, token, fence row); K > 1 needs [shards] members
-    /// in the config (as `baton fleet up --shards K` writes it) and a lease backend.
+    /// in the config (as `baton fleet up --shards K` writes it).
     #[arg(long)]
     shards: Option<u32>,
 }
@@ -203,9 +203,14 @@ enum FleetCmd {
         /// partition-leader`. Removed again by `fleet down`.
         #[arg(long)]
         netns: bool,
-        /// K shards, each its own term, placed over the nodes (a lease backend for K > 1).
+        /// K shards, each its own term, placed over the nodes (raft with K > 1 and no --config
+        /// runs on config/raft-shards.toml: 3 s shard leases).
         #[arg(long, default_value_t = 1)]
         shards: u32,
+        /// A streaming standby of the fenced resource's PostgreSQL; the nodes find whichever
+        /// server accepts writes. `async` warns: its promotion can lose acknowledged IDs.
+        #[arg(long, value_enum)]
+        resource_standby: Option<fleet::StandbyMode>,
     },
     /// Print each node's id, pid, HTTP address, role and token.
     Status {
@@ -449,8 +454,9 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             run_for,
             netns,
             shards,
+            resource_standby,
         } => {
-            let base_config = config.or_else(|| fleet::default_base_config(backend));
+            let base_config = config.or_else(|| fleet::default_base_config_for(backend, shards));
             let spec = FleetSpec {
                 nodes,
                 backend,
@@ -460,6 +466,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 lease_ttl_ms: lease_ttl,
                 node_args: Vec::new(),
                 shards,
+                resource_standby,
             };
             let state = if netns {
                 baton_lab::chaos::netns::up_interruptible(&spec).await?

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use baton::backends::conformance::{self, Check, Options};
 use baton::backends::{
-    build, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+    build, build_shards, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
 };
 use baton::config::{NodeConfig, ResourceConfig};
 use baton::work::fence::{self, Fence, FenceError};
@@ -116,6 +117,15 @@ fn factory(
 ) -> std::pin::Pin<
     Box<dyn std::future::Future<Output = ElectorResult<Arc<dyn Elector>>> + Send>,
 > {
+    let one = factory_config(base);
+    move |election: &str, id: &str| {
+        let cfg = one(election, id);
+        Box::pin(async move { build(&cfg).await })
+    }
+}
+
+/// Candidate `id`'s config on `election`.
+fn factory_config(base: NodeConfig) -> impl Fn(&str, &str) -> NodeConfig {
     move |election: &str, id: &str| {
         let mut cfg = base.clone();
         cfg.node_id = id.to_owned();
@@ -124,7 +134,95 @@ fn factory(
         cfg.redis.key = election.to_owned();
         cfg.pg_lease.lease_name = election.to_owned();
         cfg.zk.election_path = format!("/baton/{election}");
-        Box::pin(async move { build(&cfg).await })
+        cfg
+    }
+}
+
+/// What the siblings of [`shared_session_factory`] report: their faults, and their tasks (ended
+/// after each check, so that each check's nodes go away with it).
+#[derive(Clone, Default)]
+struct Siblings {
+    faults: Arc<Mutex<Vec<String>>>,
+    tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+/// Like [`factory`], but each candidate is shard 0 of a two-shard node built the way a sharded
+/// node builds its electors (`build_shards`: etcd one lease, pg-lease and redis one batched
+/// renewal per node), and the node's other shard leads an election of its own throughout,
+/// renewing on the shared session. A sibling records anything but a clean renewal as a fault.
+fn shared_session_factory(
+    base: NodeConfig,
+    siblings: Siblings,
+) -> impl Fn(
+    &str,
+    &str,
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = ElectorResult<Arc<dyn Elector>>> + Send>,
+> {
+    let one = factory_config(base);
+    move |election: &str, id: &str| {
+        let cfgs = [
+            one(election, id),
+            one(&format!("{election}-{id}-sibling"), id),
+        ];
+        let siblings = siblings.clone();
+        Box::pin(async move {
+            let mut electors = build_shards(&cfgs).await?;
+            let sibling = electors.pop().expect("two shards");
+            let renew_every = Duration::from_millis(cfgs[1].lease_ttl_ms / 3);
+            // Alone in its election, the sibling wins at once: it leads before shard 0 starts.
+            sibling.campaign().await?;
+            let faults = siblings.faults.clone();
+            let task = tokio::spawn(async move {
+                let fault: String = loop {
+                    tokio::time::sleep(renew_every).await;
+                    match sibling.renew().await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => break "the sibling's renew answered no grant".into(),
+                        Err(e) => break format!("the sibling lost its term: {e}"),
+                    }
+                };
+                faults.lock().unwrap().push(fault);
+            });
+            siblings.tasks.lock().unwrap().push(task);
+            Ok(electors.pop().expect("shard 0"))
+        })
+    }
+}
+
+/// The checks a shard can be put through while its node's other shard keeps the shared session
+/// alive: a shard that merely stops renewing does not end a lease its node still renews (the
+/// session is the node's liveness), so the expiry checks are for whole nodes (the plain suite).
+const SHARED_SESSION_CHECKS: [Check; 3] = [
+    Check::SingleWinner,
+    Check::ResignHandsOver,
+    Check::CampaignIsCancellable,
+];
+
+/// The suite's shared-session checks for `base`'s backend, one at a time; after each, every
+/// sibling must still lead (no candidate's resign, withdrawal or close touched the session its
+/// sibling rides on, at least one renewal later), and then the check's siblings go.
+async fn run_shared_session_suite(base: NodeConfig) {
+    let siblings = Siblings::default();
+    let make = shared_session_factory(base.clone(), siblings.clone());
+    for check in SHARED_SESSION_CHECKS {
+        if let Err(e) = conformance::run_selected(&make, opts(), &[check]).await {
+            panic!(
+                "{} on a shared session fails the conformance suite:\n{e}",
+                base.backend
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(TTL_MS)).await;
+        let faults = siblings.faults.lock().unwrap().clone();
+        assert!(
+            faults.is_empty(),
+            "{} {}: a shard's election disturbed its sibling's term: {faults:?}",
+            base.backend,
+            check.name()
+        );
+        for task in siblings.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
     }
 }
 
@@ -157,6 +255,49 @@ async fn etcd_backend_passes_the_conformance_suite() {
     let mut base = base_config(BackendKind::Etcd);
     base.etcd.endpoints = servers.etcd.as_ref().unwrap().endpoints();
     run_suite(base, opts(), &Check::ALL).await;
+}
+
+/// The base config of `backend` on its server(s), started in `servers`.
+async fn base_on_own_servers(servers: &mut Servers, backend: BackendKind) -> NodeConfig {
+    let mut base = base_config(backend);
+    match backend {
+        BackendKind::Etcd => {
+            servers.start_etcd();
+            base.etcd.endpoints = servers.etcd.as_ref().unwrap().endpoints();
+        }
+        BackendKind::Redis => {
+            servers.start_redis();
+            base.redis.url = servers.redis.as_ref().unwrap().url();
+        }
+        BackendKind::PgLease => base = pg_lease_base(servers).await,
+        other => panic!("no shared session on {other}"),
+    }
+    base
+}
+
+/// etcd, pg-lease and redis share a node's session between its shards: a shard's candidacy,
+/// resign and close on it, while the node's other shard leads on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_shards_sharing_a_session_pass_the_conformance_suite() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::Etcd).await).await;
+}
+
+/// See [`etcd_shards_sharing_a_session_pass_the_conformance_suite`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_shards_sharing_a_session_pass_the_conformance_suite() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::Redis).await).await;
+}
+
+/// See [`etcd_shards_sharing_a_session_pass_the_conformance_suite`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_shards_sharing_a_session_pass_the_conformance_suite() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::PgLease).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

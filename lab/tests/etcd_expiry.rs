@@ -5,7 +5,10 @@
 use std::time::{Duration, Instant};
 
 use baton::backends::etcd::EtcdElector;
-use baton::backends::etcd_expiry::{proves_expired, revoke_when_expired, LeaseEnd, TtlReading};
+use baton::backends::etcd_expiry::{
+    proves_expired, revoke_when_expired, revoke_when_expired_via, LeaseEnd, LeaseTtlReader,
+    TtlReading,
+};
 use baton::backends::{BackendKind, Elector};
 use baton::config::NodeConfig;
 use baton_lab::fleet::servers::EtcdCluster;
@@ -178,6 +181,68 @@ async fn revoke_when_expired_waits_for_expiry_and_beats_the_sweep() {
         .unwrap();
     assert_eq!(end, LeaseEnd::TooShort);
     assert!(ttl_of(&c, lease).await > 0, "a 2 s lease was revoked");
+}
+
+/// A sharded node queues behind the same few leases in many elections: its reapers share one
+/// [`LeaseTtlReader`], so 20 reapers of one lease (started out of step) cost about what one costs,
+/// where 20 readers of their own cost 20 times as much. Both groups watch a lease renewed for
+/// 2 s and then left to expire; every reaper still ends only once its lease has expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reapers_of_one_lease_share_its_readings() {
+    let _serial = SERIAL.lock().await;
+    let etcd = start_etcd();
+    let c = Client::connect(etcd.cluster.endpoints(), None)
+        .await
+        .unwrap();
+    const REAPERS: u64 = 20;
+    let shared = LeaseTtlReader::new(c.clone(), Duration::from_secs(1));
+    let own: Vec<LeaseTtlReader> = (0..REAPERS)
+        .map(|_| LeaseTtlReader::new(c.clone(), Duration::from_secs(1)))
+        .collect();
+    let lease_shared = c.clone().lease_grant(TTL_SECS, None).await.unwrap().id();
+    let lease_own = c.clone().lease_grant(TTL_SECS, None).await.unwrap().id();
+    // Renewed twice, a second apart: each reaper sees the lease alive, then its last second.
+    let renewals = {
+        let c = c.clone();
+        async move {
+            let mut last = Instant::now();
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let (a, b) = tokio::join!(renew(&c, lease_shared), renew(&c, lease_own));
+                last = a.min(b);
+            }
+            last
+        }
+    };
+    let reap = |reader: &'static LeaseTtlReader, lease: i64, i: u64| async move {
+        // Out of step: 50 ms apart over the first second.
+        tokio::time::sleep(Duration::from_millis(50 * i)).await;
+        let end = revoke_when_expired_via(reader, lease, 0.01).await.unwrap();
+        (end, Instant::now())
+    };
+    let shared: &'static LeaseTtlReader = Box::leak(Box::new(shared));
+    let own: &'static [LeaseTtlReader] = Box::leak(own.into_boxed_slice());
+    let shared_reaps =
+        futures::future::join_all((0..REAPERS).map(|i| reap(shared, lease_shared, i)));
+    let own_reaps =
+        futures::future::join_all((0..REAPERS).map(|i| reap(&own[i as usize], lease_own, i)));
+    let (last_renewal, shared_ends, own_ends) = tokio::join!(renewals, shared_reaps, own_reaps);
+    let expired_at = last_renewal + Duration::from_secs(TTL_SECS as u64);
+    for (end, at) in shared_ends.iter().chain(&own_ends) {
+        assert!(matches!(end, LeaseEnd::Revoked | LeaseEnd::Gone), "{end:?}");
+        assert!(*at >= expired_at, "a reaper ended before its lease expired");
+    }
+    let shared_sent = shared.requests_sent();
+    let own_sent: u64 = own.iter().map(LeaseTtlReader::requests_sent).sum();
+    eprintln!("LeaseTimeToLive requests for {REAPERS} reapers: shared reader {shared_sent}, a reader each {own_sent}");
+    assert!(
+        shared_sent * 4 <= own_sent,
+        "sharing saved less than 4x: shared {shared_sent}, own {own_sent}"
+    );
+    assert!(
+        shared_sent <= 3 * own_sent / REAPERS + 10,
+        "20 reapers sharing a reader cost more than ~3 alone: shared {shared_sent}, own {own_sent}"
+    );
 }
 
 fn reading(base: Instant, sent_ms: u64, received_ms: u64, ttl_secs: i64) -> TtlReading {

@@ -1,7 +1,7 @@
 //! Issue 15: a hostile outsider against a real 3-node raft fleet under steady `POST /next` load.
 //! For a sustained burst it forges every raft peer RPC — vote (with and without the transfer
 //! flag, and at a term near `i64::MAX`), pre-vote, append from a leader that does not exist,
-//! transfer_leader, snapshot — unsigned, signed with a wrong secret, signed with the right secret
+//! transfer_leader, snapshot, and a shard lease grant — unsigned, signed with a wrong secret, signed with the right secret
 //! but a stale timestamp, and sent to the client port. Every one must be refused (401 / 403 /
 //! 404), leadership must not move (same leader, same token for the whole burst), `/next` must stay
 //! available, and each node's `baton_peer_auth_failures_total` must count exactly the refusals it
@@ -93,6 +93,14 @@ fn forgeries(term: u64, leader: u64, follower: u64) -> Vec<Forgery> {
         Forgery {
             method: "snapshot",
             body: json(&snapshot),
+        },
+        // The shard lease table's requests (sharded fleets) ride the same authenticated
+        // listener: a forged grant of shard 0 to a node that does not exist.
+        Forgery {
+            method: "shard",
+            body: json(&serde_json::json!({
+                "acquire": { "shard": 0, "holder": { "id": "n9-forged", "node": "n9", "info": "{}" } }
+            })),
         },
     ]
 }

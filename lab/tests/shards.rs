@@ -212,8 +212,17 @@ async fn shards_spread_evenly_and_every_interface_names_its_shard() {
     assert_eq!(r.json()["shard"].as_u64(), Some(3));
     assert_eq!(r.json()["token"].as_i64(), Some(*token3));
 
-    // /status lists every shard; /metrics: leaders_acting{shard} sums to exactly 1 per shard.
-    let st = fleet.client.get(any, "/status").await.unwrap().json();
+    // /status lists every shard and placement's live members; /metrics: leaders_acting{shard}
+    // sums to exactly 1 per shard. The live set is looked at until it shows all three, for a
+    // few seconds (a member unanswered for `down_after_ms` on a loaded machine leaves it).
+    let until = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st = fleet.client.get(any, "/status").await.unwrap().json();
+        if st["placement"]["live"].as_array().map(Vec::len) == Some(3) || Instant::now() > until {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(
         st["shards"].as_array().map(Vec::len),
         Some(K as usize),
@@ -297,6 +306,31 @@ async fn shards_spread_evenly_and_every_interface_names_its_shard() {
     }
 }
 
+/// The raft leader of a raft fleet, from the members' durable votes (`raft/vote.json`): the
+/// committed vote of the highest term names it (fleet node `nI` is raft id `I`).
+fn raft_leader(fleet: &Fleet) -> String {
+    let mut best: Option<(u64, u64)> = None;
+    for n in &fleet.state().nodes {
+        let path = Path::new(&n.config)
+            .parent()
+            .unwrap()
+            .join("raft")
+            .join("vote.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let (term, who) = (
+            v["leader_id"]["term"].as_u64().unwrap(),
+            v["leader_id"]["voted_for"].as_u64().unwrap(),
+        );
+        if v["committed"] == true && best.is_none_or(|(t, _)| term > t) {
+            best = Some((term, who));
+        }
+    }
+    format!("n{}", best.expect("no committed raft vote on any member").1)
+}
+
 /// `POST /next?shard=S` on every node for every shard of `placed`: 200 with the shard and its
 /// token from the leader, 409 naming the leader from every other node. `Err` (to look again)
 /// when an answer shows the placement has moved since; a wrong answer of any other kind panics.
@@ -362,8 +396,21 @@ fn backend_requests(text: &str, backend: &str, op: &str) -> f64 {
 /// with about K/N moves, and every hand-over ran checkpoint → stop → release first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_shard_fence_failover_and_rebalance_on_pg_lease() {
+    per_shard_fence_failover_and_rebalance("pg-lease").await;
+}
+
+/// The same on raft: one raft group for the fleet whose state machine holds every shard's
+/// lease (`backends::raft::shards`), the shards placed by the same placement layer. The kill -9
+/// may take the raft leader with it; its shards still move, with tokens that only grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_shard_fence_failover_and_rebalance_on_raft() {
+    per_shard_fence_failover_and_rebalance("raft").await;
+}
+
+/// The body of the two tests above, on a 3-node fleet of `backend` with K = 6.
+async fn per_shard_fence_failover_and_rebalance(backend: &str) {
     const K: u32 = 6;
-    let fleet = Fleet::up_with("pg-lease", 3, &["--shards", "6"]);
+    let fleet = Fleet::up_with(backend, 3, &["--shards", "6"]);
     let placed = stable_placement(&fleet, K, SETTLE).await;
 
     // Shard 3's leader steps down: its old token is now stale on shard 3.
@@ -419,19 +466,34 @@ async fn per_shard_fence_failover_and_rebalance_on_pg_lease() {
     assert_eq!(fence.get("leadership#3"), Some(&new3.2), "{fence:?}");
     assert_eq!(fence.get("leadership#4"), Some(&token4), "{fence:?}");
 
-    // kill -9 the node leading the most shards: they move to the others, balanced.
-    let before = settled_placement(&fleet, K, SETTLE).await;
-    let victim = before
-        .values()
-        .map(|(n, _, _)| n.clone())
-        .max_by_key(|n| before.values().filter(|(m, _, _)| m == n).count())
-        .unwrap();
+    // kill -9 the node leading the most shards (on raft: the raft leader, which leads some
+    // too): they move to the others, balanced.
+    let before = stable_placement(&fleet, K, SETTLE).await;
+    let victim = if backend == "raft" {
+        raft_leader(&fleet)
+    } else {
+        before
+            .values()
+            .map(|(n, _, _)| n.clone())
+            .max_by_key(|n| before.values().filter(|(m, _, _)| m == n).count())
+            .unwrap()
+    };
     fleet.kill9(&victim);
     let after_kill = settled_placement(&fleet, K, SETTLE).await;
     assert!(
         after_kill.values().all(|(n, _, _)| *n != victim),
         "{after_kill:?}"
     );
+    // Every shard that moved did so under a higher token: its own, per shard. A shard whose
+    // holder lived on kept its term (on raft: its lease outlived the raft leader's election,
+    // since the new raft leader counts every held shard as renewed when it took over).
+    for (s, (n, _, t)) in &after_kill {
+        let (was, _, t0) = &before[s];
+        assert!(
+            (n == was && t == t0) || t > t0,
+            "shard {s} went from {was} (token {t0}) to {n} with token {t}"
+        );
+    }
     // Restart: it takes about K/N shards back, and balance holds (max - min <= 1).
     fleet.start(&victim);
     let until = Instant::now() + SETTLE;

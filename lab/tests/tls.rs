@@ -433,3 +433,105 @@ async fn the_etcd_backend_elects_over_tls() {
     let refused = refused.expect("a client trusting another CA was answered");
     assert!(!refused.is_empty());
 }
+
+/// Two sharded nodes (K = 4) serving HTTPS only, listed in `[shards] members`; each verifies the
+/// other against `member_ca` (`[http] member_ca_file`). Both are started before either is waited on.
+async fn sharded_https_pair(
+    cas: &Cas,
+    pg: &Pg,
+    member_ca: [&Path; 2],
+) -> Vec<(NodeHandle, String)> {
+    let listeners = [
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    ];
+    let members: Vec<baton::config::MemberSpec> = ["s1", "s2"]
+        .iter()
+        .zip(&listeners)
+        .map(|(id, l)| baton::config::MemberSpec {
+            id: (*id).into(),
+            addr: l.local_addr().unwrap().to_string(),
+        })
+        .collect();
+    let mut nodes = Vec::new();
+    for ((listener, member), ca) in listeners.into_iter().zip(&members).zip(member_ca) {
+        let mut cfg = node_config(pg, cas.tmp.path(), &member.id);
+        cfg.sequencer.enabled = false;
+        cfg.advertise_addr = Some(member.addr.clone());
+        cfg.shards.count = 4;
+        cfg.shards.members = members.clone();
+        cfg.http.tls_cert_file = Some(cas.ours.server.cert_file.clone());
+        cfg.http.tls_key_file = Some(cas.ours.server.key_file.clone());
+        cfg.http.member_ca_file = Some(ca.to_owned());
+        let node = NodeBuilder::new(cfg)
+            .serve_http(listener)
+            .start()
+            .await
+            .expect("start a sharded HTTPS node");
+        nodes.push((node, member.addr.clone()));
+    }
+    nodes
+}
+
+/// Placement asks the members over HTTPS when the fleet serves HTTPS: with the CA their
+/// certificates chain to, both count each other live and split the 4 shards 2 and 2. A member
+/// that verifies against a CA that did not issue them refuses its peer's certificate, counts
+/// itself alone, and seeks every shard (safe: each shard still has one leader, but nothing is
+/// balanced), so the verification is really made. Without `member_ca_file` such a config is
+/// refused before the node starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_placement_probes_its_https_members_against_their_ca() {
+    let cas = cas();
+    let pg = private_pg(cas.tmp.path(), None).await;
+
+    let mut cfg = node_config(&pg, cas.tmp.path(), "s0");
+    cfg.shards.count = 4;
+    cfg.shards.members = vec![baton::config::MemberSpec {
+        id: "s0".into(),
+        addr: "127.0.0.1:1".into(),
+    }];
+    cfg.http.tls_cert_file = Some(cas.ours.server.cert_file.clone());
+    cfg.http.tls_key_file = Some(cas.ours.server.key_file.clone());
+    let err = format!(
+        "{:#}",
+        cfg.validate()
+            .expect_err("HTTPS shards without a member CA")
+    );
+    assert!(err.contains("member_ca_file"), "{err}");
+
+    let ours = cas.ours.ca_file();
+    let nodes = sharded_https_pair(&cas, &pg, [ours, ours]).await;
+    let until = Instant::now() + Duration::from_secs(40);
+    loop {
+        let led: Vec<usize> = nodes.iter().map(|(n, _)| n.shards_led().len()).collect();
+        let live: Vec<usize> = nodes
+            .iter()
+            .map(|(n, _)| n.placement().live.len())
+            .collect();
+        if led == [2, 2] && live == [2, 2] {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "no 2 + 2 split over HTTPS within 40 s: led {led:?}, live {live:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (node, _) in nodes {
+        node.shutdown().await.unwrap();
+    }
+
+    // s2 verifies against the other CA: it cannot see s1 live, ever.
+    let nodes = sharded_https_pair(&cas, &pg, [ours, cas.other.ca_file()]).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let view = nodes[1].0.placement();
+    assert_eq!(
+        view.live,
+        ["s2"],
+        "s2 trusted a certificate its CA did not issue"
+    );
+    assert_eq!(nodes[0].0.placement().live, ["s1", "s2"]);
+    for (node, _) in nodes {
+        node.shutdown().await.unwrap();
+    }
+}

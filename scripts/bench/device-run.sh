@@ -157,12 +157,13 @@ for rate in $read_rates; do
 done
 python3 scripts/bench/summarize.py read "$out"/read-lease-*.json | tee -a "$out/summary.md"
 # Sharded leadership (issue 28): aggregate IDs/s against K on the same machine, one fleet per K
-# pg-lease: a lease backend (sharded raft is not built) whose only server, PostgreSQL, is in the
-# bundle. SHARDS="1,4,16" by default; SHARDS="" skips it.
+# pg-lease by default, whose only server, PostgreSQL, is in the bundle (SHARDS_BACKEND=raft
+# needs nothing else either). SHARDS="1,4,16" by default; SHARDS="" skips it.
 shards=${SHARDS-1,4,16}
+shards_backend=${SHARDS_BACKEND-pg-lease}
 if [ -n "$shards" ]; then
-  say "baton bench shards --shards $shards --rate $last"
-  "$baton" bench shards --backend pg-lease --shards "$shards" --rate "$last" --duration "$duration" \
+  say "baton bench shards --backend $shards_backend --shards $shards --rate $last"
+  "$baton" bench shards --backend "$shards_backend" --shards "$shards" --rate "$last" --duration "$duration" \
     --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
 fi
 # The device tool brings back 8 files: the reports travel as one.

@@ -78,6 +78,8 @@ pub(crate) struct PlacementArgs {
     pub leaderships: Vec<Arc<Leadership>>,
     pub trace: ActorTrace,
     pub state: Arc<PlacementState>,
+    /// How the members are asked (plain HTTP or HTTPS).
+    pub client: MemberClient,
 }
 
 /// How a probe went.
@@ -115,7 +117,9 @@ pub(crate) async fn run(args: PlacementArgs) {
             .iter()
             .filter(|m| m.id != args.node_id)
             .collect();
-        let probes = futures::future::join_all(others.iter().map(|m| probe(&m.addr, every))).await;
+        let probes =
+            futures::future::join_all(others.iter().map(|m| probe(&args.client, &m.addr, every)))
+                .await;
         let now = Instant::now();
         for (m, p) in others.iter().zip(probes) {
             let h = health.entry(m.id.clone()).or_default();
@@ -124,11 +128,17 @@ pub(crate) async fn run(args: PlacementArgs) {
                 h.up_since
                     .get_or_insert(if first_round { now - 2 * every } else { now });
                 h.last_up = Some(now);
-            } else {
+            } else if p == Probe::Draining {
                 h.up_since = None;
-                if p == Probe::Draining {
-                    h.last_up = None;
-                }
+                h.last_up = None;
+            } else if h
+                .last_up
+                .is_none_or(|t| now.duration_since(t) >= down_after)
+            {
+                // Down for `down_after`: when it answers again it has just joined. One probe
+                // answered late on a loaded machine is not that (it stays live, and keeps its
+                // shards, until `down_after` has passed without an answer).
+                h.up_since = None;
             }
         }
         first_round = false;
@@ -193,15 +203,15 @@ pub(crate) async fn run(args: PlacementArgs) {
 
 /// One `GET /healthz`: `Up` on 200, `Draining` on 503, `Down` on anything else or no answer
 /// within `bound`.
-async fn probe(addr: &str, bound: Duration) -> Probe {
-    match tokio::time::timeout(bound, get_from_member(addr, "/healthz", 1024)).await {
+async fn probe(client: &MemberClient, addr: &str, bound: Duration) -> Probe {
+    match tokio::time::timeout(bound, client.get(addr, "/healthz", 1024)).await {
         Ok(Ok(a)) if a.code == 200 => Probe::Up,
         Ok(Ok(a)) if a.code == 503 => Probe::Draining,
         _ => Probe::Down,
     }
 }
 
-/// A member's answer to [`get_from_member`] (placement reads only the code; the fleet page,
+/// A member's answer to [`MemberClient::get`] (placement reads only the code; the fleet page,
 /// feature `http`, the rest).
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub(crate) struct MemberAnswer {
@@ -211,26 +221,93 @@ pub(crate) struct MemberAnswer {
     pub(crate) body: Vec<u8>,
 }
 
-/// One plain-HTTP `GET path` to a member's client port on a connection of its own, read to its
-/// end (at most `max_bytes`). The members' own small client, for
-/// placement's probes and the fleet page's sweep; unbounded in time (callers add their bound).
-pub(crate) async fn get_from_member(
+/// How this node asks the other members over their client API (placement's probes, the fleet
+/// page's sweep): plain HTTP, or HTTPS verified against `[http] member_ca_file` when the fleet
+/// serves HTTPS. One connection per question, closed after the answer.
+#[derive(Clone, Default)]
+pub(crate) struct MemberClient {
+    #[cfg(feature = "tls")]
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl MemberClient {
+    /// The client for `http`: HTTPS when it names a member CA (the config requires one for a
+    /// sharded fleet that serves HTTPS), plain HTTP otherwise.
+    pub(crate) fn for_config(http: &crate::config::HttpConfig) -> anyhow::Result<MemberClient> {
+        #[cfg(feature = "tls")]
+        if let Some(ca) = &http.member_ca_file {
+            let cfg = crate::tls::client_config(ca)?;
+            return Ok(MemberClient {
+                tls: Some(tokio_rustls::TlsConnector::from(Arc::new(cfg))),
+            });
+        }
+        #[cfg(not(feature = "tls"))]
+        if http.member_ca_file.is_some() {
+            anyhow::bail!(
+                "[http] member_ca_file is set, but this build has no TLS (feature `tls`)"
+            );
+        }
+        Ok(MemberClient::default())
+    }
+
+    /// Whether the members are asked over HTTPS.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn speaks_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// One `GET path` to the member at `addr` (`host:port`), read to its end (at most
+    /// `max_bytes`); unbounded in time (callers add their bound).
+    pub(crate) async fn get(
+        &self,
+        addr: &str,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<MemberAnswer, String> {
+        let conn = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            let host = addr
+                .rsplit_once(':')
+                .map_or(addr, |(h, _)| h)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| format!("{host} is no server name: {e}"))?;
+            let conn = tls
+                .connect(name, conn)
+                .await
+                .map_err(|e| format!("TLS: {e}"))?;
+            return exchange(conn, addr, path, max_bytes).await;
+        }
+        exchange(conn, addr, path, max_bytes).await
+    }
+}
+
+/// Sends `GET path` on `conn` and reads the answer to its end (at most `max_bytes`).
+async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut conn: S,
     addr: &str,
     path: &str,
     max_bytes: u64,
 ) -> Result<MemberAnswer, String> {
-    let mut conn = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
     let ask = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     conn.write_all(ask.as_bytes())
         .await
         .map_err(|e| format!("send: {e}"))?;
     let mut raw = Vec::new();
-    conn.take(max_bytes)
-        .read_to_end(&mut raw)
-        .await
-        .map_err(|e| format!("read: {e}"))?;
+    // A TLS peer that closes without close_notify after a complete answer is not an error here:
+    // the answer is checked for completeness below.
+    if let Err(e) = (&mut conn).take(max_bytes).read_to_end(&mut raw).await {
+        if raw.is_empty() || e.kind() != std::io::ErrorKind::UnexpectedEof {
+            return Err(format!("read: {e}"));
+        }
+    }
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")

@@ -30,7 +30,7 @@ use etcd_client::{
 };
 use tokio::sync::Mutex;
 
-use super::etcd_expiry::ExpiryReaper;
+use super::etcd_expiry::{ExpiryReaper, LeaseTtlReader};
 use super::etcd_vacancy::VacancyWatch;
 use super::renew_batch::SharedLeaderRead;
 use super::{
@@ -70,6 +70,8 @@ pub struct EtcdElector {
     shard: u32,
     /// The node's coalesced leader reads, shared by its shards.
     leaders: Arc<SharedLeaderRead>,
+    /// The node's readings of the leases its candidacies queue behind, shared by its shards.
+    ttl_reads: Arc<LeaseTtlReader>,
     client: Client,
     name: String,
     value: Vec<u8>,
@@ -184,12 +186,14 @@ impl EtcdElector {
             cfg.retry_interval() * 4,
             cfgs.iter().map(|c| c.etcd.election_name.clone()).collect(),
         ));
+        let ttl_reads = Arc::new(LeaseTtlReader::new(client.clone(), timeout));
         Ok((0u32..)
             .zip(cfgs)
             .map(|(shard, shard_cfg)| EtcdElector {
                 shared: shared.clone(),
                 shard,
                 leaders: leaders.clone(),
+                ttl_reads: ttl_reads.clone(),
                 client: client.clone(),
                 name: shard_cfg.etcd.election_name.clone(),
                 value: me.encode(),
@@ -299,6 +303,7 @@ impl Elector for EtcdElector {
         let reaper = AbortOnDrop(tokio::spawn(
             ExpiryReaper {
                 client: self.client.clone(),
+                ttl_reads: self.ttl_reads.clone(),
                 prefix,
                 our_lease: lease_id,
                 clock_rate_error: self.clock_rate_error,

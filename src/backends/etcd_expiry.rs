@@ -22,8 +22,20 @@
 //! Cost: only the candidate directly behind the leader reads the leader's lease. That is one
 //! request a second while the leader renews, then one per [`LAST_SECOND_POLL`] once its lease
 //! reads 1 (the leader missed a renewal). The other candidates wait for a deletion.
+//!
+//! A sharded node has a candidacy in many elections, and the leaders of those elections share a
+//! few leases (one per node, `etcd.rs`): a node queued directly behind another in 200 shards would
+//! otherwise read that one lease 200 times a second. Its reapers read through one
+//! [`LeaseTtlReader`] instead, which asks etcd once for every reaper of the same lease. A reaper
+//! names the earliest send time it can use; its next look is counted from the send time of the
+//! reading it acted on, and while the lease still has time left a reading from the second half of
+//! the wait will do, so reapers that started out of step fall into step and then share each
+//! reading. The second reading of the proof is always asked afresh after the full second.
+//! Sharing changes no proof: a reading is a fact about the lease, stamped with when it was really
+//! asked and answered.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
@@ -82,6 +94,60 @@ pub enum LeaseEnd {
     TooShort,
 }
 
+/// One node's readings of other nodes' leases, shared by its reapers (see the module docs).
+pub struct LeaseTtlReader {
+    client: Client,
+    timeout: Duration,
+    /// `LeaseTimeToLive` requests this reader sent.
+    sent: std::sync::atomic::AtomicU64,
+    /// Per lease: the newest reading (and its granted TTL), behind an async lock that makes the
+    /// reapers of one lease wait for the read in flight instead of sending their own.
+    leases: StdMutex<HashMap<i64, Arc<NewestReading>>>,
+}
+
+/// One lease's newest reading and its granted TTL (`None` before the first).
+type NewestReading = tokio::sync::Mutex<Option<(TtlReading, i64)>>;
+
+impl LeaseTtlReader {
+    /// A reader on `client`, each request bounded by `timeout`.
+    pub fn new(client: Client, timeout: Duration) -> LeaseTtlReader {
+        LeaseTtlReader {
+            client,
+            timeout,
+            sent: Default::default(),
+            leases: StdMutex::default(),
+        }
+    }
+
+    /// How many `LeaseTimeToLive` requests this reader has sent.
+    pub fn requests_sent(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A reading of `lease` sent no earlier than `sent_since`, and its granted TTL: the newest one
+    /// if it qualifies, else a new one (one request however many reapers ask at once).
+    pub async fn read(&self, lease: i64, sent_since: Instant) -> ElectorResult<(TtlReading, i64)> {
+        let slot = {
+            let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            // Readings of leases nobody watches any more go (a lease id is never reused).
+            if leases.len() > 64 {
+                leases.retain(|_, slot| Arc::strong_count(slot) > 1);
+            }
+            leases.entry(lease).or_default().clone()
+        };
+        let mut newest = slot.lock().await;
+        if let Some(got) = *newest {
+            if got.0.sent >= sent_since {
+                return Ok(got);
+            }
+        }
+        self.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let got = read_ttl(&self.client, lease, self.timeout).await?;
+        *newest = Some(got);
+        Ok(got)
+    }
+}
+
 /// Reads `lease` until it has provably expired, then revokes it. Never returns while the lease is
 /// being renewed. An error is etcd's (unreachable, timed out); the caller retries.
 pub async fn revoke_when_expired(
@@ -90,10 +156,22 @@ pub async fn revoke_when_expired(
     clock_rate_error: f64,
     timeout: Duration,
 ) -> ElectorResult<LeaseEnd> {
+    let reader = LeaseTtlReader::new(client.clone(), timeout);
+    revoke_when_expired_via(&reader, lease, clock_rate_error).await
+}
+
+/// [`revoke_when_expired`] through a reader shared with other reapers.
+pub async fn revoke_when_expired_via(
+    reader: &LeaseTtlReader,
+    lease: i64,
+    clock_rate_error: f64,
+) -> ElectorResult<LeaseEnd> {
     let mut first_zero: Option<TtlReading> = None;
     let one_second = Duration::from_secs_f64(1.0 / (1.0 - 2.0 * clock_rate_error));
+    // The first look may take a reading another reaper got a moment ago.
+    let mut sent_since = Instant::now() - LAST_SECOND_POLL;
     loop {
-        let (now, granted) = read_ttl(client, lease, timeout).await?;
+        let (now, granted) = reader.read(lease, sent_since).await?;
         if now.ttl_secs < 0 {
             return Ok(LeaseEnd::Gone);
         }
@@ -107,20 +185,24 @@ pub async fn revoke_when_expired(
                 1 => LAST_SECOND_POLL,
                 k => Duration::from_secs((k - 1) as u64),
             };
-            tokio::time::sleep(wait).await;
+            // Counted from when the reading was asked, the same for every reaper that shares it;
+            // a reading from the second half of the wait will do, so reapers that started out of
+            // step take each other's readings and fall into step.
+            sent_since = now.sent + wait / 2;
+            tokio::time::sleep_until((now.sent + wait).into()).await;
             continue;
         }
         match first_zero {
             Some(a) if proves_expired(a, now, granted, clock_rate_error) => {
-                return revoke(client, lease, timeout).await;
+                return revoke(&reader.client, lease, reader.timeout).await;
             }
             // Asked too soon: wait out the rest of the second.
             Some(a) if now.sent < a.received + one_second => {}
             // Too long since the first 0 to rule out a renewal: this reading starts afresh.
             _ => first_zero = Some(now),
         }
-        let due = first_zero.map_or(now.received, |a| a.received) + one_second;
-        tokio::time::sleep_until(due.into()).await;
+        sent_since = first_zero.map_or(now.received, |a| a.received) + one_second;
+        tokio::time::sleep_until(sent_since.into()).await;
     }
 }
 
@@ -169,6 +251,8 @@ enum Place {
 /// leader, revokes the leader's lease as soon as it has provably expired.
 pub(super) struct ExpiryReaper {
     pub client: Client,
+    /// The node's shared lease readings.
+    pub ttl_reads: Arc<LeaseTtlReader>,
     /// The election's key prefix (`name/`).
     pub prefix: String,
     pub our_lease: i64,
@@ -204,12 +288,8 @@ impl ExpiryReaper {
                 }
                 Ok(Place::Absent) => deleted.await,
                 Ok(Place::Behind(lease)) => {
-                    let watched = revoke_when_expired(
-                        &self.client,
-                        lease,
-                        self.clock_rate_error,
-                        self.timeout,
-                    );
+                    let watched =
+                        revoke_when_expired_via(&self.ttl_reads, lease, self.clock_rate_error);
                     tokio::select! {
                         _ = &mut deleted => {}
                         ended = watched => match ended {

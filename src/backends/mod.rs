@@ -15,7 +15,12 @@ pub mod pg_lease;
 pub mod raft;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "etcd", feature = "pg-lease", feature = "redis"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "pg-lease",
+    feature = "redis",
+    feature = "raft"
+))]
 mod renew_batch;
 #[cfg(feature = "zk")]
 pub mod zk;
@@ -28,8 +33,11 @@ pub use crate::elector::*;
 /// One elector per shard of a node (`cfgs[s]` = `NodeConfig::for_shard(s)`). Where the backend
 /// lets the shards share the node's liveness session, they do, so renewals do not grow with the
 /// number of shards: etcd (one lease and one keepalive stream per node), pg-lease (one `UPDATE`
-/// renews every row the node holds), redis (one script call renews every key it holds). zk and
-/// raft still renew each shard on its own (FINDINGS §13 measures both).
+/// renews every row the node holds), redis (one script call renews every key it holds), raft at
+/// K > 1 (one raft group per fleet whose state machine holds every shard's lease: one request
+/// to the raft leader renews all of a node's shards, `raft::shards`). zk still renews each shard
+/// on its own. At K = 1 every backend builds exactly what [`build`] builds (raft: its leader is
+/// the one leader, as before shards).
 pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elector>>> {
     let Some(first) = cfgs.first() else {
         return Ok(Vec::new());
@@ -45,6 +53,10 @@ pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elec
         kind @ (BackendKind::Redis | BackendKind::RedisNaive) => Ok(shared(
             redis::RedisElector::connect_shards(cfgs, kind == BackendKind::Redis).await?,
         )),
+        #[cfg(feature = "raft")]
+        BackendKind::Raft if cfgs.len() > 1 => {
+            Ok(shared(raft::shards::connect_shards(cfgs).await?))
+        }
         _ => {
             let mut electors = Vec::with_capacity(cfgs.len());
             for cfg in cfgs {
@@ -56,7 +68,12 @@ pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elec
 }
 
 /// A node's shard electors, as the node holds them.
-#[cfg(any(feature = "etcd", feature = "pg-lease", feature = "redis"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "pg-lease",
+    feature = "redis",
+    feature = "raft"
+))]
 fn shared<E: Elector>(electors: Vec<E>) -> Vec<Arc<dyn Elector>> {
     electors
         .into_iter()

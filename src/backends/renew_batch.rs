@@ -1,5 +1,5 @@
 //! One round trip renews every lease a node's shards hold, for the backends whose leases are
-//! independent records (pg-lease rows, Redis keys).
+//! independent records (pg-lease rows, Redis keys, the rows of sharded raft's lease table).
 //!
 //! Each shard's elector keeps its own renew schedule (the loop in `crate::actors::elector` is
 //! unchanged). When a shard's renewal is due, [`RenewBatch::renew`] either reuses the node's
@@ -20,7 +20,8 @@
 //! candidacy), never by the shard alone, so a batch that ran with a shard's *previous* lease
 //! cannot be taken as the answer for its current one.
 
-// etcd shares only the leader reads (its renewals ride on one lease, see `etcd.rs`).
+// etcd shares only the leader reads (its renewals ride on one lease, see `etcd.rs`); sharded
+// raft only the renewals (its leader reads are one request for all shards, `raft/shards.rs`).
 #![cfg_attr(not(any(feature = "pg-lease", feature = "redis")), allow(dead_code))]
 
 use std::collections::BTreeMap;

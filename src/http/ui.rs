@@ -28,7 +28,7 @@ use serde_json::json;
 
 use super::routes::{status_body, Resp};
 use super::HttpApp;
-use crate::actors::placement::get_from_member;
+use crate::actors::placement::MemberClient;
 use crate::config::MemberSpec;
 
 const INDEX_HTML: &str = include_str!("ui/index.html");
@@ -61,14 +61,21 @@ pub(crate) struct UiState {
     members: Vec<MemberSpec>,
     /// The last sweep's JSON and when it finished; the lock also keeps sweeps one at a time.
     last_sweep: tokio::sync::Mutex<Option<(Instant, Bytes)>>,
+    /// How the members are asked (plain HTTP or HTTPS).
+    client: MemberClient,
 }
 
 impl UiState {
-    pub(crate) fn new(own_addr: Option<String>, members: Vec<MemberSpec>) -> UiState {
+    pub(crate) fn new(
+        own_addr: Option<String>,
+        members: Vec<MemberSpec>,
+        client: MemberClient,
+    ) -> UiState {
         UiState {
             own_addr,
             members,
             last_sweep: tokio::sync::Mutex::new(None),
+            client,
         }
     }
 }
@@ -181,22 +188,22 @@ fn peers_to_ask(app: &HttpApp) -> Vec<MemberSpec> {
 
 /// A peer's `/status` within [`PEER_TIMEOUT`], or why not (the page shows it as down).
 async fn ask_status(app: &HttpApp, addr: &str) -> Result<serde_json::Value, String> {
-    if app.speaks_tls() {
-        // Its peers serve HTTPS too, and this node has no client certificate store for them
-        // (placement makes the same choice, refusing K > 1 with HTTPS).
+    if app.speaks_tls() && !app.ui.client.speaks_tls() {
+        // Its peers serve HTTPS too, and without `[http] member_ca_file` there is nothing to
+        // verify their certificates against.
         return Err(
-            "not asked: peers are asked over plain HTTP, and this fleet serves HTTPS".into(),
+            "not asked: this fleet serves HTTPS and [http] member_ca_file is not set".into(),
         );
     }
-    match tokio::time::timeout(PEER_TIMEOUT, get_status(addr)).await {
+    match tokio::time::timeout(PEER_TIMEOUT, get_status(&app.ui.client, addr)).await {
         Ok(answer) => answer,
         Err(_) => Err(format!("no answer within {} ms", PEER_TIMEOUT.as_millis())),
     }
 }
 
 /// One `GET /status` (at most [`MAX_PEER_ANSWER_BYTES`]), the member's JSON.
-async fn get_status(addr: &str) -> Result<serde_json::Value, String> {
-    let answer = get_from_member(addr, "/status", MAX_PEER_ANSWER_BYTES).await?;
+async fn get_status(client: &MemberClient, addr: &str) -> Result<serde_json::Value, String> {
+    let answer = client.get(addr, "/status", MAX_PEER_ANSWER_BYTES).await?;
     if answer.code != 200 {
         return Err(format!("answered {}", answer.status_line));
     }
@@ -249,7 +256,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 34\r\n\r\n{\"node_id\":\"n2\",\"role\":\"leader\"}\r\n",
         )
         .await;
-        let status = get_status(&addr).await.unwrap();
+        let status = get_status(&MemberClient::default(), &addr).await.unwrap();
         assert_eq!(status["role"], "leader");
     }
 
@@ -257,12 +264,14 @@ mod tests {
     async fn a_peer_that_refuses_or_is_gone_is_down_with_the_reason() {
         let addr =
             peer_answering(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").await;
-        let why = get_status(&addr).await.unwrap_err();
+        let why = get_status(&MemberClient::default(), &addr)
+            .await
+            .unwrap_err();
         assert_eq!(why, "answered HTTP/1.1 503 Service Unavailable");
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let gone = closed.local_addr().unwrap().to_string();
         drop(closed);
-        assert!(get_status(&gone)
+        assert!(get_status(&MemberClient::default(), &gone)
             .await
             .unwrap_err()
             .starts_with("connect: "));

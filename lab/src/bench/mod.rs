@@ -44,6 +44,7 @@ pub(crate) fn bench_fleet_spec(
         lease_ttl_ms,
         node_args: Vec::new(),
         shards: 1,
+        resource_standby: None,
     })
 }
 

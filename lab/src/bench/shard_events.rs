@@ -106,6 +106,9 @@ pub async fn run(args: ShardEventsArgs) -> anyhow::Result<ShardEventsReport> {
         None,
     )?;
     spec.shards = args.shards;
+    if args.config.is_none() {
+        spec.base_config = fleet::default_base_config_for(args.backend, args.shards);
+    }
     spec.fencing = args.fencing;
     let mut state = fleet::up(&spec).await.context("starting the fleet")?;
     let outcome = experiment(&args, &mut state).await;

@@ -21,7 +21,7 @@ use baton::config::parse_duration_ms;
 
 #[derive(Args, Clone)]
 pub struct ShardsArgs {
-    /// A lease backend (sharded raft is not built).
+    /// Any backend (raft with K > 1 and no --config runs on config/raft-shards.toml).
     #[arg(long, default_value = "etcd")]
     pub backend: BackendKind,
     #[arg(long, default_value_t = 3)]
@@ -42,7 +42,8 @@ pub struct ShardsArgs {
     /// Load generator threads (default: half the cores, at least 1).
     #[arg(long)]
     pub load_threads: Option<usize>,
-    /// Base node config; defaults to config/<backend>.toml.
+    /// Base node config; defaults to config/<backend>.toml (config/raft-shards.toml for raft
+    /// with K > 1).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Fleet directory (scratch).
@@ -113,6 +114,9 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
             None,
         )?;
         spec.shards = k;
+        if args.config.is_none() {
+            spec.base_config = fleet::default_base_config_for(args.backend, k);
+        }
         let state = fleet::up(&spec)
             .await
             .with_context(|| format!("starting a fleet of {k} shards"))?;

@@ -70,6 +70,42 @@ pub async fn kill_leader_report(state: &FleetState) -> anyhow::Result<FaultRepor
     })
 }
 
+// ---------------------------------------------------------------- pg-promote
+
+/// `kill -9` of the fenced resource's PostgreSQL primary, then `pg_ctl promote` of its standby
+/// (`fleet up --resource-standby`). The old primary is not brought back: the promoted standby
+/// becomes the fleet's `postgres` in its state file (so the fleet's tools and checkers read the
+/// new primary), and the fleet has no standby until it is started again.
+pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
+    let Some(standby) = state.postgres_standby.clone() else {
+        bail!("pg-promote needs a fleet started with --resource-standby");
+    };
+    let primary = state.postgres.clone();
+    let (killed, applied, promoted) = tokio::task::spawn_blocking(move || {
+        let killed = primary.kill9()?;
+        let applied = monotonic_ns();
+        standby.promote()?;
+        anyhow::Ok((killed, applied, monotonic_ns()))
+    })
+    .await??;
+    let old_port = state.postgres.port;
+    state.postgres = state.postgres_standby.take().expect("checked above");
+    state.save()?;
+    Ok(FaultReport {
+        fault: "pg-promote".into(),
+        node: format!("postgres:{old_port}"),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: promoted,
+        verified: true,
+        detail: format!(
+            "SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now",
+            killed.len(),
+            state.postgres.port,
+            (promoted - applied) as f64 / 1e6
+        ),
+    })
+}
+
 // ---------------------------------------------------------------- partition
 
 /// One DROP target: a host, or only one TCP port of it (PostgreSQL shares the gateway address

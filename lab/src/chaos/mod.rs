@@ -7,6 +7,7 @@
 //! | [`partition_leader`] | DROP to/from the election address (raft: the peers' addresses) in the leader's namespace | TCP connects from its namespace to the backend time out, to PostgreSQL connect; clients still reach it | rules removed; the backend connects again |
 //! | [`pause_leader`] | SIGSTOP / SIGCONT of the leader's pid | `/proc/<pid>/stat` state `T` | SIGCONT; state no longer `T` |
 //! | [`skew_node`] | `clock_skew_ms` / `clock_drift` in its `config.toml`, restart | its `/status` answers | (set it back with another `skew`) |
+//! | [`pg_promote`] | `kill -9` of the resource's PostgreSQL primary, `pg_ctl promote` of its standby (`fleet up --resource-standby`) | the primary's processes are gone; promote returned | (not undone: the promoted standby is the fleet's `postgres` from then on) |
 //!
 //! Partition and pause are undone by guards, also on error, panic or a dropped future (Ctrl-C in
 //! the CLI); `baton chaos heal --dir D` removes every baton rule from the fleet's namespaces and
@@ -31,7 +32,8 @@ use clap::{Args, Subcommand};
 
 pub use faults::{
     heal_all, kill_leader, kill_leader_report, partition_leader, partition_leader_from,
-    partition_node, pause_leader, pause_node, skew_node, skew_node_report, CutTarget, FaultReport,
+    partition_node, pause_leader, pause_node, pg_promote, skew_node, skew_node_report, CutTarget,
+    FaultReport,
 };
 pub use netns::NetnsFleet;
 
@@ -81,6 +83,12 @@ pub enum ChaosCmd {
         /// Clock rate error, e.g. 0.01 (1 % fast), -0.01 (slow).
         #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
         drift: f64,
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+    /// kill -9 the fenced resource's PostgreSQL primary and promote its standby (a fleet
+    /// started with `--resource-standby`); the promoted standby is the fleet's from then on.
+    PgPromote {
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -172,6 +180,12 @@ pub async fn cli_main(args: ChaosArgs) -> anyhow::Result<()> {
             let mut state = FleetState::load(&dir)?;
             let r = skew_node_report(&mut state, &node, skew_ms, drift).await?;
             println!("skew: {} — {}", r.node, r.detail);
+            print_report(&r)
+        }
+        ChaosCmd::PgPromote { dir } => {
+            let mut state = FleetState::load(&dir)?;
+            let r = pg_promote(&mut state).await?;
+            println!("pg-promote: {}", r.detail);
             print_report(&r)
         }
         ChaosCmd::Heal { dir } => {

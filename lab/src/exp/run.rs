@@ -391,6 +391,7 @@ pub async fn run_one(
         lease_ttl_ms: Some(cfg.lease_ttl_ms),
         node_args: Vec::new(),
         shards: 1,
+        resource_standby: None,
     };
     let up = if spec.netns {
         fleet::up_netns(&fspec).await

@@ -96,6 +96,10 @@ pub struct FleetState {
     pub backend: BackendKind,
     pub fencing: Fencing,
     pub postgres: PgServer,
+    /// The resource's streaming standby (`fleet up --resource-standby`), promoted by hand or by
+    /// the `pg-promote` fault.
+    #[serde(default)]
+    pub postgres_standby: Option<PgServer>,
     pub etcd: Option<EtcdCluster>,
     /// The private Redis of the `redis` / `redis-naive` backends (no persistence).
     #[serde(default)]
@@ -126,6 +130,20 @@ pub struct FleetSpec {
     pub node_args: Vec<String>,
     /// K shards (`[shards] count`); with K > 1 every node's config lists the fleet as members.
     pub shards: u32,
+    /// A streaming standby of the fenced resource's PostgreSQL (`--resource-standby`); the
+    /// nodes' resource and pg-lease URLs name both servers and ask for the writable one.
+    pub resource_standby: Option<StandbyMode>,
+}
+
+/// How the fenced resource's standby replicates (`baton fleet up --resource-standby`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+pub enum StandbyMode {
+    /// A commit is acknowledged before the standby has it: a promotion can lose acknowledged
+    /// IDs and the fence's own `max_token` (FINDINGS §15).
+    Async,
+    /// `synchronous_standby_names = '*'`, `synchronous_commit = on`: a commit is on the
+    /// standby's disk before its client hears of it.
+    Sync,
 }
 
 impl FleetState {
@@ -300,6 +318,9 @@ impl FleetState {
         if let Some(zk) = &self.zk {
             zk.stop();
         }
+        if let Some(standby) = &self.postgres_standby {
+            standby.stop();
+        }
         self.postgres.stop();
         if let Some(net) = &self.netns {
             let left = net.teardown();
@@ -369,6 +390,19 @@ pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// [`default_base_config`] for a fleet of `shards` shards: sharded raft runs on
+/// `config/raft-shards.toml` (shard leases of 3 s renewed every second, as on the lease
+/// backends, so a raft leader change does not outlast them), everything else as without shards.
+pub fn default_base_config_for(backend: BackendKind, shards: u32) -> Option<PathBuf> {
+    if backend == BackendKind::Raft && shards > 1 {
+        let p = crate::repo_path("config/raft-shards.toml");
+        if p.exists() {
+            return Some(p);
+        }
+    }
+    default_base_config(backend)
+}
+
 /// Makes `dir` ready for a fresh fleet: absent or empty is fine; a stopped fleet's directory is
 /// wiped (its servers stopped, should any have survived); a running fleet, or a directory that is
 /// not a fleet's, is refused, so a scratch `--dir` typo never deletes someone's files.
@@ -400,6 +434,33 @@ pub fn prepare_scratch_dir(dir: &Path) -> anyhow::Result<()> {
     fs::remove_dir_all(dir).with_context(|| format!("wiping {}", dir.display()))
 }
 
+/// The resource's standby, when `spec` asks for one; warns when it is asynchronous (the
+/// guarantees do not survive its promotion, FINDINGS §15).
+async fn start_standby(
+    spec: &FleetSpec,
+    dir: &Path,
+    primary: &PgServer,
+) -> anyhow::Result<Option<PgServer>> {
+    let Some(mode) = spec.resource_standby else {
+        return Ok(None);
+    };
+    if mode == StandbyMode::Async {
+        eprintln!(
+            "warning: the fenced resource's standby is asynchronous: promoting it can lose acknowledged IDs and the fence's own max_token (README, \"What is guaranteed\"; FINDINGS §15); use --resource-standby sync for the guarantees to survive a failover of the resource"
+        );
+    }
+    let (primary, root, port) = (
+        primary.clone(),
+        dir.join("postgres-standby"),
+        free_ports(1)?[0],
+    );
+    let standby = tokio::task::spawn_blocking(move || {
+        primary.start_standby(&root, port, mode == StandbyMode::Sync)
+    })
+    .await??;
+    Ok(Some(standby))
+}
+
 /// The body of [`up`]: servers, then nodes, recording each in the fleet's state file.
 async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<FleetState> {
     let dir = dir.to_path_buf();
@@ -413,7 +474,17 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     if let Some(ttl) = spec.lease_ttl_ms {
         base.lease_ttl_ms = ttl;
     }
-    base.validate().context("fleet node config")?;
+    // Checked as the nodes will run it: with its shard count (sharded raft's leases are
+    // judged otherwise than one raft leader's), members filled in below.
+    let mut check = base.clone();
+    if spec.shards > 1 {
+        check.shards.count = spec.shards;
+        check.shards.members = vec![baton::config::MemberSpec {
+            id: check.node_id.clone(),
+            addr: check.http_listen.to_string(),
+        }];
+    }
+    check.validate().context("fleet node config")?;
     // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
     let mut net = crate::chaos::netns::NetnsGuard::new(
         &dir,
@@ -427,24 +498,40 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     let pg_port = free_ports(1)?[0];
     let pg_root = dir.join("postgres");
     let pg_listen = net.pg_listen();
+    if netns && spec.resource_standby.is_some() {
+        anyhow::bail!("--resource-standby is not offered with --netns yet");
+    }
     let postgres =
         tokio::task::spawn_blocking(move || PgServer::start_on(&pg_root, pg_port, &pg_listen))
             .await??;
-    // From here on, a failure stops what was already started.
-    let servers = start_backend_servers(spec, &dir, &base, &postgres, net.election_ip()).await;
-    let (etcd, redis, zk) = match servers {
+    let standby = match start_standby(spec, &dir, &postgres).await {
         Ok(s) => s,
         Err(e) => {
             postgres.stop();
             return Err(e);
         }
     };
+    let stop_pg = || {
+        standby.iter().for_each(PgServer::stop);
+        postgres.stop();
+    };
+    // From here on, a failure stops what was already started.
+    let servers = start_backend_servers(spec, &dir, &base, &postgres, net.election_ip()).await;
+    let (etcd, redis, zk) = match servers {
+        Ok(s) => s,
+        Err(e) => {
+            stop_pg();
+            return Err(e);
+        }
+    };
     if let Err(e) = net.attach_servers(redis.as_ref(), zk.as_ref()) {
         redis.iter().for_each(RedisServer::stop);
         zk.iter().for_each(ZkEnsemble::stop);
-        postgres.stop();
+        stop_pg();
         return Err(e);
     }
+    // With a standby every URL names both servers and asks for the writable one.
+    let pg_pair: Vec<&PgServer> = std::iter::once(&postgres).chain(&standby).collect();
 
     let ports = free_ports(spec.nodes)?;
     // Raft peer RPC has its own listener per node, never the client port.
@@ -468,6 +555,10 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         cfg.state_dir = node_dir.clone();
         // Each node writes as its own database role, so the fence's holder is who logged in.
         cfg.resource.database_url = postgres.node_role_url(&id).await?;
+        if standby.is_some() {
+            let role = baton::work::fence::node_role(&id);
+            cfg.resource.database_url = PgServer::multi_host_url(&pg_pair, &role)?;
+        }
         cfg.admin_token = Some(admin_token.clone().into());
         if let Some(e) = &etcd {
             cfg.etcd.endpoints = e.endpoints();
@@ -506,7 +597,11 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         }
         if spec.backend == BackendKind::PgLease {
             // Its own role and schema: lease credentials cannot reach the fenced resource.
-            cfg.pg_lease.database_url = postgres.lease_url();
+            cfg.pg_lease.database_url = if standby.is_some() {
+                PgServer::multi_host_url(&pg_pair, baton::backends::pg_lease::LEASE_ROLE)?
+            } else {
+                postgres.lease_url()
+            };
         }
         if let Some(n) = net.get() {
             let (e, r, z) = (etcd.as_ref(), redis.as_ref(), zk.as_ref());
@@ -538,6 +633,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         backend: spec.backend,
         fencing: spec.fencing,
         postgres,
+        postgres_standby: standby,
         etcd,
         redis,
         zk,

@@ -632,6 +632,172 @@ impl PgServer {
             stop_pid(pid, libc::SIGINT, Duration::from_secs(10));
         }
     }
+
+    /// A streaming standby of this (running) server in `root`, listening on `port`: a base
+    /// backup taken over the primary's Unix socket (the postgres OS user, peer auth), started in
+    /// recovery, streaming from the primary. With `sync`, the primary then waits for it on every
+    /// commit (`synchronous_standby_names = '*'`, `synchronous_commit = on`: the commit is on
+    /// the standby's disk before the client hears of it). Returns once the primary reports the
+    /// standby streaming (and, with `sync`, as the synchronous one).
+    pub fn start_standby(
+        &self,
+        root: &Path,
+        port: u16,
+        sync: bool,
+    ) -> Result<PgServer, ServerError> {
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |e| ServerError::Io(what, e)
+        };
+        let standby = PgServer {
+            port,
+            root: root.to_owned(),
+            bin_dir: self.bin_dir.clone(),
+        };
+        fs::create_dir_all(root.join("sock")).map_err(io("standby dir"))?;
+        open_up(root)?;
+        // The same roles and passwords: the standby is a copy of the primary.
+        let secrets = root.join("secrets");
+        fs::create_dir_all(&secrets).map_err(io("standby secrets"))?;
+        for entry in fs::read_dir(self.root.join("secrets")).map_err(io("primary secrets"))? {
+            let entry = entry.map_err(io("primary secrets"))?;
+            fs::copy(entry.path(), secrets.join(entry.file_name())).map_err(io("copy secret"))?;
+        }
+        chown_to_postgres(root)?;
+        let out = self
+            .as_postgres("pg_basebackup")
+            .arg("-h")
+            .arg(self.root.join("sock"))
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+            ])
+            // A fast checkpoint: the default spreads it over minutes.
+            .args(["--checkpoint=fast", "-D"])
+            .arg(standby.data_dir())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("pg_basebackup"))?;
+        if !out.status.success() {
+            return Err(ServerError::Failed {
+                what: "pg_basebackup".into(),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        // The copied settings name the primary's port and socket: the standby's own instead,
+        // keeping the primary_conninfo that -R appended.
+        let auto = standby.data_dir().join("postgresql.auto.conf");
+        let conf = fs::read_to_string(&auto).map_err(io("standby postgresql.auto.conf"))?;
+        let own: String = conf
+            .lines()
+            .map(|l| {
+                if l.starts_with("port =") {
+                    format!("port = {port}")
+                } else if l.starts_with("unix_socket_directories =") {
+                    format!(
+                        "unix_socket_directories = '{}'",
+                        root.join("sock").display()
+                    )
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        fs::write(&auto, own + "\n").map_err(io("standby postgresql.auto.conf"))?;
+        chown_to_postgres(root)?;
+        let log = root.join("postgres.log");
+        let out = standby
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(standby.data_dir())
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60", "start"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("pg_ctl start (standby)"))?;
+        if !out.status.success() {
+            return Err(ServerError::Failed {
+                what: "pg_ctl start (standby)".into(),
+                detail: format!(
+                    "{}{} (last lines of {}:\n{})",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr),
+                    log.display(),
+                    log_tail(&log, 12)
+                ),
+            });
+        }
+        if sync {
+            self.psql(
+                "postgres",
+                "ALTER SYSTEM SET synchronous_standby_names = '*'; \
+                 ALTER SYSTEM SET synchronous_commit = 'on'; SELECT pg_reload_conf();",
+            )?;
+        }
+        let wanted = if sync { "sync" } else { "async" };
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let state = self.psql(
+                "postgres",
+                "SELECT state || ' ' || sync_state FROM pg_stat_replication",
+            )?;
+            if state.trim() == format!("streaming {wanted}") {
+                return Ok(standby);
+            }
+            if Instant::now() > until {
+                return Err(ServerError::Failed {
+                    what: "standby".into(),
+                    detail: format!("not streaming ({wanted}) within 30 s: {state:?}"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Promotes this standby to primary (`pg_ctl promote`, waiting until it accepts writes).
+    pub fn promote(&self) -> Result<(), ServerError> {
+        let out = self
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(self.data_dir())
+            .args(["-w", "-t", "60", "promote"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| ServerError::Io("pg_ctl promote".into(), e))?;
+        if !out.status.success() {
+            return Err(ServerError::Failed {
+                what: "pg_ctl promote".into(),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A URL for `role` that names every server in `servers` (`host1:p1,host2:p2`) and asks for
+    /// the one that accepts writes (`target_session_attrs=read-write`): clients find a promoted
+    /// standby by themselves.
+    pub fn multi_host_url(servers: &[&PgServer], role: &str) -> Result<String, ServerError> {
+        let first = servers.first().ok_or(ServerError::Failed {
+            what: "multi-host URL".into(),
+            detail: "no server".into(),
+        })?;
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        Ok(format!(
+            "postgres://{role}:{}@{}/baton?target_session_attrs=read-write",
+            first.password(role)?,
+            hosts.join(",")
+        ))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -70,6 +70,13 @@
 //! measured runs are in experiments/FINDINGS.md §1). Lowering `L` further lowers failover but shortens nothing else:
 //! the lease a leader may act on is capped by `election_timeout_min`, not by `L`.
 //!
+//! # Sharded (`[shards] count` > 1)
+//!
+//! K = 1 is everything above: the raft leader is the one leader. At K > 1 the same raft group
+//! (one per fleet) also replicates a shard lease table, and each shard's elector is a client of
+//! it as pg-lease's are clients of their rows: see [`shards`]. `campaign`/`renew` of this type
+//! are then unused; the raft member runs for the table.
+//!
 //! # Where raft differs from the lease backends
 //!
 //! * Leadership is raft's, not the caller's: a node leads because a quorum elected it, whether or
@@ -120,6 +127,7 @@ pub mod faults;
 pub mod network;
 mod prompt;
 pub mod server;
+pub mod shards;
 pub mod storage;
 pub mod types;
 
@@ -184,11 +192,13 @@ fn spawn_peer_server(
     shared: &Arc<Shared>,
     listener: tokio::net::TcpListener,
     peers: &[crate::config::PeerSpec],
+    shards: Option<Arc<shards::LeaseServer>>,
 ) -> tokio::sync::oneshot::Sender<()> {
     let rpc = RaftPeerRpc {
         source: shared.clone(),
         faults: shared.faults.clone(),
         contact: shared.contact.clone(),
+        shards,
     };
     let members = peers.iter().map(|p| p.id.clone()).collect();
     let service = PeerService::new(
@@ -208,6 +218,8 @@ fn spawn_peer_server(
 /// The raft backend. See the module docs.
 pub struct RaftElector {
     shared: Arc<Shared>,
+    /// The shard lease table's server (K > 1, see [`shards`]); `None` at K = 1.
+    lease: Option<Arc<shards::LeaseServer>>,
     /// Where the peer listener is bound (the configured address, resolved if it was port 0).
     peer_addr: SocketAddr,
     /// Dropping it stops the peer listener.
@@ -271,6 +283,25 @@ impl RaftElector {
     /// Opens the store in `<state_dir>/raft/`, binds the authenticated peer listener (see
     /// [`server`]) and starts raft. The listener stops when the elector is dropped.
     pub async fn start(cfg: &NodeConfig) -> ElectorResult<RaftElector> {
+        RaftElector::start_with(cfg, None).await
+    }
+
+    /// [`RaftElector::start`] for a sharded node (K > 1): the same raft member, whose peer
+    /// listener also serves the shard lease table ([`shards`]) with leases of `shard_ttl`, each
+    /// raft round of its requests bounded by `bound`. The raft leader's own lease (what
+    /// `campaign` and `renew` grant) is not used at K > 1, so its bound is not checked.
+    pub(crate) async fn start_sharded(
+        cfg: &NodeConfig,
+        shard_ttl: Duration,
+        bound: Duration,
+    ) -> ElectorResult<RaftElector> {
+        RaftElector::start_with(cfg, Some((shard_ttl, bound))).await
+    }
+
+    async fn start_with(
+        cfg: &NodeConfig,
+        sharded: Option<(Duration, Duration)>,
+    ) -> ElectorResult<RaftElector> {
         let peers = PeerMap::new(&cfg.raft.peers).map_err(ElectorError::Config)?;
         let me = peers.raft_id(&cfg.node_id).ok_or_else(|| {
             ElectorError::Config(format!(
@@ -296,15 +327,17 @@ impl RaftElector {
             )));
         }
         let lease_ttl = lease_bound(cfg)?;
-        if lease_ttl.as_millis() < u128::from(cfg.lease_ttl_ms) {
-            tracing::info!(
-                configured_ms = cfg.lease_ttl_ms,
-                granted_ms = lease_ttl.as_millis() as u64,
-                "raft: lease_ttl capped at the minimum election timeout (an isolated leader must self-fence before a rival can win)"
-            );
+        if sharded.is_none() {
+            if lease_ttl.as_millis() < u128::from(cfg.lease_ttl_ms) {
+                tracing::info!(
+                    configured_ms = cfg.lease_ttl_ms,
+                    granted_ms = lease_ttl.as_millis() as u64,
+                    "raft: lease_ttl capped at the minimum election timeout (an isolated leader must self-fence before a rival can win)"
+                );
+            }
+            cfg.check_usable_lease(lease_ttl)
+                .map_err(|e| ElectorError::Config(e.to_string()))?;
         }
-        cfg.check_usable_lease(lease_ttl)
-            .map_err(|e| ElectorError::Config(e.to_string()))?;
         let config = openraft::Config {
             cluster_name: "baton".into(),
             election_timeout_min: emin,
@@ -356,10 +389,20 @@ impl RaftElector {
             election_max: Duration::from_millis(emax),
             contact: Default::default(),
         });
-        let peer_stop = spawn_peer_server(&shared, listener, &cfg.raft.peers);
+        let lease = sharded.map(|(ttl, bound)| {
+            Arc::new(shards::LeaseServer::new(
+                shared.clone(),
+                shared.sm.clone(),
+                me,
+                ttl,
+                bound,
+            ))
+        });
+        let peer_stop = spawn_peer_server(&shared, listener, &cfg.raft.peers, lease.clone());
         tracing::info!(node = %cfg.node_id, %peer_addr, "raft peer listener up (authenticated)");
         let elector = RaftElector {
             shared,
+            lease,
             peer_addr,
             _peer_stop: peer_stop,
         };

@@ -45,7 +45,14 @@ use crate::backends::{count_request, BackendKind};
 pub use super::auth::FROM_HEADER;
 
 /// The peer methods a listener serves.
-pub const PEER_METHODS: [&str; 5] = ["append", "vote", "pre_vote", "snapshot", "transfer_leader"];
+pub const PEER_METHODS: [&str; 6] = [
+    "append",
+    "vote",
+    "pre_vote",
+    "snapshot",
+    "transfer_leader",
+    "shard",
+];
 
 /// The highest term a peer message may carry: one more election must still fit an `i64` token.
 pub const MAX_TERM: u64 = (i64::MAX - 1) as u64;
@@ -68,6 +75,10 @@ pub enum PeerRpcError {
 pub(crate) struct SnapshotMsg {
     pub vote: Vote,
     pub meta: SnapshotMeta,
+    /// The state machine's payload: the shard lease table as JSON text (K > 1; empty at
+    /// K = 1, and absent from a sender that predates shards).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data: String,
 }
 
 /// openraft's network factory: one signed, fault-aware [`PeerConn`] per target member.
@@ -138,43 +149,67 @@ impl PeerConn {
         // Raft's "backend requests" are its peer RPCs: votes per election (no herd: one
         // candidate asks N - 1 peers), appends as its lease upkeep.
         count_request(BackendKind::Raft, method);
-        if self.faults.isolated() {
-            // Dropped on the floor: the caller learns nothing until its deadline passes.
-            tokio::time::sleep(ttl).await;
-            return Err(format!(
-                "{method} to {} dropped (isolate-peers fault)",
-                self.addr
-            ));
-        }
         let body = serde_json::to_vec(req).map_err(|e| format!("encode {method}: {e}"))?;
-        let path = format!("/peer/{method}");
-        let ts_ms = now_unix_ms();
-        let mac = self.auth.sign("POST", &path, &self.from, ts_ms, &body);
-        let ts_text = ts_ms.to_string();
-        let headers = [
-            (FROM_HEADER, self.from.as_str()),
-            (TS_HEADER, ts_text.as_str()),
-            (MAC_HEADER, mac.as_str()),
-            ("content-type", "application/json"),
-        ];
-        let send = self
-            .client
-            .post(&self.addr, &path, &headers, Bytes::from(body));
-        let reply = match tokio::time::timeout(ttl, send).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(format!("{method} to {} timed out after {ttl:?}", self.addr)),
-        };
-        if reply.status != StatusCode::OK {
-            return Err(format!(
-                "{method} to {}: {} {}",
-                self.addr,
-                reply.status,
-                String::from_utf8_lossy(&reply.body)
-            ));
-        }
-        serde_json::from_slice(&reply.body).map_err(|e| format!("decode {method} answer: {e}"))
+        let reply = signed_post(
+            &self.client,
+            &self.auth,
+            &self.faults,
+            &self.from,
+            &self.addr,
+            method,
+            body,
+            ttl,
+        )
+        .await?;
+        serde_json::from_slice(&reply).map_err(|e| format!("decode {method} answer: {e}"))
     }
+}
+
+/// One signed `POST /peer/<method>` from member `from` to the peer listener at `addr`, bounded
+/// by `ttl`: the answer's body when it is `200`, else why not. Honours the `isolate-peers`
+/// fault (the request is dropped: the caller learns nothing until `ttl` has passed). Raft's own
+/// RPCs and the shard lease table's requests ([`super::shards`]) both go through here, so
+/// every peer request is authenticated the same way.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn signed_post(
+    client: &PeerClient,
+    auth: &PeerAuth,
+    faults: &PeerFaults,
+    from: &str,
+    addr: &str,
+    method: &str,
+    body: Vec<u8>,
+    ttl: Duration,
+) -> Result<Bytes, String> {
+    if faults.isolated() {
+        // Dropped on the floor: the caller learns nothing until its deadline passes.
+        tokio::time::sleep(ttl).await;
+        return Err(format!("{method} to {addr} dropped (isolate-peers fault)"));
+    }
+    let path = format!("/peer/{method}");
+    let ts_ms = now_unix_ms();
+    let mac = auth.sign("POST", &path, from, ts_ms, &body);
+    let ts_text = ts_ms.to_string();
+    let headers = [
+        (FROM_HEADER, from),
+        (TS_HEADER, ts_text.as_str()),
+        (MAC_HEADER, mac.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let send = client.post(addr, &path, &headers, Bytes::from(body));
+    let reply = match tokio::time::timeout(ttl, send).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(format!("{method} to {addr} timed out after {ttl:?}")),
+    };
+    if reply.status != StatusCode::OK {
+        return Err(format!(
+            "{method} to {addr}: {} {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
+        ));
+    }
+    Ok(reply.body)
 }
 
 fn unreachable(e: String) -> RPCError<TypeConfig> {
@@ -224,6 +259,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         let msg = SnapshotMsg {
             vote,
             meta: snapshot.meta,
+            data: String::from_utf8(snapshot.snapshot).unwrap_or_default(),
         };
         tokio::select! {
             closed = cancel => Err(StreamingError::Closed(closed)),
@@ -256,6 +292,8 @@ pub(crate) struct RaftPeerRpc {
     pub(crate) faults: Arc<PeerFaults>,
     /// Noted on every append this node accepted from a leader (see [`super::prompt`]).
     pub(crate) contact: Arc<super::prompt::LeaderContact>,
+    /// The shard lease table's leader side (K > 1); `None` refuses `shard` requests.
+    pub(crate) shards: Option<Arc<super::shards::LeaseServer>>,
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, PeerRpcError> {
@@ -292,6 +330,14 @@ impl RaftPeerRpc {
             return Err(PeerRpcError::Failed(
                 "peer traffic refused (isolate-peers fault)".into(),
             ));
+        }
+        if method == "shard" {
+            return match &self.shards {
+                Some(server) => server.handle_rpc(&body).await,
+                None => Err(PeerRpcError::Failed(
+                    "this node runs one shard ([shards] count = 1): no shard lease table".into(),
+                )),
+            };
         }
         let raft = self
             .source
@@ -330,7 +376,7 @@ impl RaftPeerRpc {
                 check_term(&msg.vote)?;
                 let snap = Snapshot {
                     meta: msg.meta,
-                    snapshot: Vec::new(),
+                    snapshot: msg.data.into_bytes(),
                 };
                 encode(
                     &raft

@@ -7,9 +7,13 @@
 //!   fsync'ed per call and replayed on open. A torn last line (a crash mid-write) is cut off.
 //!   Rewritten compactly (atomically) when dead operations dominate, so it stays small.
 //! * `snapshot.json` — the state machine: the last applied log id and membership at the last
-//!   snapshot. The log is purged only up to a snapshot, so log + snapshot always cover everything.
+//!   snapshot, and (K > 1) the shard lease table as it was then. The log is purged only up to a
+//!   snapshot, so log + snapshot always cover everything. A `snapshot.json` written before
+//!   shards existed (the meta alone) still opens, with an empty table.
 //!
-//! The state machine itself stores nothing else: leadership is the product, not data.
+//! At K = 1 the state machine stores nothing else: leadership is the product, not data. At
+//! K > 1 it also holds the shard lease table ([`super::shards`]): who holds each shard, at
+//! which epoch (the shard's fencing token).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -24,6 +28,7 @@ use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMach
 use openraft::{LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 
+use super::shards::{LeaseTable, Leases, ShardOutcome};
 use super::types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig, Vote,
 };
@@ -307,23 +312,84 @@ struct SmInner {
     dir: PathBuf,
     last_applied: Option<LogId>,
     membership: StoredMembership,
-    snapshot: Option<SnapshotMeta>,
+    /// The newest snapshot: its meta and its payload (the table as it was then).
+    snapshot: Option<(SnapshotMeta, SnapshotData)>,
+    /// The shard lease table (empty at K = 1) and this node's own clocks for it.
+    leases: Leases,
 }
 
-/// The trivial state machine: it remembers only what it last applied and the membership.
+/// `snapshot.json`: the meta and the shard lease table. A file written before shards existed
+/// holds the meta alone (read with an empty table).
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    meta: SnapshotMeta,
+    #[serde(default)]
+    table: LeaseTable,
+}
+
+/// Reads `snapshot.json` in either layout. Each is parsed straight from the bytes (not through
+/// `#[serde(untagged)]`, whose buffering cannot read the membership's numeric map keys).
+fn read_snapshot_file(path: &Path) -> io::Result<Option<SnapshotFile>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if let Ok(file) = serde_json::from_slice::<SnapshotFile>(&bytes) {
+        return Ok(Some(file));
+    }
+    match serde_json::from_slice::<SnapshotMeta>(&bytes) {
+        Ok(meta) => Ok(Some(SnapshotFile {
+            meta,
+            table: LeaseTable::default(),
+        })),
+        Err(e) => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )),
+    }
+}
+
+/// The state machine: what it last applied, the membership, and the shard lease table.
 #[derive(Clone)]
 pub struct StateMachine {
     inner: Arc<Mutex<SmInner>>,
+}
+
+fn table_bytes(table: &LeaseTable) -> io::Result<SnapshotData> {
+    if table.is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::to_vec(table).map_err(io::Error::other)
+}
+
+fn table_from(bytes: &[u8]) -> io::Result<LeaseTable> {
+    if bytes.is_empty() {
+        return Ok(LeaseTable::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("snapshot's shard table: {e}"),
+        )
+    })
 }
 
 impl StateMachine {
     /// Opens (creating if needed) the state machine's files in `dir`.
     pub fn open(dir: &Path) -> io::Result<StateMachine> {
         fs::create_dir_all(dir)?;
-        let snapshot: Option<SnapshotMeta> = read_json(&dir.join("snapshot.json"))?;
-        let (last_applied, membership) = match &snapshot {
+        let (meta, table) = match read_snapshot_file(&dir.join("snapshot.json"))? {
+            Some(f) => (Some(f.meta), f.table),
+            None => (None, LeaseTable::default()),
+        };
+        let (last_applied, membership) = match &meta {
             Some(m) => (m.last_log_id, m.last_membership.clone()),
             None => (None, StoredMembership::default()),
+        };
+        let snapshot = match meta {
+            Some(m) => Some((m, table_bytes(&table)?)),
+            None => None,
         };
         Ok(StateMachine {
             inner: Arc::new(Mutex::new(SmInner {
@@ -331,15 +397,26 @@ impl StateMachine {
                 last_applied,
                 membership,
                 snapshot,
+                leases: Leases::restored(table, std::time::Instant::now()),
             })),
         })
     }
 
-    fn persist_snapshot(g: &mut SmInner, meta: SnapshotMeta) -> io::Result<()> {
-        let bytes = serde_json::to_vec(&meta).map_err(io::Error::other)?;
+    fn persist_snapshot(g: &mut SmInner, meta: SnapshotMeta, data: SnapshotData) -> io::Result<()> {
+        let file = SnapshotFile {
+            meta: meta.clone(),
+            table: table_from(&data)?,
+        };
+        let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
         write_atomic(&g.dir, "snapshot.json", &bytes)?;
-        g.snapshot = Some(meta);
+        g.snapshot = Some((meta, data));
         Ok(())
+    }
+
+    /// Runs `f` on the shard lease table under the state machine's lock (what apply holds), so
+    /// a judgement made in `f` sees every entry applied so far and none half-applied.
+    pub(crate) fn with_leases<T>(&self, f: impl FnOnce(&mut Leases) -> T) -> T {
+        f(&mut lock(&self.inner).leases)
     }
 }
 
@@ -352,10 +429,11 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             last_log_id: g.last_applied,
             last_membership: g.membership.clone(),
         };
-        Self::persist_snapshot(&mut g, meta.clone())?;
+        let data = table_bytes(g.leases.table())?;
+        Self::persist_snapshot(&mut g, meta.clone(), data.clone())?;
         Ok(Snapshot {
             meta,
-            snapshot: Vec::new(),
+            snapshot: data,
         })
     }
 }
@@ -375,15 +453,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
-            {
+            let outcome = {
                 let mut g = lock(&self.inner);
                 if let Some(m) = openraft::entry::RaftEntry::get_membership(&entry) {
                     g.membership = StoredMembership::new(Some(entry.log_id), m);
                 }
                 g.last_applied = Some(entry.log_id);
-            }
+                match &entry.payload {
+                    openraft::EntryPayload::Normal(cmd) => g.leases.apply(
+                        cmd,
+                        entry.log_id.committed_leader_id().term,
+                        std::time::Instant::now(),
+                    ),
+                    _ => ShardOutcome::None,
+                }
+            };
             if let Some(r) = responder {
-                r.send(String::new());
+                r.send(outcome);
             }
         }
         Ok(())
@@ -396,19 +482,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        _snapshot: SnapshotData,
+        snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
+        let table = table_from(&snapshot)?;
         let mut g = lock(&self.inner);
+        Self::persist_snapshot(&mut g, meta.clone(), snapshot)?;
         g.last_applied = meta.last_log_id;
         g.membership = meta.last_membership.clone();
-        Self::persist_snapshot(&mut g, meta.clone())
+        g.leases = Leases::restored(table, std::time::Instant::now());
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         let g = lock(&self.inner);
-        Ok(g.snapshot.clone().map(|meta| Snapshot {
+        Ok(g.snapshot.clone().map(|(meta, data)| Snapshot {
             meta,
-            snapshot: Vec::new(),
+            snapshot: data,
         }))
     }
 }
@@ -448,6 +537,66 @@ mod tests {
             got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
             vec![4, 5, 6, 7, 8]
         );
+    }
+
+    #[tokio::test]
+    async fn the_shard_table_rides_in_snapshots_and_an_old_snapshot_still_opens() {
+        use crate::backends::raft::shards::{Holder, ShardCmd};
+        let dir = tempfile::tempdir().unwrap();
+        // A snapshot.json written before shards: the meta alone, with a real membership (its
+        // map of members has numeric keys, which JSON writes as strings).
+        let members: std::collections::BTreeSet<u64> = [1, 2, 3].into();
+        let nodes: BTreeMap<u64, openraft::BasicNode> = members
+            .iter()
+            .map(|id| (*id, openraft::BasicNode::new(format!("127.0.0.1:{id}"))))
+            .collect();
+        let old = SnapshotMeta {
+            last_log_id: Some(log_id(3, 10)),
+            last_membership: StoredMembership::new(
+                Some(log_id(1, 1)),
+                openraft::Membership::new(vec![members], nodes).unwrap(),
+            ),
+        };
+        fs::write(
+            dir.path().join("snapshot.json"),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        let mut sm = StateMachine::open(dir.path()).unwrap();
+        let (applied, membership) = sm.applied_state().await.unwrap();
+        assert_eq!(applied, Some(log_id(3, 10)));
+        assert_eq!(membership, old.last_membership);
+        assert!(sm.with_leases(|l| l.table().is_empty()));
+        // A grant, then a snapshot: reopened, and installed elsewhere, the table is the same.
+        let grant = ShardCmd::Grant {
+            shard: 2,
+            holder: Holder {
+                id: "n1-x".into(),
+                node: "n1".into(),
+                info: "{}".into(),
+            },
+            expect: 0,
+            term: 3,
+        };
+        sm.with_leases(|l| l.apply(&grant, 3, std::time::Instant::now()));
+        let snap = sm.build_snapshot().await.unwrap();
+        let table = sm.with_leases(|l| l.table().clone());
+        assert_eq!(table.slot(2).map(|s| s.epoch), Some(3));
+        let mut reopened = StateMachine::open(dir.path()).unwrap();
+        assert_eq!(reopened.with_leases(|l| l.table().clone()), table);
+        assert_eq!(
+            reopened.applied_state().await.unwrap().1,
+            old.last_membership
+        );
+        let other = tempfile::tempdir().unwrap();
+        let mut fresh = StateMachine::open(other.path()).unwrap();
+        fresh
+            .install_snapshot(&snap.meta, snap.snapshot.clone())
+            .await
+            .unwrap();
+        assert_eq!(fresh.with_leases(|l| l.table().clone()), table);
+        let current = fresh.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.snapshot, snap.snapshot);
     }
 
     #[tokio::test]

@@ -4,16 +4,19 @@ use std::collections::BTreeMap;
 
 use openraft::BasicNode;
 
+pub use super::shards::{ShardCmd, ShardOutcome};
 use crate::config::PeerSpec;
 
 openraft::declare_raft_types!(
-    /// baton's raft: no application data of its own (leadership is the product), `u64` node ids,
-    /// the peer address in [`BasicNode`], and the *standard* leader id — at most one leader per
-    /// term — so that the term alone is a fencing token (the default "advanced" leader id allows
-    /// two leaders in one term, ordered by node id, which would make term tokens collide).
+    /// baton's raft: at K = 1 no application data of its own (leadership is the product); at
+    /// K > 1 the log also carries the shard lease table's grants and releases
+    /// ([`ShardCmd`], see [`super::shards`]). `u64` node ids, the peer address in [`BasicNode`],
+    /// and the *standard* leader id — at most one leader per term — so that the term alone is a
+    /// fencing token (the default "advanced" leader id allows two leaders in one term, ordered by
+    /// node id, which would make term tokens collide).
     pub TypeConfig:
-        D = String,
-        R = String,
+        D = ShardCmd,
+        R = ShardOutcome,
         NodeId = u64,
         Node = BasicNode,
         LeaderId = openraft::impls::leader_id_std::LeaderId<u64, u64>,
@@ -21,7 +24,7 @@ openraft::declare_raft_types!(
 
 /// A log position (term, node, index) under baton's type config.
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
-/// A log entry (baton's log carries only blanks and membership).
+/// A log entry (blanks, membership, and at K > 1 the shard lease table's commands).
 pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 /// A vote: the term and whom this node voted for; the term is the fencing token.
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
@@ -29,10 +32,10 @@ pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
 /// A snapshot's metadata: last applied log id and membership.
 pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
-/// Snapshot payload: empty. The state machine's whole state is the snapshot *meta* (last applied
-/// log id and membership), which travels next to it.
+/// Snapshot payload: the shard lease table as JSON (empty at K = 1, whose state machine is
+/// wholly the snapshot *meta*: last applied log id and membership, which travels next to it).
 pub type SnapshotData = Vec<u8>;
-/// A snapshot: its meta and the (empty) payload.
+/// A snapshot: its meta and the payload.
 pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;
 
 /// The fleet's members with their raft ids. Ids come from the trailing digits of the node ids
