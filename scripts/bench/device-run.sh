@@ -8,7 +8,8 @@
 #
 # After the rates, 500k again with two group commits in flight
 # (experiments/bench-configs/raft-commits-in-flight-2.toml), and the last rate's run also drives
-# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run.
+# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run. Then the
+# last rate in window mode (experiments/bench-configs/raft-window.toml), also with --plain-http.
 # Then `baton bench shards` (pg-lease, K from $SHARDS, default 1,4,16) at the last rate.
 # DRY=1 installs and checks, and runs one 5 s bench at 20k: the rehearsal on a machine of ours.
 set -euo pipefail
@@ -106,7 +107,9 @@ bench() { # TAG, then bench next's arguments
 
 if [ -n "${DRY:-}" ]; then
   bench dry-20k --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s
-  python3 scripts/bench/summarize.py next "$out/dry-20k.json"
+  bench dry-20k-window --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s \
+    --config experiments/bench-configs/raft-window.toml
+  python3 scripts/bench/summarize.py next "$out/dry-20k.json" "$out/dry-20k-window.json"
   exit 0
 fi
 last=${rates##* }
@@ -117,6 +120,8 @@ for rate in $rates; do
 done
 bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" \
   --config experiments/bench-configs/raft-commits-in-flight-2.toml
+bench "next-$((last / 1000))k-window" --rate "$last" --duration "$duration" --plain-http \
+  --config experiments/bench-configs/raft-window.toml
 python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
 # Sharded leadership (issue 28): aggregate IDs/s against K on the same machine, one fleet per K
 # pg-lease: a lease backend (sharded raft is not built) whose only server, PostgreSQL, is in the
