@@ -8,7 +8,8 @@
 #
 # After the rates, 500k again with two group commits in flight
 # (experiments/bench-configs/raft-commits-in-flight-2.toml), and the last rate's run also drives
-# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run.
+# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run. Then the
+# last rate in window mode (experiments/bench-configs/raft-window.toml), also with --plain-http.
 # Then lease reads (`baton bench read --modes lease`, raft) at each of $READ_RATES (default
 # "250000 500000 1000000") for $READ_DURATION (10s), each followed by GET /healthz at the same
 # rate, connections and threads: the ratio to plain HTTP in the same run.
@@ -140,7 +141,9 @@ read_bench() {
 
 if [ -n "${DRY:-}" ]; then
   bench dry-20k --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s
-  python3 scripts/bench/summarize.py next "$out/dry-20k.json"
+  bench dry-20k-window --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s \
+    --config experiments/bench-configs/raft-window.toml
+  python3 scripts/bench/summarize.py next "$out/dry-20k.json" "$out/dry-20k-window.json"
   exit 0
 fi
 last=${rates##* }
@@ -151,6 +154,8 @@ for rate in $rates; do
 done
 bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" "${short[@]}" \
   --config experiments/bench-configs/raft-commits-in-flight-2.toml
+bench "next-$((last / 1000))k-window" --rate "$last" --duration "$duration" "${short[@]}" --plain-http \
+  --config experiments/bench-configs/raft-window.toml
 python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
 for rate in $read_rates; do
   read_bench "$rate"

@@ -64,6 +64,15 @@
 #                                      # leader's GET /read?mode=lease and GET /healthz in turn
 #                                      # (SECONDS_EACH=10), with the leader's HTTP thread's CPU per
 #                                      # request (/proc ticks over the run)
+#   scripts/bench/perf.sh serial OLD NEW [RATE] [ROUNDS]  # the sequencer's serial stage in µs of
+#                                      # CPU per ID: a fresh fleet of each build in turn (OLD, NEW,
+#                                      # OLD, ...), `baton load` at RATE (30k) and, over 6 s of it,
+#                                      # perf --call-graph dwarf on the leader's commit thread
+#                                      # (baton-http-0) and every thread's CPU from schedstat
+#                                      # (ROUNDS=2; CONNECTIONS=256; CONFIG= a base node config)
+#   scripts/bench/perf.sh modes [ROUNDS]  # `POST /next` durable and window, and `GET /healthz`,
+#                                      # wrk closed loop on one fleet of each mode, in turn: the
+#                                      # ratios to plain HTTP of issue 31 (SECONDS_EACH=15)
 #
 # Uses the release binary (cargo build --release --bin baton). ratio, ab and pipe first drive each
 # leader's /next for WARMUP_SECONDS (10), unmeasured. The neighbour is
@@ -488,6 +497,86 @@ PY
   python3 scripts/bench/summarize.py leaseab "$log"
 }
 
+# The serial stage of the sequencer, per ID (issue 31 item 1): what one thread must do for every
+# group commit, which caps a shard's IDs/s however many cores serve HTTP. It is the sequencer
+# actor (taking the waiting requests, cutting the range, sending the commit), its commit tasks
+# (the outcome, and handing out the answers) and its PostgreSQL connection's I/O, all on the
+# leader's first client thread (src/work/sequencer.rs); their inclusive share of that thread's
+# samples (perf --call-graph dwarf), times the thread's CPU time over
+# the window (schedstat), over the IDs committed in it (the leader's baton_sequencer_batch_ids
+# sum) is µs per ID. Per-request work that runs on the thread that serves the request (parsing,
+# the reply channel, the answer's text) is not serial and not counted; every thread's CPU per ID
+# is printed beside it.
+thread_times() { # PID -> "tid comm ns" per thread
+  local pid=$1 t
+  for t in /proc/"$pid"/task/*; do
+    echo "${t##*/} $(tr ' ' '_' <"$t/comm") $(cut -d' ' -f1 "$t/schedstat")"
+  done
+}
+
+serial() {
+  local old=$1 new=$2 rate=${3:-30000} rounds=${4:-2} dir=state/bench/serial
+  local log="$OUT/serial.txt"
+  echo "# serial: old=$old new=$new; rate $rate; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for side in old new; do
+      local bin=${!side} tag="$OUT/serial-$round-$side" leader pid tid
+      fresh_fleet "$bin" "$dir" ${CONFIG:+--config "$CONFIG"}
+      down_on_exit "$bin" "$dir"
+      leader=$(leader_of "$bin" "$dir")
+      pid=$("$bin" fleet status --dir "$dir" --json | python3 -c \
+        'import json,sys; print(next(r["pid"] for r in json.load(sys.stdin) if r.get("role")=="leader"))')
+      tid=$(grep -l '^baton-http-0$' /proc/"$pid"/task/*/comm | head -1 | cut -d/ -f5)
+      WARMUP_SECONDS=5 warm_up "$leader"
+      "$bin" load --dir "$dir" --rate "$rate" --duration 14s --connections "${CONNECTIONS:-256}" --json >"$tag-load.json" &
+      local load=$!
+      sleep 4
+      curl -s "http://$leader/metrics" | grep -E '^baton_sequencer_batch_ids_(sum|count)' >"$tag-before.prom"
+      thread_times "$pid" >"$tag-threads-before.txt"
+      perf record -t "$tid" -F 999 --call-graph dwarf,16384 -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+      thread_times "$pid" >"$tag-threads-after.txt"
+      curl -s "http://$leader/metrics" | grep -E '^baton_sequencer_batch_ids_(sum|count)' >"$tag-after.prom"
+      wait "$load"
+      # --no-inline: resolving inlined frames takes minutes on this binary; the frames counted
+      # are the tasks' own poll functions, which are not inlined. summarize.py classifies the
+      # stacks (-categories.json) and removes them.
+      perf script -i "$tag.data" --no-inline 2>/dev/null >"$tag-stacks.txt"
+      rm -f "$tag.data"
+      "$bin" check --dir "$dir" | tail -1 >"$tag-check.txt"
+      "$bin" fleet down --dir "$dir" >/dev/null 2>&1 || true
+      echo "## round $round, $side ($bin): $(python3 scripts/bench/summarize.py serial "$tag")" | tee -a "$log"
+    done
+  done
+  python3 scripts/bench/summarize.py serial-table "$log" | tee -a "$log"
+}
+
+# Issue 31's ratios on this machine: `POST /next` in durable mode and in window mode against
+# `GET /healthz`, wrk closed loop (-t1 -c256, SECONDS_EACH s each), one fleet per mode up in
+# turn, the three alternating for ROUNDS rounds; `baton check` on each fleet's ledger.
+modes() {
+  local rounds=${1:-3} secs=${SECONDS_EACH:-15} log="$OUT/wrk-modes.txt"
+  local a=state/bench/modes-durable b=state/bench/modes-window
+  two_fleets "$BATON" "$BATON" "$a" "$b" "" experiments/bench-configs/raft-window.toml
+  local la lb
+  la=$(leader_of "$BATON" "$a")
+  lb=$(leader_of "$BATON" "$b")
+  warm_up "$la"
+  warm_up "$lb"
+  echo "# modes: $("$BATON" --version 2>/dev/null || true); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo); both fleets up throughout" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for what in "durable next $la" "window next $lb" "durable healthz $la"; do
+      set -- $what
+      local url="http://$3/$2" script=()
+      [ "$2" = next ] && script=(-s scripts/bench/post-next.lua)
+      echo "## round $round: $1 wrk -t1 -c256 -d${secs}s ${script[*]} $url" | tee -a "$log"
+      wrk -t1 -c256 -d"${secs}"s --latency "${script[@]}" "$url" | tee -a "$log"
+    done
+  done
+  "$BATON" check --dir "$a" | tail -1 | tee -a "$log"
+  "$BATON" check --dir "$b" | tail -1 | tee -a "$log"
+  python3 scripts/bench/summarize.py modes "$log"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
@@ -508,5 +597,7 @@ case "${1:-}" in
   reads) shift; reads "$@" ;;
   readpairs) shift; readpairs "$@" ;;
   leaseab) shift; leaseab "$@" ;;
+  serial) shift; serial "$@" ;;
+  modes) shift; modes "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 2 ;;
 esac
