@@ -622,3 +622,67 @@ pub fn render_ratios(medians: &[RatioSummary]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &str, round: usize, ok_per_s: f64, p99_ms: f64, thread_us: f64) -> ReadRow {
+        ReadRow {
+            backend: BackendKind::Raft,
+            mode: mode.into(),
+            round,
+            offered_rate: 100_000.0,
+            ok_per_s,
+            ok: ok_per_s as usize,
+            errors: 0,
+            unsent: 0,
+            p50_ms: p99_ms / 2.0,
+            p99_ms,
+            service_p50_ms: 0.1,
+            service_p99_ms: 0.2,
+            fell_back_fraction: None,
+            connections: 64,
+            busy_connections_mean: 64.0,
+            limited_by: Verdict {
+                limit: sizing::Limit::Node,
+                why: String::new(),
+            },
+            threads: Vec::new(),
+            node_busiest_thread_us_per_request: Some(thread_us),
+            node_us_per_request: None,
+            generator_us_per_request: None,
+            machine_cpu: None,
+        }
+    }
+
+    /// Each mode is set against plain HTTP of its own round only, and the medians are over
+    /// the rounds (an odd count: the middle one).
+    #[test]
+    fn ratios_pair_each_round_with_its_own_plain_http_and_take_medians() {
+        let rows = vec![
+            row("lease", 1, 40_000.0, 4.0, 25.0),
+            row(PLAIN_HTTP, 1, 50_000.0, 2.0, 20.0),
+            row("lease", 2, 30_000.0, 6.0, 30.0),
+            row(PLAIN_HTTP, 2, 20_000.0, 3.0, 24.0),
+            row("lease", 3, 45_000.0, 5.0, 22.0),
+            row(PLAIN_HTTP, 3, 50_000.0, 1.0, 22.0),
+            // A round without plain HTTP has no ratio.
+            row("lease", 4, 10_000.0, 9.0, 40.0),
+        ];
+        let r = ratios(&rows);
+        let got: Vec<(usize, f64)> = r.iter().map(|x| (x.round, x.ratio)).collect();
+        assert_eq!(got, vec![(1, 0.8), (2, 1.5), (3, 0.9)]);
+        assert_eq!(r[0].node_thread_cpu_ratio, Some(0.8));
+        let m = ratio_medians(&r, &rows);
+        assert_eq!(m.len(), 1);
+        let m = &m[0];
+        assert_eq!((m.rounds, m.ratio_median), (3, 0.9));
+        assert_eq!((m.ratio_min, m.ratio_max), (0.8, 1.5));
+        assert_eq!(m.plain_http_ok_per_s_median, 50_000.0);
+        // p99 medians are over every row of the mode, the round without plain HTTP included.
+        assert_eq!((m.p99_ms_median, m.plain_http_p99_ms_median), (5.5, 2.0));
+        assert_eq!(m.node_thread_us_median, Some(27.5));
+        assert_eq!(m.plain_http_node_thread_us_median, Some(22.0));
+    }
+}
