@@ -73,6 +73,34 @@ impl std::str::FromStr for Fencing {
     }
 }
 
+/// How the sequencer makes an ID safe to answer (`[sequencer] mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SequencerMode {
+    /// Every ID is durable in PostgreSQL (a fenced group commit) before its answer; real-time
+    /// order across leaders holds whatever the clocks do.
+    #[default]
+    Durable,
+    /// The leader persists an upper bound a window ahead through the fence and serves IDs from
+    /// memory below it, only inside its lease-read window; real-time order across leaders holds
+    /// only while the clock-rate bound does.
+    Window,
+}
+
+impl SequencerMode {
+    /// `durable` or `window`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SequencerMode::Durable => "durable",
+            SequencerMode::Window => "window",
+        }
+    }
+}
+
+/// The most IDs one window-mode extension may persist ahead: the fence's own default bound on
+/// one sequence write (`baton.settings.max_seq_advance`, 2^24).
+pub const MAX_WINDOW_IDS: u64 = 16_777_216;
+
 /// How `GET /read` establishes that its answer is not stale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -732,6 +760,20 @@ pub struct SequencerConfig {
     /// commits per second under load, each costing PostgreSQL about the same whatever it
     /// carries, for at most this much more latency. An idle sequencer answers at once.
     pub min_commit_interval_ms: u64,
+    /// `durable` (the default) or `window`. Durable: every ID is committed through the fence
+    /// (a group commit) before its answer, and real-time order across leaders holds whatever the
+    /// clocks do. Window (the timestamp oracle of Percolator and TiDB PD): the leader persists an
+    /// upper bound `window_ids` ahead through the fence, then answers IDs from memory below it,
+    /// only while its lease-read window is open (the bound `GET /read?mode=lease` uses);
+    /// unique and increasing per leader unconditionally (a new leader claims above the highest
+    /// bound persisted), but real-time order across a change of leader holds only while the
+    /// clock-rate bound (`clock_rate_error`) holds. A leader change burns what was left below the
+    /// old bound.
+    pub mode: SequencerMode,
+    /// Window mode: how far ahead of the IDs served the bound is persisted (1..=16777216, and
+    /// at most the resource's `max_seq_advance`, 16777216 unless its owner lowered it). The
+    /// bound is extended in the background once fewer than half of these are left.
+    pub window_ids: u64,
 }
 
 /// The default config is the default backend's: raft, with the timing raft accepts. A raft
@@ -820,6 +862,8 @@ impl Default for SequencerConfig {
             max_block: 1000,
             commits_in_flight: 1,
             min_commit_interval_ms: 0,
+            mode: SequencerMode::Durable,
+            window_ids: 1_000_000,
         }
     }
 }
@@ -1154,6 +1198,12 @@ impl NodeConfig {
                 self.sequencer.commits_in_flight
             )));
         }
+        if !(1..=MAX_WINDOW_IDS).contains(&self.sequencer.window_ids) {
+            return Err(ConfigError::Invalid(format!(
+                "[sequencer] window_ids must be in 1..={MAX_WINDOW_IDS} (one fenced write may move the sequence at most that far), got {}",
+                self.sequencer.window_ids
+            )));
+        }
         if self.sequencer.min_commit_interval_ms > 20 {
             return Err(ConfigError::Invalid(format!(
                 "[sequencer] min_commit_interval_ms must be in 0..=20 (it adds to every answer's latency), got {}",
@@ -1421,6 +1471,29 @@ mod tests {
         for (n, ok) in [(0, false), (1, true), (2, true), (8, true), (9, false)] {
             c.sequencer.commits_in_flight = n;
             assert_eq!(c.validate().is_ok(), ok, "commits_in_flight = {n}");
+        }
+    }
+
+    #[test]
+    fn sequencer_mode_is_durable_by_default_and_the_window_is_bounded() {
+        let c = NodeConfig::default();
+        assert_eq!(c.sequencer.mode, SequencerMode::Durable);
+        let c: NodeConfig =
+            toml::from_str("[sequencer]\nmode = \"window\"\nwindow_ids = 5000\n").unwrap();
+        assert_eq!(
+            (c.sequencer.mode, c.sequencer.window_ids),
+            (SequencerMode::Window, 5000)
+        );
+        assert!(toml::from_str::<NodeConfig>("[sequencer]\nmode = \"fast\"\n").is_err());
+        let mut c = NodeConfig::default();
+        for (ids, ok) in [
+            (0, false),
+            (1, true),
+            (MAX_WINDOW_IDS, true),
+            (MAX_WINDOW_IDS + 1, false),
+        ] {
+            c.sequencer.window_ids = ids;
+            assert_eq!(c.validate().is_ok(), ok, "window_ids = {ids}");
         }
     }
 

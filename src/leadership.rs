@@ -5,10 +5,14 @@
 //! deadline read here moves with every renewal, as the watchdog's does); the elector's observer
 //! writes who the backend says leads; the tree's failure budget (`actors::budget`) writes what
 //! the resource last said of it. HTTP, the node handle and metrics only read. Reads never
-//! block on an actor: a read lock on a few words.
+//! block on an actor: a read lock on a few words. What a read (`GET /read`) needs is also
+//! published, by whichever writer changed it and while it still holds the write lock, as a
+//! lock-free snapshot ([`Leadership::read_view`]): a lease read takes no lock that the writers
+//! (the sequencer's group commits among them) take.
 
+use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
 use std::sync::RwLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -148,12 +152,155 @@ pub struct ReadView {
     pub committed_cursor: Option<i64>,
 }
 
+/// [`ReadView`] as a seqlock over plain atomics, for readers that must not take `term`'s lock.
+///
+/// Written only while `term`'s write lock is held (so writers never race each other): the
+/// sequence turns odd, the fields are stored, the sequence turns even again. A reader reads the
+/// sequence, the fields, and the sequence again, and retries until both are the same even number:
+/// then no write overlapped its loads and the fields are one write's. Instants are stored as
+/// signed ns from `epoch`.
+#[repr(align(64))]
+struct ReadSnapshot {
+    seq: AtomicU64,
+    /// Which of the optional fields are present (`HAS_*`); 0 = no term.
+    present: AtomicU64,
+    token: AtomicI64,
+    lease_deadline: AtomicI64,
+    lease_sent_at: AtomicI64,
+    committed_seq: AtomicI64,
+    committed_cursor: AtomicI64,
+}
+
+const HAS_TOKEN: u64 = 1;
+const HAS_DEADLINE: u64 = 1 << 1;
+const HAS_SENT: u64 = 1 << 2;
+const HAS_SEQ: u64 = 1 << 3;
+const HAS_CURSOR: u64 = 1 << 4;
+
+impl ReadSnapshot {
+    fn new() -> ReadSnapshot {
+        ReadSnapshot {
+            seq: AtomicU64::new(0),
+            present: AtomicU64::new(0),
+            token: AtomicI64::new(0),
+            lease_deadline: AtomicI64::new(0),
+            lease_sent_at: AtomicI64::new(0),
+            committed_seq: AtomicI64::new(0),
+            committed_cursor: AtomicI64::new(0),
+        }
+    }
+
+    /// Publishes `view` (`None`: no term). The caller holds `term`'s write lock.
+    fn publish(&self, epoch: Instant, view: Option<ReadView>) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        let mut present = 0;
+        if let Some(v) = view {
+            present |= HAS_TOKEN;
+            self.token.store(v.token.0, Ordering::Relaxed);
+            let mut put = |bit: u64, field: &AtomicI64, value: Option<i64>| {
+                if let Some(x) = value {
+                    present |= bit;
+                    field.store(x, Ordering::Relaxed);
+                }
+            };
+            put(
+                HAS_DEADLINE,
+                &self.lease_deadline,
+                v.lease_deadline.map(|t| to_ns(epoch, t)),
+            );
+            put(
+                HAS_SENT,
+                &self.lease_sent_at,
+                v.lease_sent_at.map(|t| to_ns(epoch, t)),
+            );
+            put(HAS_SEQ, &self.committed_seq, v.committed_seq);
+            put(HAS_CURSOR, &self.committed_cursor, v.committed_cursor);
+        }
+        self.present.store(present, Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// One write's fields, never a mix of two.
+    fn load(&self, epoch: Instant) -> Option<ReadView> {
+        let mut spins = 0u32;
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let present = self.present.load(Ordering::Relaxed);
+                let token = self.token.load(Ordering::Relaxed);
+                let deadline = self.lease_deadline.load(Ordering::Relaxed);
+                let sent = self.lease_sent_at.load(Ordering::Relaxed);
+                let seq = self.committed_seq.load(Ordering::Relaxed);
+                let cursor = self.committed_cursor.load(Ordering::Relaxed);
+                fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    if present & HAS_TOKEN == 0 {
+                        return None;
+                    }
+                    let has = |bit: u64| present & bit != 0;
+                    return Some(ReadView {
+                        token: FenceToken(token),
+                        lease_deadline: has(HAS_DEADLINE).then(|| from_ns(epoch, deadline)),
+                        lease_sent_at: has(HAS_SENT).then(|| from_ns(epoch, sent)),
+                        committed_seq: has(HAS_SEQ).then_some(seq),
+                        committed_cursor: has(HAS_CURSOR).then_some(cursor),
+                    });
+                }
+            }
+            // A writer is between its two stores (a few stores long), or was preempted there.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// `t` as signed ns from `epoch` (an instant before it is negative).
+fn to_ns(epoch: Instant, t: Instant) -> i64 {
+    match t.checked_duration_since(epoch) {
+        Some(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        None => -i64::try_from(epoch.duration_since(t).as_nanos()).unwrap_or(i64::MAX),
+    }
+}
+
+fn from_ns(epoch: Instant, ns: i64) -> Instant {
+    if ns >= 0 {
+        epoch + Duration::from_nanos(ns as u64)
+    } else {
+        epoch - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+impl TermView {
+    /// What a read sees of this view: `None` unless this node holds a term.
+    fn read_view(&self) -> Option<ReadView> {
+        let token = self.token?;
+        let of_term = |v: Option<(FenceToken, i64)>| v.filter(|(k, _)| *k == token).map(|(_, x)| x);
+        Some(ReadView {
+            token,
+            lease_deadline: self.lease_deadline,
+            lease_sent_at: self.lease_sent_at,
+            committed_seq: of_term(self.committed_seq),
+            committed_cursor: of_term(self.committed_cursor),
+        })
+    }
+}
+
 /// See the module docs. Shared as `Arc<Leadership>`.
 pub struct Leadership {
     node_id: String,
     http_addr: Option<String>,
     backend: BackendKind,
     term: RwLock<TermView>,
+    /// `term`'s [`ReadView`], republished by every write of `term` before its lock is released.
+    snapshot: ReadSnapshot,
+    /// The origin of `snapshot`'s instants.
+    epoch: Instant,
     leader: watch::Receiver<Option<LeaderInfo>>,
     /// Written only by the node's `FailureBudget` (`actors::budget`).
     budget: RwLock<Option<BudgetSeen>>,
@@ -171,6 +318,8 @@ impl Leadership {
             http_addr,
             backend,
             term: RwLock::new(TermView::default()),
+            snapshot: ReadSnapshot::new(),
+            epoch: Instant::now(),
             leader,
             budget: RwLock::new(None),
         }
@@ -190,7 +339,13 @@ impl Leadership {
                 t.lease_deadline = None;
                 t.lease_sent_at = None;
             }
+            self.publish(&t);
         }
+    }
+
+    /// Republishes the read snapshot from `t`; called with `term`'s write lock held.
+    fn publish(&self, t: &TermView) {
+        self.snapshot.publish(self.epoch, t.read_view());
     }
 
     /// The watchdog: the deadline it now enforces for `token` (armed or moved by a renewal),
@@ -203,6 +358,7 @@ impl Leadership {
                 if let Some((d, _)) = deadline {
                     t.last_deadline = Some((token, d));
                 }
+                self.publish(&t);
             }
         }
     }
@@ -221,6 +377,7 @@ impl Leadership {
             let keep = matches!(t.committed_seq, Some((tok, s)) if tok == token && s >= seq);
             if !keep {
                 t.committed_seq = Some((token, seq));
+                self.publish(&t);
             }
         }
     }
@@ -229,6 +386,7 @@ impl Leadership {
     pub(crate) fn set_committed_cursor(&self, token: FenceToken, position: i64) {
         if let Ok(mut t) = self.term.write() {
             t.committed_cursor = Some((token, position));
+            self.publish(&t);
         }
     }
 
@@ -248,17 +406,11 @@ impl Leadership {
     }
 
     /// One consistent snapshot of what a read needs: `None` unless this node holds a term.
+    /// Takes no lock (see [`ReadSnapshot`]): it never waits for, nor delays, a writer such as
+    /// the sequencer publishing a group commit; it sees every write whose lock was released
+    /// before it began.
     pub fn read_view(&self) -> Option<ReadView> {
-        let t = self.term.read().ok()?;
-        let token = t.token?;
-        let of_term = |v: Option<(FenceToken, i64)>| v.filter(|(k, _)| *k == token).map(|(_, x)| x);
-        Some(ReadView {
-            token,
-            lease_deadline: t.lease_deadline,
-            lease_sent_at: t.lease_sent_at,
-            committed_seq: of_term(t.committed_seq),
-            committed_cursor: of_term(t.committed_cursor),
-        })
+        self.snapshot.load(self.epoch)
     }
 
     /// The last deadline the watchdog enforced for the term `token` (moved by every renewal), also
@@ -315,6 +467,106 @@ impl Leadership {
             acting: t.acting.is_some(),
             monotonic_ns: crate::clock::monotonic_ns(),
             failure_budget: self.failure_budget(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn leadership() -> Leadership {
+        let (_tx, rx) = watch::channel(None);
+        Leadership::new("n1".into(), None, BackendKind::Raft, rx)
+    }
+
+    /// The lock-free view says what the locked one would, through every writer.
+    #[test]
+    fn the_read_snapshot_follows_every_writer() {
+        let l = leadership();
+        assert!(l.read_view().is_none(), "no term, no view");
+        let (t1, t2) = (FenceToken(7), FenceToken(8));
+        l.set_term(Some(t1));
+        let v = l.read_view().unwrap();
+        assert_eq!(v.token, t1);
+        assert!(v.lease_deadline.is_none() && v.committed_seq.is_none());
+        // A deadline before the view's epoch (a renewal sent before the node was built) too.
+        let sent = Instant::now() - Duration::from_millis(5);
+        let deadline = sent + Duration::from_millis(150);
+        l.set_deadline(t1, Some((deadline, sent)));
+        l.set_committed_seq(t1, 41);
+        l.set_committed_seq(t1, 40); // lower: kept at 41
+        l.set_committed_cursor(t1, 3);
+        let v = l.read_view().unwrap();
+        assert_eq!(
+            (
+                v.lease_deadline,
+                v.lease_sent_at,
+                v.committed_seq,
+                v.committed_cursor
+            ),
+            (Some(deadline), Some(sent), Some(41), Some(3))
+        );
+        // Another term's deadline is ignored; values committed under another term are not
+        // this term's.
+        l.set_deadline(t2, Some((deadline + Duration::from_secs(1), sent)));
+        assert_eq!(l.read_view().unwrap().lease_deadline, Some(deadline));
+        l.set_term(Some(t2));
+        let v = l.read_view().unwrap();
+        assert_eq!(
+            (v.token, v.committed_seq, v.committed_cursor),
+            (t2, None, None)
+        );
+        // Demotion clears the view at once.
+        l.set_term(None);
+        assert!(l.read_view().is_none());
+    }
+
+    /// Readers racing a writer never see a mix of two writes: each write sets seq and cursor
+    /// from one counter, and the deadline from the same counter.
+    #[test]
+    fn readers_racing_a_writer_see_whole_writes_only() {
+        let l = Arc::new(leadership());
+        let token = FenceToken(1);
+        l.set_term(Some(token));
+        let base = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (l, stop) = (l.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut seen = 0u64;
+                    let mut last = -1;
+                    while !stop.load(Ordering::Relaxed) {
+                        let v = l.read_view().expect("the term holds throughout");
+                        if let (Some(seq), Some(cursor)) = (v.committed_seq, v.committed_cursor) {
+                            assert_eq!(cursor, seq * 3, "a torn read: {v:?}");
+                            let d = v.lease_deadline.expect("set with them");
+                            assert_eq!(d, base + Duration::from_micros(seq as u64), "{v:?}");
+                            assert!(seq >= last, "went back from {last} to {seq}");
+                            last = seq;
+                            seen += 1;
+                        }
+                    }
+                    seen
+                })
+            })
+            .collect();
+        // One writer publishing all three fields under one lock, as `publish` does.
+        for i in 0..200_000i64 {
+            let mut t = l.term.write().unwrap();
+            t.committed_seq = Some((token, i));
+            t.committed_cursor = Some((token, i * 3));
+            t.lease_deadline = Some(base + Duration::from_micros(i as u64));
+            t.lease_sent_at = Some(base);
+            l.publish(&t);
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0, "a reader saw nothing");
         }
     }
 }

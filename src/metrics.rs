@@ -44,16 +44,22 @@ pub const FENCE_REJECTIONS: &str = "baton_fence_rejections_total";
 /// the resource refuses every new term (a token source that regressed, or a poisoned
 /// `max_token`): see `baton fence status` and the `FenceRefusesNewTerms` alert.
 pub const FENCE_REFUSED_CLAIMS_IN_A_ROW: &str = "baton_fence_refused_claims_in_a_row";
-/// Histogram: the number of IDs in one sequencer group commit, recorded whether or not the commit
-/// was accepted; no labels. baton's own recorder uses power-of-two buckets from 1 to 4096.
+/// Histogram: the number of IDs in one sequencer group commit (in window mode: in one extension
+/// of the persisted bound, `[sequencer] window_ids`), recorded whether or not the commit was
+/// accepted; no labels. baton's own recorder uses power-of-two buckets from 1 to 4096.
 pub const SEQ_BATCH_IDS: &str = "baton_sequencer_batch_ids";
 /// Histogram, seconds: the duration of one sequencer group commit (one fenced round trip),
 /// including refused and failed ones; no labels.
 pub const SEQ_COMMIT_SECONDS: &str = "baton_sequencer_commit_duration_seconds";
 /// Histogram, seconds: one ID request from its arrival at the leader's sequencer to its answer
 /// (IDs or error). Requests refused before they join a group commit (e.g. while demoting) are not
-/// recorded, nor is HTTP handling time; no labels.
+/// recorded, nor is HTTP handling time; no labels. In window mode only the requests that waited
+/// (over 100 µs, for an extension of the bound or for the lease window) are recorded: the rest are
+/// answered in place.
 pub const NEXT_SECONDS: &str = "baton_next_request_duration_seconds";
+/// Counter: window mode's `POST /next` requests that found the leader's lease-read window shut
+/// and waited for a renewal to reopen it (counted once per look); no labels.
+pub const SEQ_WINDOW_LEASE_WAITS: &str = "baton_sequencer_window_lease_waits_total";
 /// Counter of scheduler ticks accepted by the fenced resource (refused or failed ticks are not
 /// counted); no labels.
 pub const SCHED_TICKS: &str = "baton_scheduler_ticks_total";
@@ -256,6 +262,10 @@ pub fn describe() {
         NEXT_SECONDS,
         Unit::Seconds,
         "POST /next from request to response on the leader"
+    );
+    describe_counter!(
+        SEQ_WINDOW_LEASE_WAITS,
+        "Window-mode ID requests that waited for the lease window to reopen"
     );
     describe_counter!(SCHED_TICKS, "Scheduler ticks accepted by the resource");
     describe_counter!(SCHED_JOBS, "Work-set jobs run by the scheduler");

@@ -264,7 +264,7 @@ fn configs_with(
             extra(&mut c);
             std::fs::create_dir_all(&c.state_dir).unwrap();
             let path = dir.join(format!("n{}.toml", i + 1));
-            baton_lab::fleet::write_private(&path, &toml::to_string(&c).unwrap()).unwrap();
+            baton_lab::fleet::write_private(&path, toml::to_string(&c).unwrap()).unwrap();
             (c, path)
         })
         .collect()
@@ -848,7 +848,7 @@ async fn exiting_program_is_restarted_or_demotes_by_policy() {
         &["--on-exit", "demote"],
         &["sh", "-c", "sleep 0.3; exit 4"],
     );
-    let nodes = vec![demote];
+    let nodes = [demote];
     wait_for("two terms", 60, || {
         let s = nodes[0].steps("child-started");
         (s.len() >= 2 && s[0]["token"] != s[1]["token"]).then_some(())

@@ -108,15 +108,12 @@ fn base_config(backend: BackendKind) -> NodeConfig {
     }
 }
 
+/// What a conformance factory returns for one candidate.
+type ElectorFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = ElectorResult<Arc<dyn Elector>>> + Send>>;
+
 /// The conformance factory for `backend` on the given servers: candidate `id` on `election`.
-fn factory(
-    base: NodeConfig,
-) -> impl Fn(
-    &str,
-    &str,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = ElectorResult<Arc<dyn Elector>>> + Send>,
-> {
+fn factory(base: NodeConfig) -> impl Fn(&str, &str) -> ElectorFuture {
     let one = factory_config(base);
     move |election: &str, id: &str| {
         let cfg = one(election, id);
@@ -153,12 +150,7 @@ struct Siblings {
 fn shared_session_factory(
     base: NodeConfig,
     siblings: Siblings,
-) -> impl Fn(
-    &str,
-    &str,
-) -> std::pin::Pin<
-    Box<dyn std::future::Future<Output = ElectorResult<Arc<dyn Elector>>> + Send>,
-> {
+) -> impl Fn(&str, &str) -> ElectorFuture {
     let one = factory_config(base);
     move |election: &str, id: &str| {
         let cfgs = [

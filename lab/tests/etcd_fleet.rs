@@ -343,6 +343,7 @@ async fn bad_input_gets_a_precise_4xx_and_changes_nothing() {
     let before = snapshot().await;
 
     let json = [("content-type", "application/json")];
+    #[allow(clippy::type_complexity)] // a table of request cases, read row by row
     let cases: Vec<(Method, &str, Vec<(&str, &str)>, Bytes, u16, Option<&str>)> = vec![
         (
             Method::GET,

@@ -120,11 +120,7 @@ fn assert_handover_order(lines: &[serde_json::Value]) -> usize {
         }
         let (node, shard, token) = (&l["node"], &l["shard"], l["token"].as_i64().unwrap());
         let later = |pred: &dyn Fn(&serde_json::Value) -> bool| {
-            lines
-                .iter()
-                .skip(i + 1)
-                .position(|x| pred(x))
-                .map(|p| p + i + 1)
+            lines.iter().skip(i + 1).position(pred).map(|p| p + i + 1)
         };
         let Some(next_elected) = lines.iter().enumerate().skip(i).find(|(_, x)| {
             x["shard"] == *shard
@@ -529,7 +525,7 @@ async fn per_shard_fence_failover_and_rebalance(backend: &str) {
         .filter(|(s, (n, _, _))| after_start[s].0 != *n)
         .count();
     assert!(
-        moved >= 1 && moved <= 4,
+        (1..=4).contains(&moved),
         "a join of 1 of 3 moved {moved} of {K} shards"
     );
 

@@ -8,13 +8,39 @@
 #
 # After the rates, 500k again with two group commits in flight
 # (experiments/bench-configs/raft-commits-in-flight-2.toml), and the last rate's run also drives
-# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run.
+# GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run. Then the
+# last rate in window mode (experiments/bench-configs/raft-window.toml), also with --plain-http.
+# Then lease reads (`baton bench read --modes lease`, raft) at each of $READ_RATES (default
+# "250000 500000 1000000") for $READ_DURATION (10s), each followed by GET /healthz at the same
+# rate, connections and threads: the ratio to plain HTTP in the same run.
 # Then `baton bench shards` (pg-lease, K from $SHARDS, default 1,4,16) at the last rate.
+# Connections: Little's law on each warm-up's service time unless $CONNECTIONS is set; every
+# report says what limited its run (nothing, the connections, the node, or the generator).
+# Under the device tool ($OUT set) the JSON reports travel back packed in reports.tar.gz beside
+# the log and summary.md (the tool brings back at most 8 files).
 # DRY=1 installs and checks, and runs one 5 s bench at 20k: the rehearsal on a machine of ours.
+# SMOKE=1 runs every step end to end at tiny rates and durations (next 2k/4k for 2 s, reads at
+# 2k/4k/6k for 2 s, shards 1,2): proof that the script runs, not a measurement.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rates=${1:-100000 250000 500000}
-duration=${2:-20s}
+if [ -n "${SMOKE:-}" ]; then
+  rates=${1:-2000 4000}
+  duration=${2:-2s}
+  READ_RATES=${READ_RATES:-2000 4000 6000}
+  READ_DURATION=${READ_DURATION:-2s}
+  SHARDS=${SHARDS-1,2}
+  short=(--warmup 1s --baseline-duration 1s)
+  read_short=(--warmup 1s)
+else
+  rates=${1:-100000 250000 500000}
+  duration=${2:-20s}
+  short=()
+  read_short=()
+fi
+read_rates=${READ_RATES:-250000 500000 1000000}
+read_duration=${READ_DURATION:-10s}
+conns=()
+[ -n "${CONNECTIONS:-}" ] && conns=(--connections "$CONNECTIONS")
 out=${OUT:-experiments/results/bench-next/device}
 mkdir -p "$out"
 log="$out/device-run.log"
@@ -101,23 +127,40 @@ bench() { # TAG, then bench next's arguments
   local tag=$1
   shift
   say "baton bench next $* --out $out/$tag.json"
-  "$baton" bench next --backend raft "$@" --out "$out/$tag.json" | tail -n 20
+  "$baton" bench next --backend raft "$@" "${conns[@]}" --out "$out/$tag.json" | tail -n 24
+}
+
+# Lease reads at RATE, then GET /healthz the same way (bench read's plain HTTP row).
+read_bench() {
+  local rate=$1 tag
+  tag="read-lease-$((rate / 1000))k"
+  say "baton bench read --backends raft --modes lease --rate $rate --duration $read_duration ${read_short[*]} ${conns[*]} --out $out/$tag.json"
+  "$baton" bench read --backends raft --modes lease --rate "$rate" --duration "$read_duration" \
+    "${read_short[@]}" "${conns[@]}" --dir "state/bench" --out "$out/$tag.json" | tail -n 12
 }
 
 if [ -n "${DRY:-}" ]; then
   bench dry-20k --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s
-  python3 scripts/bench/summarize.py next "$out/dry-20k.json"
+  bench dry-20k-window --rate 20000 --duration 5s --warmup 2s --baseline-duration 2s \
+    --config experiments/bench-configs/raft-window.toml
+  python3 scripts/bench/summarize.py next "$out/dry-20k.json" "$out/dry-20k-window.json"
   exit 0
 fi
 last=${rates##* }
 for rate in $rates; do
   plain=()
   [ "$rate" = "$last" ] && plain=(--plain-http)
-  bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${plain[@]}"
+  bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${short[@]}" "${plain[@]}"
 done
-bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" \
+bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" "${short[@]}" \
   --config experiments/bench-configs/raft-commits-in-flight-2.toml
+bench "next-$((last / 1000))k-window" --rate "$last" --duration "$duration" "${short[@]}" --plain-http \
+  --config experiments/bench-configs/raft-window.toml
 python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
+for rate in $read_rates; do
+  read_bench "$rate"
+done
+python3 scripts/bench/summarize.py read "$out"/read-lease-*.json | tee -a "$out/summary.md"
 # Sharded leadership (issue 28): aggregate IDs/s against K on the same machine, one fleet per K
 # pg-lease by default, whose only server, PostgreSQL, is in the bundle (SHARDS_BACKEND=raft
 # needs nothing else either). SHARDS="1,4,16" by default; SHARDS="" skips it.
@@ -127,4 +170,10 @@ if [ -n "$shards" ]; then
   say "baton bench shards --backend $shards_backend --shards $shards --rate $last"
   "$baton" bench shards --backend "$shards_backend" --shards "$shards" --rate "$last" --duration "$duration" \
     --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
+fi
+# The device tool brings back 8 files: the reports travel as one.
+if [ -n "${OUT:-}" ]; then
+  tar -C "$out" -czf "$out/reports.tar.gz" $(cd "$out" && ls -- *.json)
+  (cd "$out" && rm -f -- *.json)
+  say "reports packed: $out/reports.tar.gz ($(tar -tzf "$out/reports.tar.gz" | wc -l) files)"
 fi

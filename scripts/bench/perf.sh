@@ -51,6 +51,28 @@
 #                                      # side, wrk on each /next at 8, 32, 256 connections
 #   scripts/bench/perf.sh linger [RATE] [MS] [ROUNDS]  # [sequencer] min_commit_interval_ms 0 vs MS,
 #                                      # bench next beside the neighbour, alternating (DURATION=30s)
+#   scripts/bench/perf.sh reads [RATE] [ROUNDS]  # lease reads against GET /healthz: one raft fleet,
+#                                      # `bench read --modes lease --rounds ROUNDS` (lease, healthz,
+#                                      # lease, ... each DURATION=10s) at RATE (default 150000,
+#                                      # above this machine's capacity: the answered rates are the
+#                                      # limits), the medians of the ratios; each row says what
+#                                      # limited it (CONNECTIONS=, LOAD_THREADS= override)
+#   scripts/bench/perf.sh readpairs OLD NEW [RATE] [PAIRS]  # the same for two builds in turn (OLD,
+#                                      # NEW, OLD, ...), a fresh fleet and one round each
+#   scripts/bench/perf.sh leaseab OLD NEW [ROUNDS]  # the lease-read server path of two builds: a
+#                                      # fleet each, both up; wrk -t1 -c256 closed loop on each
+#                                      # leader's GET /read?mode=lease and GET /healthz in turn
+#                                      # (SECONDS_EACH=10), with the leader's HTTP thread's CPU per
+#                                      # request (/proc ticks over the run)
+#   scripts/bench/perf.sh serial OLD NEW [RATE] [ROUNDS]  # the sequencer's serial stage in µs of
+#                                      # CPU per ID: a fresh fleet of each build in turn (OLD, NEW,
+#                                      # OLD, ...), `baton load` at RATE (30k) and, over 6 s of it,
+#                                      # perf --call-graph dwarf on the leader's commit thread
+#                                      # (baton-http-0) and every thread's CPU from schedstat
+#                                      # (ROUNDS=2; CONNECTIONS=256; CONFIG= a base node config)
+#   scripts/bench/perf.sh modes [ROUNDS]  # `POST /next` durable and window, and `GET /healthz`,
+#                                      # wrk closed loop on one fleet of each mode, in turn: the
+#                                      # ratios to plain HTTP of issue 31 (SECONDS_EACH=15)
 #
 # Uses the release binary (cargo build --release --bin baton). ratio, ab and pipe first drive each
 # leader's /next for WARMUP_SECONDS (10), unmeasured. The neighbour is
@@ -404,6 +426,157 @@ linger() {
   done
 }
 
+# `bench read --modes lease` of binary $1 at rate $2, ROUNDS $3, report to $4.
+read_lease() {
+  local bin=$1 rate=$2 rounds=$3 out=$4
+  "$bin" bench read --backends raft --modes lease --rate "$rate" --duration "${DURATION:-10s}" \
+    --rounds "$rounds" ${CONNECTIONS:+--connections "$CONNECTIONS"} \
+    ${LOAD_THREADS:+--load-threads "$LOAD_THREADS"} --out "$out"
+}
+
+reads() {
+  local rate=${1:-150000} rounds=${2:-5}
+  local out="$OUT/reads-lease-$((rate / 1000))k-rounds$rounds${TAG:+-$TAG}.json"
+  read_lease "$BATON" "$rate" "$rounds" "$out"
+  python3 scripts/bench/summarize.py read "$out"
+}
+
+readpairs() {
+  local old=$1 new=$2 rate=${3:-150000} n=${4:-3}
+  for i in $(seq 1 "$n"); do
+    for bin in "$old" "$new"; do
+      read_lease "$bin" "$rate" 1 "$OUT/readpair-$(basename "$bin")-$((rate / 1000))k-run$i.json" >/dev/null
+    done
+  done
+  python3 scripts/bench/summarize.py read "$OUT"/readpair-*-"$((rate / 1000))"k-run*.json
+}
+
+# The HTTP thread's CPU ticks of process $1 (its first `baton-http-*` thread).
+http_thread_ticks() {
+  awk '/\(baton-http-0\)/ { i = index($0, ") "); split(substr($0, i + 2), f, " "); print f[12] + f[13] }' \
+    /proc/"$1"/task/*/stat
+}
+
+# The raft leader of the fleet at $2 (binary $1): "ADDR PID".
+leader_pid_of() {
+  "$1" fleet status --dir "$2" --json | python3 -c \
+    'import json,sys; print(next((r["http_addr"] + " " + str(r["pid"]) for r in json.load(sys.stdin) if r.get("role")=="leader"), ""))'
+}
+
+leaseab() {
+  local old=$1 new=$2 rounds=${3:-5} secs=${SECONDS_EACH:-10}
+  local a=state/bench/lease-old b=state/bench/lease-new log="$OUT/wrk-lease-ab.txt"
+  two_fleets "$old" "$new" "$a" "$b"
+  leader_of "$old" "$a" >/dev/null
+  leader_of "$new" "$b" >/dev/null
+  echo "# leaseab: old=$old new=$new; wrk -t1 -c256 -d${secs}s; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-); load $(cut -d' ' -f1-3 /proc/loadavg)" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for side in "old $old $a" "new $new $b"; do
+      set -- $side
+      for what in "read?mode=lease" healthz; do
+        local l pid t0 t1
+        read -r l pid < <(leader_pid_of "$2" "$3")
+        t0=$(http_thread_ticks "$pid")
+        wrk -t1 -c256 -d"${secs}s" --latency "http://$l/$what" >"$OUT/lease-ab.wrk"
+        t1=$(http_thread_ticks "$pid")
+        python3 - "$OUT/lease-ab.wrk" "$round" "$1" "$what" "$((t1 - t0))" "$(getconf CLK_TCK)" <<'PY' | tee -a "$log"
+import re, sys
+text = open(sys.argv[1]).read()
+rnd, side, what, ticks, hz = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+total = int(re.search(r"(\d+) requests in", text).group(1))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+p99 = re.search(r"^\s+99%\s+(\S+)", text, re.M).group(1)
+print(f"round {rnd} {side} {what}: {rps:.0f} req/s, non-2xx {non2xx.group(1) if non2xx else 0}, "
+      f"p99 {p99}, HTTP thread {ticks / hz / max(total, 1) * 1e6:.2f} us/request")
+PY
+      done
+    done
+  done
+  rm -f "$OUT/lease-ab.wrk"
+  python3 scripts/bench/summarize.py leaseab "$log"
+}
+
+# The serial stage of the sequencer, per ID (issue 31 item 1): what one thread must do for every
+# group commit, which caps a shard's IDs/s however many cores serve HTTP. It is the sequencer
+# actor (taking the waiting requests, cutting the range, sending the commit), its commit tasks
+# (the outcome, and handing out the answers) and its PostgreSQL connection's I/O, all on the
+# leader's first client thread (src/work/sequencer.rs); their inclusive share of that thread's
+# samples (perf --call-graph dwarf), times the thread's CPU time over
+# the window (schedstat), over the IDs committed in it (the leader's baton_sequencer_batch_ids
+# sum) is µs per ID. Per-request work that runs on the thread that serves the request (parsing,
+# the reply channel, the answer's text) is not serial and not counted; every thread's CPU per ID
+# is printed beside it.
+thread_times() { # PID -> "tid comm ns" per thread
+  local pid=$1 t
+  for t in /proc/"$pid"/task/*; do
+    echo "${t##*/} $(tr ' ' '_' <"$t/comm") $(cut -d' ' -f1 "$t/schedstat")"
+  done
+}
+
+serial() {
+  local old=$1 new=$2 rate=${3:-30000} rounds=${4:-2} dir=state/bench/serial
+  local log="$OUT/serial.txt"
+  echo "# serial: old=$old new=$new; rate $rate; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for side in old new; do
+      local bin=${!side} tag="$OUT/serial-$round-$side" leader pid tid
+      fresh_fleet "$bin" "$dir" ${CONFIG:+--config "$CONFIG"}
+      down_on_exit "$bin" "$dir"
+      leader=$(leader_of "$bin" "$dir")
+      pid=$("$bin" fleet status --dir "$dir" --json | python3 -c \
+        'import json,sys; print(next(r["pid"] for r in json.load(sys.stdin) if r.get("role")=="leader"))')
+      tid=$(grep -l '^baton-http-0$' /proc/"$pid"/task/*/comm | head -1 | cut -d/ -f5)
+      WARMUP_SECONDS=5 warm_up "$leader"
+      "$bin" load --dir "$dir" --rate "$rate" --duration 14s --connections "${CONNECTIONS:-256}" --json >"$tag-load.json" &
+      local load=$!
+      sleep 4
+      curl -s "http://$leader/metrics" | grep -E '^baton_sequencer_batch_ids_(sum|count)' >"$tag-before.prom"
+      thread_times "$pid" >"$tag-threads-before.txt"
+      perf record -t "$tid" -F 999 --call-graph dwarf,16384 -o "$tag.data" -- sleep 6 >/dev/null 2>&1
+      thread_times "$pid" >"$tag-threads-after.txt"
+      curl -s "http://$leader/metrics" | grep -E '^baton_sequencer_batch_ids_(sum|count)' >"$tag-after.prom"
+      wait "$load"
+      # --no-inline: resolving inlined frames takes minutes on this binary; the frames counted
+      # are the tasks' own poll functions, which are not inlined. summarize.py classifies the
+      # stacks (-categories.json) and removes them.
+      perf script -i "$tag.data" --no-inline 2>/dev/null >"$tag-stacks.txt"
+      rm -f "$tag.data"
+      "$bin" check --dir "$dir" | tail -1 >"$tag-check.txt"
+      "$bin" fleet down --dir "$dir" >/dev/null 2>&1 || true
+      echo "## round $round, $side ($bin): $(python3 scripts/bench/summarize.py serial "$tag")" | tee -a "$log"
+    done
+  done
+  python3 scripts/bench/summarize.py serial-table "$log" | tee -a "$log"
+}
+
+# Issue 31's ratios on this machine: `POST /next` in durable mode and in window mode against
+# `GET /healthz`, wrk closed loop (-t1 -c256, SECONDS_EACH s each), one fleet per mode up in
+# turn, the three alternating for ROUNDS rounds; `baton check` on each fleet's ledger.
+modes() {
+  local rounds=${1:-3} secs=${SECONDS_EACH:-15} log="$OUT/wrk-modes.txt"
+  local a=state/bench/modes-durable b=state/bench/modes-window
+  two_fleets "$BATON" "$BATON" "$a" "$b" "" experiments/bench-configs/raft-window.toml
+  local la lb
+  la=$(leader_of "$BATON" "$a")
+  lb=$(leader_of "$BATON" "$b")
+  warm_up "$la"
+  warm_up "$lb"
+  echo "# modes: $("$BATON" --version 2>/dev/null || true); $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo); both fleets up throughout" | tee "$log"
+  for round in $(seq 1 "$rounds"); do
+    for what in "durable next $la" "window next $lb" "durable healthz $la"; do
+      set -- $what
+      local url="http://$3/$2" script=()
+      [ "$2" = next ] && script=(-s scripts/bench/post-next.lua)
+      echo "## round $round: $1 wrk -t1 -c256 -d${secs}s ${script[*]} $url" | tee -a "$log"
+      wrk -t1 -c256 -d"${secs}"s --latency "${script[@]}" "$url" | tee -a "$log"
+    done
+  done
+  "$BATON" check --dir "$a" | tail -1 | tee -a "$log"
+  "$BATON" check --dir "$b" | tail -1 | tee -a "$log"
+  python3 scripts/bench/summarize.py modes "$log"
+}
+
 case "${1:-}" in
   neighbour) shift; neighbour "$@" ;;
   sweep) shift; sweep "$@" ;;
@@ -421,5 +594,10 @@ case "${1:-}" in
   gen) shift; gen "$@" ;;
   pipe) shift; pipe "$@" ;;
   linger) shift; linger "$@" ;;
+  reads) shift; reads "$@" ;;
+  readpairs) shift; readpairs "$@" ;;
+  leaseab) shift; leaseab "$@" ;;
+  serial) shift; serial "$@" ;;
+  modes) shift; modes "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 2 ;;
 esac

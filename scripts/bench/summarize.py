@@ -7,12 +7,75 @@
   summarize.py split PREFIX         client latency beside the leader's own histograms (perf.sh split)
   summarize.py profile PREFIX [ROUNDS]  CPU per request by thread, /healthz vs /next (perf.sh profile)
   summarize.py gen PREFIX          the open-loop generator's rate, latency and CPU per request (perf.sh gen)
+  summarize.py leaseab wrk-lease-ab.txt  per build: lease reads over GET /healthz per round (req/s,
+                                   and the HTTP thread's CPU per request), and the medians
+  summarize.py read FILE.json...   `baton bench read` reports: each row with what limited it, and
+                                   each mode's answered rate over GET /healthz's in the same run
+  summarize.py serial PREFIX       the sequencer's serial stage in µs of CPU per ID, one run (perf.sh serial)
+  summarize.py serial-table serial.txt  those runs as a table, old against new
+  summarize.py modes wrk-modes.txt durable and window POST /next against GET /healthz (perf.sh modes)
 """
 import json
 import os
 import re
 import statistics
 import sys
+
+
+def leaseab(path):
+    """perf.sh leaseab: per build and round, lease read over /healthz (rate; HTTP thread CPU)."""
+    pat = re.compile(r"round (\d+) (\w+) (\S+): (\d+) req/s, non-2xx (\d+), p99 (\S+), HTTP thread ([\d.]+) us/request")
+    runs = {}
+    for line in open(path):
+        m = pat.search(line)
+        if m:
+            rnd, side, what, rps, non2xx, p99, us = m.groups()
+            runs.setdefault((side, int(rnd)), {})["lease" if what.startswith("read") else "healthz"] = (
+                float(rps), int(non2xx), p99, float(us))
+    print("| build | round | lease req/s | /healthz req/s | ratio | lease p99 / healthz p99 | HTTP thread µs per request, lease / healthz | extra µs per lease read |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for (side, rnd), r in sorted(runs.items()):
+        if "lease" not in r or "healthz" not in r:
+            continue
+        (lr, ln, lp, lu), (hr, hn, hp, hu) = r["lease"], r["healthz"]
+        summary.setdefault(side, []).append((lr / hr, lu - hu, hu / lu))
+        print(f"| {side} | {rnd} | {lr:.0f}{f' ({ln} non-2xx)' if ln else ''} | {hr:.0f} | {lr / hr:.2f} | {lp} / {hp} | {lu:.2f} / {hu:.2f} | {lu - hu:.2f} |")
+    for side, v in summary.items():
+        print(f"\n{side}: {len(v)} rounds, median ratio {statistics.median(x[0] for x in v):.2f}, "
+              f"median extra HTTP-thread CPU per lease read {statistics.median(x[1] for x in v):.2f} µs, "
+              f"median CPU ratio (healthz / lease) {statistics.median(x[2] for x in v):.2f}")
+
+
+def read_rows(paths):
+    """`baton bench read` reports: every row, then the ratios to plain HTTP, per file."""
+    print("| file | backend | mode | round | offered/s | answered/s | errors | p99 ms (schedule) | service p50 / p99 ms | connections (busy) | limited by | busiest node / generator thread |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for p in paths:
+        r = json.load(open(p))
+        name = p.rsplit('/', 1)[-1]
+        for row in r["rows"]:
+            def busiest(what):
+                for t in row.get("threads", []):
+                    if t["what"].startswith(what) and t["busiest"]:
+                        b = t["busiest"][0]
+                        return f"{b['name']} {b['busy'] * 100:.0f}%"
+                return "-"
+            print(f"| {name} | {row['backend']} | {row['mode']} | {row.get('round', 1)} | {row['offered_rate']:.0f} | "
+                  f"{row['ok_per_s']:.0f} | {row['errors']} | {row['p99_ms']:.2f} | "
+                  f"{row['service_p50_ms']:.2f} / {row['service_p99_ms']:.2f} | "
+                  f"{row.get('connections', '?')} ({row.get('busy_connections_mean', 0):.0f}) | "
+                  f"{row.get('limited_by', {}).get('limit', '?')} | {busiest('leader')} / {busiest('generator')} |")
+        for m in r.get("ratio_medians", []):
+            ratios.append((name, m))
+    if ratios:
+        print("\n| file | backend | mode | rounds | answered/s | /healthz req/s | ratio median (min-max) | p99 ms, mode / healthz |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, m in ratios:
+            print(f"| {name} | {m['backend']} | {m['mode']} | {m['rounds']} | {m['ok_per_s_median']:.0f} | "
+                  f"{m['plain_http_ok_per_s_median']:.0f} | **{m['ratio_median']:.2f}** "
+                  f"({m['ratio_min']:.2f}-{m['ratio_max']:.2f}) | {m['p99_ms_median']:.2f} / {m['plain_http_p99_ms_median']:.2f} |")
 
 
 def neighbour_words(r):
@@ -238,12 +301,162 @@ def gen(prefix):
           f"idle {shares.get('idle', 0.0):.1f}%")
 
 
+def prom_value(path, name):
+    """The sum over every series of `name` in a Prometheus text file (0 if absent)."""
+    total = 0.0
+    for line in open(path):
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line.strip())
+        if m:
+            total += float(m.group(2))
+    return total
+
+
+def thread_ns(path):
+    rows = {}
+    for line in open(path):
+        parts = line.split()
+        if len(parts) == 3:
+            rows[parts[0]] = (parts[1], int(parts[2]))
+    return rows
+
+
+# The serial stage on the commit thread, from `perf script` stacks (one sample each): a sample
+# counts for the first category whose frame is in its stack. The sequencer's is the only actor on
+# that thread, so ractor's actor task there is its own; its commit tasks are `Answering::after`
+# (inside `start_commit`'s task when the commit first takes a connection); the connection is the
+# sequencer's own PostgreSQL connection, the only one whose I/O runs there. Within the actor and
+# the commit tasks, samples in the per-ID answer loop of earlier builds (`deliver`, `send_all`)
+# are told apart. A home's answers (`HomeAnswers`, per request, on the thread serving it) are
+# counted beside, not as serial.
+SERIAL_CATEGORIES = [
+    ("connection", "<tokio_postgres::connection::Connection<S,T> as core::future::future::Future>::poll"),
+    ("actor", "ractor::actor::ActorRuntime<TActor>::start::"),
+    ("commit tasks", "baton::work::sequencer::Answering::after"),
+    ("commit tasks", "baton::work::sequencer::SequencerState::start_commit::{{closure}}"),
+    ("home answers (per thread, not serial)", "baton::work::sequencer::HomeAnswers"),
+]
+PER_ID = ["baton::work::sequencer::send_all", "baton::work::sequencer::deliver"]
+
+
+def classify_stacks(path):
+    """Counts `perf script --no-inline` samples by SERIAL_CATEGORIES; (counts, samples)."""
+    counts, total = {}, 0
+    for block in open(path).read().split("\n\n"):
+        lines = [l.strip() for l in block.strip().split("\n")]
+        if not lines or not lines[0]:
+            continue
+        total += 1
+        frames = [re.sub(r"^[0-9a-f]+ (.*?)\+0x[0-9a-f]+ \(.*$", r"\1", l) for l in lines[1:]]
+        for name, frame in SERIAL_CATEGORIES:
+            if any(f.startswith(frame) or f.startswith("<" + frame) for f in frames):
+                if name in ("actor", "commit tasks") and any(f.startswith(p) for p in PER_ID for f in frames):
+                    name += ", its per-ID answer loop"
+                counts[name] = counts.get(name, 0) + 1
+                break
+    return counts, total
+
+
+def serial_run(tag):
+    """One `perf.sh serial` run: IDs, commits, the serial stage's µs per ID and per commit, the
+    categories (µs per commit each), CPU µs/ID by thread name, the check."""
+    delta = lambda name: prom_value(f"{tag}-after.prom", name) - prom_value(f"{tag}-before.prom", name)
+    ids, commits = delta("baton_sequencer_batch_ids_sum"), delta("baton_sequencer_batch_ids_count")
+    before, after = thread_ns(f"{tag}-threads-before.txt"), thread_ns(f"{tag}-threads-after.txt")
+    threads = {}
+    for tid, (comm, ns) in after.items():
+        if tid in before:
+            threads[(tid, comm)] = ns - before[tid][1]
+    http0 = sum(ns for (_, comm), ns in threads.items() if comm == "baton-http-0")
+    if os.path.exists(f"{tag}-stacks.txt"):
+        counts, total = classify_stacks(f"{tag}-stacks.txt")
+        with open(f"{tag}-categories.json", "w") as f:
+            json.dump({"samples": total, "counts": counts}, f)
+        os.remove(f"{tag}-stacks.txt")
+    c = json.load(open(f"{tag}-categories.json"))
+    counts, total = c["counts"], c["samples"]
+    ns_per_sample = http0 / total if total else 0.0
+    us = {k: v * ns_per_sample / 1000.0 for k, v in counts.items()}
+    serial_us = sum(v for k, v in us.items() if "not serial" not in k)
+    by_comm = {}
+    for (_, comm), ns in threads.items():
+        by_comm[comm] = by_comm.get(comm, 0) + ns
+    per_thread = sorted(((ns / 1000.0 / ids if ids else float("nan"), comm)
+                         for comm, ns in by_comm.items()), reverse=True)
+    check = open(f"{tag}-check.txt").read().strip() if os.path.exists(f"{tag}-check.txt") else "?"
+    return {
+        "ids": ids, "commits": commits,
+        "us_per_id": serial_us / ids if ids else float("nan"),
+        "us_per_commit": serial_us / commits if commits else float("nan"),
+        "parts": {k: v / commits for k, v in us.items()} if commits else {},
+        "per_thread": per_thread, "check": check,
+    }
+
+
+def serial(tag):
+    r = serial_run(tag)
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["parts"].items()))
+    busiest = ", ".join(f"{comm} {v:.2f}" for v, comm in r["per_thread"][:3])
+    print(f"IDs {r['ids']:,.0f}; serial stage **{r['us_per_id']:.3f} µs/ID**; {r['commits']:,.0f} commits of "
+          f"{r['ids'] / r['commits'] if r['commits'] else 0:.1f} IDs, {r['us_per_commit']:.1f} µs each "
+          f"(µs per commit: {parts}); CPU µs/ID by thread name: {busiest}; {r['check']}")
+
+
+def serial_table(path):
+    rows = []
+    for line in open(path):
+        m = re.match(r"^## round (\d+), (\w+) \(([^)]*)\): IDs ([\d,]+); serial stage \*\*([\d.na]+) µs/ID\*\*; "
+                     r"([\d,]+) commits of ([\d.]+) IDs, ([\d.na]+) µs each \(µs per commit: (.*)\); "
+                     r"CPU µs/ID by thread name: ([^;]*);", line)
+        if m:
+            rows.append(m.groups())
+    print("| round | build | IDs in 6 s | mean IDs per commit | serial µs/ID | serial µs per commit | of which (µs per commit) | CPU µs/ID by thread name |")
+    print("|---|---|---|---|---|---|---|---|")
+    med = {}
+    for rnd, side, _, ids, us, _, batch, per_commit, parts, threads in rows:
+        print(f"| {rnd} | {side} | {ids} | {batch} | **{us}** | {per_commit} | {parts} | {threads} |")
+        med.setdefault(side, []).append((float(us), float(per_commit)))
+    if "old" in med and "new" in med:
+        (o, oc), (n, nc) = ([statistics.median(x[i] for x in med[k]) for i in (0, 1)] for k in ("old", "new"))
+        print(f"\nmedians: serial µs/ID old {o:.3f}, new {n:.3f} (new : old {n / o:.2f}); "
+              f"µs per commit old {oc:.1f}, new {nc:.1f}")
+
+
+def modes(path):
+    """`perf.sh modes`: per round, durable and window /next and /healthz, and the ratios."""
+    text = open(path).read()
+    runs = {}
+    for block in text.split("## round ")[1:]:
+        head = block.splitlines()[0]
+        side = head.split(": ")[1].split()[0]
+        what = "healthz" if "/healthz" in head else "next"
+        m = re.search(r"Requests/sec:\s+([\d.]+)", block)
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", block)
+        p99 = re.search(r"\s99%\s+([\d.]+)(us|ms|s)", block)
+        runs.setdefault((side, what), []).append(
+            (float(m.group(1)) if m else 0.0, int(non2xx.group(1)) if non2xx else 0))
+    d, w, h = runs[("durable", "next")], runs[("window", "next")], runs[("durable", "healthz")]
+    print("| round | durable /next IDs/s | window /next IDs/s | /healthz req/s | durable : healthz | window : healthz |")
+    print("|---|---|---|---|---|---|")
+    rd, rw = [], []
+    for i, (a, b, c) in enumerate(zip(d, w, h), 1):
+        bad = ", ".join(f"{n:,} non-2xx" for n in (a[1], b[1], c[1]) if n)
+        rd.append(a[0] / c[0])
+        rw.append(b[0] / c[0])
+        print(f"| {i} | {a[0]:,.0f} | {b[0]:,.0f} | {c[0]:,.0f} | {rd[-1]:.2f} | {rw[-1]:.2f} |" + (f" {bad}" if bad else ""))
+    print(f"| median | {statistics.median(x[0] for x in d):,.0f} | {statistics.median(x[0] for x in w):,.0f} | "
+          f"{statistics.median(x[0] for x in h):,.0f} | {statistics.median(rd):.2f} | {statistics.median(rw):.2f} |")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 3:
         print(__doc__)
         sys.exit(2)
     if sys.argv[1] == "next":
         next_rows(sys.argv[2:])
+    elif sys.argv[1] == "read":
+        read_rows(sys.argv[2:])
+    elif sys.argv[1] == "leaseab":
+        leaseab(sys.argv[2])
     elif sys.argv[1] == "ratio":
         ratio(sys.argv[2])
     elif sys.argv[1] == "ab":
@@ -254,5 +467,11 @@ if __name__ == "__main__":
         gen(sys.argv[2])
     elif sys.argv[1] == "pipe":
         pipe(sys.argv[2])
+    elif sys.argv[1] == "serial":
+        serial(sys.argv[2])
+    elif sys.argv[1] == "serial-table":
+        serial_table(sys.argv[2])
+    elif sys.argv[1] == "modes":
+        modes(sys.argv[2])
     elif sys.argv[1] == "profile":
         profile(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else 2)

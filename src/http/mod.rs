@@ -58,6 +58,25 @@ pub(crate) struct ReadSettings {
     /// HTTP server's own thread (the sequencer's commits are the exception, see
     /// `work::sequencer`).
     pub node_rt: tokio::runtime::Handle,
+    /// The lease-read hot path's counter handles (see [`ReadCounters`]).
+    pub counters: ReadCounters,
+}
+
+/// Counter handles of `GET /read`'s hot outcome, each registered with the recorder on first use
+/// and kept: `metrics::counter!` with labels builds and hashes its key and looks it up in the
+/// recorder's registry on every call, which a lease read served from memory should not pay.
+#[derive(Default)]
+pub(crate) struct ReadCounters {
+    lease_ok: std::sync::OnceLock<metrics::Counter>,
+}
+
+impl ReadCounters {
+    /// `baton_reads_total{mode="lease",outcome="ok"}`.
+    pub fn lease_ok(&self) -> &metrics::Counter {
+        self.lease_ok.get_or_init(
+            || metrics::counter!(m::READS, "mode" => ReadMode::Lease.as_str(), "outcome" => "ok"),
+        )
+    }
 }
 
 /// One shard's term as the handlers see it (one entry at K = 1: shard 0).

@@ -1,54 +1,70 @@
 //! The Sequencer actor: `POST /next` hands out strictly increasing `(token, seq)`.
 //!
-//! The leader allocates IDs in memory from the `last_seq` it claimed through the fence, and makes
-//! every one durable with a fenced group commit before answering: requests that arrive while a
-//! commit is in flight form the next batch, one round trip per batch. An ID whose commit failed
-//! ambiguously is burned, never reused. `[sequencer] min_commit_interval_ms` (default 0: no
-//! artificial delay) spaces commits sent one after another: under load fewer, larger commits
-//! for at most that much more latency.
+//! Two modes (`[sequencer] mode`):
 //!
-//! Up to `[sequencer] commits_in_flight` commits (default 1) are outstanding at once, all sent
-//! on one connection (a [`SeqPipe`]), so PostgreSQL runs them in the order their ranges were cut
-//! and a later range never reaches the fence row first. The next batch can then wait in the
-//! database's socket while the one before it is flushed, instead of a round trip to the node
-//! later. A batch goes behind one in flight only once it carries at least as many IDs, so the
-//! load is not cut into more, smaller commits than one-at-a-time would send.
+//! * **durable** (the default): the leader allocates IDs in memory from the `last_seq` it
+//!   claimed through the fence, and makes every one durable with a fenced group commit before
+//!   answering: requests that arrive while a commit is in flight form the next batch, one round
+//!   trip per batch. An ID whose commit failed ambiguously is burned, never reused. Real-time
+//!   order holds across leaders whatever the clocks do: an ID is answered only after the fence
+//!   accepted it, and a successor's claim fences every later commit of this term out.
+//! * **window** (the timestamp oracle of Percolator and TiDB PD, [`Window`]): the leader persists
+//!   an upper bound a window ahead (`[sequencer] window_ids`) with the same fenced write, then
+//!   serves IDs from memory below it, on the caller's own thread with one atomic add, and only
+//!   while its lease-read window is open (the bound `GET /read?mode=lease` uses). It extends the
+//!   bound in the background once half the window is used. A new leader claims above the highest
+//!   bound ever persisted, so uniqueness and per-leader monotonicity hold unconditionally; the
+//!   real-time order across a change of leader holds only while the clock-rate bound
+//!   (`clock_rate_error`) does, as for lease reads.
+//!
+//! # The durable path: no per-ID work on the committing thread
+//!
+//! Requests do not reach the actor one message each, and the committer never touches them one
+//! by one. Each caller's runtime (an HTTP server thread) is an [`AnswerHome`] with a queue of
+//! its own: a caller appends its request there (a mutex only the committer ever contends), and
+//! only the first append of a home since the actor last took it checks, with one atomic, whether
+//! the actor already knows work is waiting ([`Intake`]). The actor starts a commit by swapping
+//! out each home's whole queue (O(homes), whatever the number of IDs), cuts one range for the
+//! sum, sends one fenced commit, and when it is answered hands each home its sub-range with one
+//! task spawned on that home's runtime; that task answers the home's requests in order, each an
+//! ID of the sub-range. So the serial stage (the actor and its commit task) costs O(homes) per
+//! group commit, and the per-ID work (the reply channel, the latency histogram) runs on the
+//! thread that parsed the request and writes its answer. A home's emptied queue is handed back
+//! for its next batch, so the steady state allocates nothing per commit.
+//!
+//! `[sequencer] min_commit_interval_ms` (default 0: no artificial delay) spaces commits sent one
+//! after another: under load fewer, larger commits for at most that much more latency. Up to
+//! `[sequencer] commits_in_flight` commits (default 1) are outstanding at once, all sent on one
+//! connection (a [`SeqPipe`]), so PostgreSQL runs them in the order their ranges were cut and a
+//! later range never reaches the fence row first. A batch goes behind one in flight only once it
+//! carries at least as many IDs, so the load is not cut into more, smaller commits than
+//! one-at-a-time would send.
 //!
 //! The actor never awaits PostgreSQL in `handle()`: claims and commits run in spawned tasks that
-//! report back with a message.
-//!
-//! Requests do not reach the actor one message each. Callers append to the term's [`Intake`] (a
-//! short mutex) and only the first caller after the actor last looked sends it a message; the
-//! actor takes the whole intake when it starts a commit. At saturation that is one actor message
-//! per group commit instead of one per ID (and, from an HTTP thread other than the actor's, one
-//! cross-thread wake-up).
-//!
-//! The way back is batched too. A caller on another runtime (the HTTP server's thread) names its
-//! [`AnswerHome`]; the commit hands each home its answers in one spawned task, which completes the
-//! callers' reply channels there. Waking a task from outside its runtime costs an `eventfd`
-//! write each time (tokio's remote unpark), so per batch that is one such wake-up per home
-//! instead of one per request.
+//! report back with a message. When a commit's outcome arrives the actor is told first, and the
+//! homes' answer tasks are queued after it, so the next group commit is written to PostgreSQL
+//! before this thread spends its time answering the last one.
 //!
 //! Where it all runs: on the HTTP server's first client thread when there is one (it offers its
 //! runtime, [`SequencerHandle::offer_commit_runtime`]), else on the node's runtime. The actor, its
 //! commit tasks and its database connection's I/O then share the thread that parses the requests
-//! and writes the answers, so a request crosses no thread inside the node: a group commit's
-//! round trip wakes only PostgreSQL's backend and, when the answer comes, this one thread. On the
-//! node's runtime the same path woke a runtime worker from the HTTP thread, the connection's task
-//! and the commit task on whichever workers were free, and the HTTP thread again: each wake-up a
-//! chance to queue behind a neighbour for a scheduler slice (FINDINGS §11.8). Nothing
-//! timer-critical moves: heartbeats, renewals and the watchdog stay on the node's runtime, and a
-//! stopped term is still refused by the fence whatever thread its last commit left from.
+//! and writes the answers, so on a one-thread server a request crosses no thread inside the node
+//! (FINDINGS §11.8); with more server threads each other thread is woken once per commit, not
+//! once per request. Nothing timer-critical moves: heartbeats, renewals and the watchdog stay on
+//! the node's runtime, and a stopped term is still refused by the fence whatever thread its last
+//! commit left from.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::backends::FenceToken;
+use crate::config::lease_read_until;
 use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::work::fence::SeqPipe;
@@ -91,6 +107,11 @@ pub enum SequencerMsg {
     Checkpoint(RpcReplyPort<()>),
     /// `[sequencer] min_commit_interval_ms` has passed since the last commit was sent.
     LingerOver,
+    /// Window mode: the IDs left below the persisted bound ran low (sent by a caller, at most
+    /// one at a time), or the pause after a failed extension is over.
+    Extend,
+    /// Window mode: the fenced write of the bound `hi` finished.
+    Extended { outcome: CommitOutcome, hi: i64 },
 }
 
 /// How a group commit ended, as the actor needs to know it (its callers are already answered).
@@ -110,100 +131,166 @@ struct Pending {
     n: u32,
     reply: Reply,
     arrived: Instant,
-    /// Where the answer is delivered; `None`: sent straight from the commit task.
-    home: Option<AnswerHome>,
 }
 
-/// A runtime that callers of [`SequencerHandle::next`] wait on, named so a group commit can
-/// deliver all of that runtime's answers with one task spawned there (see the module docs).
-/// Identity is the `Arc`: callers of one runtime share one home.
+/// Which term's intake a home's queue is for (each [`Intake`] takes a fresh number).
+static INTAKE_NUMBERS: AtomicU64 = AtomicU64::new(1);
+
+/// A runtime that callers of [`SequencerHandle::next`] wait on (an HTTP server thread), with
+/// the queue its callers' requests wait in for the next group commit, so that the committer
+/// takes a whole thread's requests at once and hands the thread its answers as one sub-range
+/// (see the module docs). Identity is the `Arc`: callers of one runtime share one home.
 #[derive(Clone)]
 pub(crate) struct AnswerHome(Arc<Home>);
 
 struct Home {
-    rt: tokio::runtime::Handle,
-    /// The thread that drives `rt`, if it is a single-threaded runtime: a commit answered on
-    /// that very thread completes the reply channels itself instead of spawning a task.
-    thread: Option<std::thread::ThreadId>,
+    /// Where this home's answers are delivered; `None` (the intake's own slot for callers that
+    /// name no home): answered straight from the commit task.
+    rt: Option<tokio::runtime::Handle>,
+    queue: Mutex<HomeQueue>,
+}
+
+/// A home's requests waiting for one term's next group commit.
+#[derive(Default)]
+struct HomeQueue {
+    /// The [`Intake`] these are for (its number; 0: none yet). A home outlives terms: the first
+    /// append of a new term finds another number here and registers the home with that intake.
+    intake: u64,
+    waiting: Vec<Pending>,
+    /// The IDs `waiting` asks for.
+    ids: usize,
+    /// Whether an append since the actor last took this queue has made sure the actor will
+    /// look (so the next ones need not check).
+    announced: bool,
+    /// An emptied queue from an earlier batch, swapped in when the actor takes this one: the
+    /// steady state allocates nothing per commit.
+    spare: Vec<Pending>,
 }
 
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 impl AnswerHome {
     /// The runtime this is called on.
     pub(crate) fn current() -> Self {
-        let rt = tokio::runtime::Handle::current();
-        let thread = matches!(
-            rt.runtime_flavor(),
-            tokio::runtime::RuntimeFlavor::CurrentThread
-        )
-        .then(|| std::thread::current().id());
-        Self(Arc::new(Home { rt, thread }))
+        Self::on(Some(tokio::runtime::Handle::current()))
     }
 
-    fn same(&self, other: &AnswerHome) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+    fn on(rt: Option<tokio::runtime::Handle>) -> Self {
+        Self(Arc::new(Home {
+            rt,
+            queue: Mutex::new(HomeQueue::default()),
+        }))
     }
 
-    /// Whether this is running on the home's own thread (so inside its runtime).
-    fn is_here(&self) -> bool {
-        self.0.thread == Some(std::thread::current().id())
+    fn queue(&self) -> std::sync::MutexGuard<'_, HomeQueue> {
+        // A panic while holding this lock leaves Vecs and counters: still consistent.
+        self.0.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Completes each reply channel with its answer (a caller that gave up is skipped).
-fn send_all(group: Vec<(Reply, Answer)>) {
-    for (reply, answer) in group {
-        let _ = reply.send(answer);
-    }
+/// One home's share of a group commit: its requests, answered in order from `first` on.
+struct HomeBatch {
+    home: AnswerHome,
+    pending: Vec<Pending>,
+    /// The IDs `pending` asks for.
+    ids: usize,
 }
 
-/// Delivers a batch's answers: each caller without a home at once, the rest grouped by home and
-/// sent from one task on that home's runtime, where completing a reply channel wakes its caller
-/// without a syscall.
-fn deliver(answers: Vec<(Reply, Answer, Option<AnswerHome>)>) {
-    let mut by_home: Vec<(AnswerHome, Vec<(Reply, Answer)>)> = Vec::new();
-    for (reply, answer, home) in answers {
-        let Some(home) = home else {
-            let _ = reply.send(answer);
-            continue;
-        };
-        match by_home.iter_mut().find(|(h, _)| h.same(&home)) {
-            Some((_, group)) => group.push((reply, answer)),
-            None => by_home.push((home, vec![(reply, answer)])),
+/// What the actor took for one group commit: O(homes) entries, however many IDs.
+#[derive(Default)]
+struct Batch {
+    homes: Vec<HomeBatch>,
+    ids: usize,
+}
+
+/// A home's answers for one commit, sent on the home's own runtime.
+struct HomeAnswers {
+    home: AnswerHome,
+    pending: Vec<Pending>,
+    token: FenceToken,
+    first: i64,
+    /// Why the commit failed, for every caller of the batch; `None`: durable.
+    error: Option<NextError>,
+}
+
+impl HomeAnswers {
+    /// On the home's runtime when it has one (the per-ID work runs on the thread that serves
+    /// these callers), else right here.
+    fn deliver(self) {
+        match self.home.0.rt.clone() {
+            // From a task of that same runtime this only queues the task: no syscall. If that
+            // runtime has shut down the task is dropped with the senders in it, and each caller
+            // sees its channel closed ("not running"): its connection is going away anyway.
+            Some(rt) => {
+                rt.spawn(async move { self.send() });
+            }
+            None => self.send(),
         }
     }
-    for (home, group) in by_home {
-        if home.is_here() {
-            // Waking a task of this same runtime only queues it: no task, no syscall.
-            send_all(group);
-            continue;
+
+    /// Completes each reply channel (a caller that gave up is skipped), then hands the emptied
+    /// queue back to the home.
+    fn send(mut self) {
+        let next_seconds = metrics::histogram!(m::NEXT_SECONDS);
+        let now = Instant::now();
+        let mut seq = self.first;
+        for p in self.pending.drain(..) {
+            let answer = match &self.error {
+                None => Ok(IdBlock {
+                    token: self.token,
+                    first: seq,
+                    last: seq + p.n as i64 - 1,
+                }),
+                Some(e) => Err(e.clone()),
+            };
+            seq += p.n as i64;
+            next_seconds.record(now.saturating_duration_since(p.arrived).as_secs_f64());
+            let _ = p.reply.send(answer);
         }
-        // If that runtime has shut down the task is dropped with the senders in it, and each
-        // caller sees its channel closed ("not running"): its connection is going away anyway.
-        home.0.rt.spawn(async move { send_all(group) });
+        let mut q = self.home.queue();
+        if q.spare.capacity() < self.pending.capacity() {
+            q.spare = std::mem::take(&mut self.pending);
+        }
     }
 }
 
-/// The requests waiting for this term's next group commit. Callers on any runtime append; the
-/// actor alone takes. `actor_due` is the hand-off rule: true while the actor is bound to look
-/// again on its own (a message is on its way, a claim or commit is in flight and will end in
-/// [`SequencerState::start_commit`]), so appending needs no message; the append that finds it
-/// false sets it and sends one.
-#[derive(Default)]
-pub struct Intake(Mutex<IntakeState>);
-
-#[derive(Default)]
-struct IntakeState {
-    waiting: Vec<Pending>,
-    /// The IDs `waiting` asks for.
-    waiting_ids: usize,
-    actor_due: bool,
-    /// While the actor is due, an append that brings `waiting_ids` to this many wakes it anyway:
-    /// enough has gathered for a commit to go behind the one in flight (see
-    /// [`Intake::take_at_least`]).
-    wake_at_ids: Option<usize>,
+/// The requests waiting for this term's next group commit, in the queues of the homes they came
+/// from. Callers on any runtime append to their own home's queue; the actor alone takes.
+/// `actor_due` is the hand-off rule: true while the actor is bound to look again on its own (a
+/// message is on its way, a claim or commit is in flight and will end in
+/// [`SequencerState::start_commit`]), so appending needs no message; the first append of a home
+/// since its queue was last taken checks it, and the one that finds it false sets it and sends
+/// one.
+pub struct Intake {
+    number: u64,
+    /// Every home that has appended in this term (the committer's O(homes) walk).
+    homes: Mutex<Vec<AnswerHome>>,
+    /// The queue of callers that name no home.
+    loose: AnswerHome,
+    actor_due: AtomicBool,
     /// Set by checkpoint and stop: every later append is answered "demoting" at once.
-    closed: bool,
+    closed: AtomicBool,
+    /// While the actor waits for enough IDs to send a commit behind the one in flight
+    /// ([`Intake::take_at_least`]): that many (0: not waiting). Appends then count into
+    /// `counted_ids`, and the one that gets there wakes the actor.
+    wake_at_ids: AtomicUsize,
+    counted_ids: AtomicUsize,
+    /// Where the next take starts its walk, so no home always goes first.
+    rotate: AtomicUsize,
+}
+
+impl Default for Intake {
+    fn default() -> Self {
+        Intake {
+            number: INTAKE_NUMBERS.fetch_add(1, Ordering::Relaxed),
+            homes: Mutex::new(Vec::new()),
+            loose: AnswerHome::on(None),
+            actor_due: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            wake_at_ids: AtomicUsize::new(0),
+            counted_ids: AtomicUsize::new(0),
+            rotate: AtomicUsize::new(0),
+        }
+    }
 }
 
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
@@ -217,44 +304,125 @@ enum Appended {
 }
 
 impl Intake {
-    fn lock(&self) -> std::sync::MutexGuard<'_, IntakeState> {
-        // A panic while holding this lock leaves a Vec and two flags: still consistent.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn homes(&self) -> Vec<AnswerHome> {
+        self.homes.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    fn append(&self, p: Pending) -> Appended {
-        let mut g = self.lock();
-        if g.closed {
-            return Appended::Closed;
+    fn append(&self, p: Pending, home: Option<&AnswerHome>) -> Appended {
+        let home = home.unwrap_or(&self.loose);
+        let n = p.n as usize;
+        let (announce, stale) = {
+            let mut q = home.queue();
+            let mut stale = Vec::new();
+            if q.intake != self.number {
+                // The first request of this term from this home. Whatever still waits here was
+                // for an earlier term whose close did not reach it: answered "demoting" below.
+                stale = std::mem::take(&mut q.waiting);
+                q.ids = 0;
+                q.announced = false;
+                q.intake = self.number;
+                self.homes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(home.clone());
+            }
+            // Checked after registering: a close either sees this home in its walk or is seen here.
+            if self.closed.load(Ordering::SeqCst) {
+                drop(q);
+                for p in stale {
+                    let _ = p.reply.send(Err(NextError::Demoting));
+                }
+                return Appended::Closed;
+            }
+            q.waiting.push(p);
+            q.ids += n;
+            let announce = !q.announced;
+            q.announced = true;
+            (announce, stale)
+        };
+        for p in stale {
+            let _ = p.reply.send(Err(NextError::Demoting));
         }
-        g.waiting_ids += p.n as usize;
-        g.waiting.push(p);
-        if !g.actor_due {
-            g.actor_due = true;
-            Appended::NotifyActor
-        } else if g.wake_at_ids.is_some_and(|at| g.waiting_ids >= at) {
-            g.wake_at_ids = None;
-            Appended::NotifyActor
-        } else {
-            Appended::Queued
+        if announce && !self.actor_due.swap(true, Ordering::SeqCst) {
+            return Appended::NotifyActor;
         }
+        let at = self.wake_at_ids.load(Ordering::SeqCst);
+        if at != 0
+            && self.counted_ids.fetch_add(n, Ordering::SeqCst) + n >= at
+            && self.wake_at_ids.swap(0, Ordering::SeqCst) != 0
+        {
+            return Appended::NotifyActor;
+        }
+        Appended::Queued
     }
 
-    /// The oldest waiting requests, up to `max_ids` IDs (always at least one request). The actor
-    /// stays due while any are left: it comes back for them when this commit ends.
-    fn take(&self, max_ids: usize) -> (Vec<Pending>, usize) {
-        let mut g = self.lock();
-        let (mut take, mut ids) = (0, 0usize);
-        while take < g.waiting.len() && (take == 0 || ids + g.waiting[take].n as usize <= max_ids) {
-            ids += g.waiting[take].n as usize;
-            take += 1;
+    /// Every home's waiting requests, whole queues at a time, up to `max_ids` IDs (always at
+    /// least one request: a single home above the bound gives its oldest requests up to it).
+    /// O(homes): a queue is swapped out, never walked. The actor stays due while any are left:
+    /// it comes back for them when this commit ends.
+    fn take(&self, max_ids: usize) -> Batch {
+        self.actor_due.store(false, Ordering::SeqCst);
+        self.wake_at_ids.store(0, Ordering::SeqCst);
+        let homes = self.homes();
+        let start = self.rotate.fetch_add(1, Ordering::Relaxed);
+        let mut batch = Batch::default();
+        let mut left = false;
+        for i in 0..homes.len() {
+            let home = &homes[(start + i) % homes.len()];
+            let mut q = home.queue();
+            if q.intake != self.number || q.waiting.is_empty() {
+                continue;
+            }
+            if batch.ids > 0 && batch.ids + q.ids > max_ids {
+                left = true;
+                continue;
+            }
+            let (pending, ids) = if q.ids > max_ids && q.waiting.len() > 1 {
+                // Only the first home of a batch gets here. Rare (one thread alone holding
+                // more than a batch), and the one place the committer copies requests.
+                let (mut k, mut ids) = (0, 0);
+                while k < q.waiting.len() && (k == 0 || ids + q.waiting[k].n as usize <= max_ids) {
+                    ids += q.waiting[k].n as usize;
+                    k += 1;
+                }
+                let rest = q.waiting.split_off(k);
+                let taken = std::mem::replace(&mut q.waiting, rest);
+                q.ids -= ids;
+                left = true;
+                (taken, ids)
+            } else {
+                let spare = std::mem::take(&mut q.spare);
+                let taken = std::mem::replace(&mut q.waiting, spare);
+                q.announced = false;
+                (taken, std::mem::take(&mut q.ids))
+            };
+            batch.ids += ids;
+            batch.homes.push(HomeBatch {
+                home: home.clone(),
+                pending,
+                ids,
+            });
         }
-        let batch: Vec<Pending> = g.waiting.drain(..take).collect();
-        g.waiting_ids -= ids;
-        g.actor_due = !g.waiting.is_empty();
-        g.wake_at_ids = None;
-        (batch, ids)
+        if left {
+            self.actor_due.store(true, Ordering::SeqCst);
+        }
+        batch
+    }
+
+    /// The IDs waiting in every home (O(homes)).
+    fn waiting_ids(&self) -> usize {
+        self.homes()
+            .iter()
+            .map(|h| {
+                let q = h.queue();
+                if q.intake == self.number {
+                    q.ids
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 
     /// For a commit behind one in flight: [`Intake::take`] once at least `min_ids` IDs wait,
@@ -262,33 +430,272 @@ impl Intake {
     /// brings the actor back in any case, so it stays due.) Sending a small batch behind a
     /// large one would only split the load into more commits, each costing the database the
     /// same whatever its size.
-    fn take_at_least(&self, min_ids: usize, max_ids: usize) -> (Vec<Pending>, usize) {
-        {
-            let mut g = self.lock();
-            if g.waiting.is_empty() || g.waiting_ids < min_ids {
-                g.actor_due = true;
-                g.wake_at_ids = Some(min_ids.max(1));
-                return (Vec::new(), 0);
-            }
+    fn take_at_least(&self, min_ids: usize, max_ids: usize) -> Batch {
+        let waiting = self.waiting_ids();
+        if waiting == 0 || waiting < min_ids {
+            self.actor_due.store(true, Ordering::SeqCst);
+            // Appends between the walk and here are not counted: the actor then looks a little
+            // later than it could, at the latest when the commit in flight ends.
+            self.counted_ids.store(waiting, Ordering::SeqCst);
+            self.wake_at_ids.store(min_ids.max(1), Ordering::SeqCst);
+            return Batch::default();
         }
-        // Appends between the two locks only add to what is taken.
         self.take(max_ids)
     }
 
     fn has_waiting(&self) -> bool {
-        !self.lock().waiting.is_empty()
+        self.waiting_ids() > 0
     }
 
     /// Closes the intake and answers everything still waiting with "demoting".
     fn close(&self) {
-        let waiting = {
-            let mut g = self.lock();
-            g.closed = true;
-            g.waiting_ids = 0;
-            std::mem::take(&mut g.waiting)
-        };
-        for p in waiting {
-            let _ = p.reply.send(Err(NextError::Demoting));
+        self.closed.store(true, Ordering::SeqCst);
+        for home in self.homes() {
+            let waiting = {
+                let mut q = home.queue();
+                if q.intake != self.number {
+                    continue;
+                }
+                q.ids = 0;
+                q.announced = false;
+                std::mem::take(&mut q.waiting)
+            };
+            for p in waiting {
+                let _ = p.reply.send(Err(NextError::Demoting));
+            }
+        }
+    }
+}
+
+/// `[sequencer] mode` as the sequencer runs it.
+#[derive(Clone, Copy, Debug)]
+pub enum SequencerMode {
+    /// Every ID durable before its answer (group commit).
+    Durable,
+    /// IDs served from memory below a persisted bound, inside the lease window.
+    Window(WindowSettings),
+}
+
+/// Window mode's settings: `[sequencer] window_ids`, and the lease-read window's bound
+/// (`clock_rate_error`, `read_lease_margin_ms`), the same `GET /read?mode=lease` uses.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowSettings {
+    /// How far ahead of the IDs served the bound is persisted; it is extended once fewer than
+    /// half of these are left.
+    pub ids: i64,
+    pub rate_bound: f64,
+    pub margin: Duration,
+}
+
+/// How long a caller that found the lease window shut is kept waiting for it to reopen by
+/// one watch (it starts another while its own deadline allows).
+const LEASE_WATCH_LIMIT: Duration = Duration::from_secs(1);
+/// How often that watch looks (one timer for all the callers waiting, not one each).
+const LEASE_WATCH_EVERY: Duration = Duration::from_millis(1);
+/// The pause before a window extension that failed for want of the database is tried again
+/// (the IDs still below the bound are served meanwhile).
+const EXTEND_RETRY: Duration = Duration::from_millis(100);
+
+/// Window mode's state, shared by the actor (which moves the bound) and every caller (which
+/// take IDs below it on their own threads).
+///
+/// Why it is safe: `bound` only ever holds a value the fence accepted under this term
+/// (`seq_commit` with `seq_hi = bound`, which also sets the sequence's `last_seq` a successor
+/// claims from), and no ID above it is answered. So a successor, whose claim fences every later
+/// write of this term out, starts above every ID this term served: unique and increasing per
+/// leader, whatever the clocks do. Real-time order across the change needs one more thing: that
+/// no ID is answered once a successor may have been elected. That is the lease-read window,
+/// checked after the ID is taken and before it is answered; it is only as good as the clock-rate
+/// bound (`config::lease_read_until`).
+pub struct Window {
+    token: FenceToken,
+    leadership: Arc<Leadership>,
+    settings: WindowSettings,
+    /// The next ID to hand out (one atomic add per request).
+    next: AtomicI64,
+    /// The highest ID the fence has accepted as this term's bound: none above it is served.
+    bound: AtomicI64,
+    /// Set once the claim has said where `next` starts.
+    claimed: AtomicBool,
+    /// Set when the term's sequencer stops: nothing more is served.
+    closed: AtomicBool,
+    /// True while the actor is bound to look at the bound again on its own (it was asked, or an
+    /// extension or its retry is pending); the caller that finds it false sets it and sends
+    /// [`SequencerMsg::Extend`].
+    extend_asked: AtomicBool,
+    /// Woken when `bound` moves, the claim lands or the window closes.
+    moved: Notify,
+    /// Woken when the lease window reopens (or the watch gives up), for callers that found it shut.
+    lease_reopened: Notify,
+    /// A watch for the lease window's reopening runs.
+    lease_watched: AtomicBool,
+    actor: OnceLock<ActorRef<SequencerMsg>>,
+}
+
+impl Window {
+    fn new(token: FenceToken, leadership: Arc<Leadership>, settings: WindowSettings) -> Self {
+        Window {
+            token,
+            leadership,
+            settings,
+            next: AtomicI64::new(0),
+            bound: AtomicI64::new(0),
+            claimed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            // The claim is on its way: the actor extends right after it.
+            extend_asked: AtomicBool::new(true),
+            moved: Notify::new(),
+            lease_reopened: Notify::new(),
+            lease_watched: AtomicBool::new(false),
+            actor: OnceLock::new(),
+        }
+    }
+
+    /// Extend once fewer IDs than this are left below the bound.
+    fn low_water(&self) -> i64 {
+        (self.settings.ids / 2).max(1)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.moved.notify_waiters();
+        self.lease_reopened.notify_waiters();
+    }
+
+    /// Asks the actor to look at the bound, unless it already will.
+    fn ask_extend(&self) {
+        if !self.extend_asked.load(Ordering::SeqCst)
+            && !self.extend_asked.swap(true, Ordering::SeqCst)
+        {
+            if let Some(actor) = self.actor.get() {
+                let _ = actor.cast(SequencerMsg::Extend);
+            }
+        }
+    }
+
+    /// `n` IDs from memory: taken with one atomic add, answered once they are below the
+    /// persisted bound (waiting for an extension if the window ran out) and the lease window is
+    /// open (waiting for a renewal if it shut). An ID taken and then not answered (timeout, end
+    /// of term) is burned.
+    async fn next(self: &Arc<Self>, n: u32, timeout: Duration) -> Result<IdBlock, NextCallError> {
+        let arrived = Instant::now();
+        let deadline = arrived + timeout;
+        while !self.claimed.load(Ordering::SeqCst) {
+            self.wait_moved(deadline, || self.claimed.load(Ordering::SeqCst))
+                .await?;
+        }
+        let n = n as i64;
+        let first = self.next.fetch_add(n, Ordering::SeqCst);
+        let last = first + n - 1;
+        let bound = self.bound.load(Ordering::SeqCst);
+        if bound - last < self.low_water() {
+            self.ask_extend();
+        }
+        while last > self.bound.load(Ordering::SeqCst) {
+            self.ask_extend();
+            self.wait_moved(deadline, || last <= self.bound.load(Ordering::SeqCst))
+                .await?;
+        }
+        self.lease_open(deadline).await?;
+        // Only a request that waited is timed: the rest are answered in place (the histogram is
+        // one more atomic on a line every server thread shares).
+        let waited = arrived.elapsed();
+        if waited > Duration::from_micros(100) {
+            metrics::histogram!(m::NEXT_SECONDS).record(waited.as_secs_f64());
+        }
+        Ok(IdBlock {
+            token: self.token,
+            first,
+            last,
+        })
+    }
+
+    /// Waits until `ready` (the caller checks it again), the next move of the bound, or the end
+    /// of the term.
+    async fn wait_moved(
+        &self,
+        deadline: Instant,
+        ready: impl Fn() -> bool,
+    ) -> Result<(), NextCallError> {
+        let moved = self.moved.notified();
+        tokio::pin!(moved);
+        moved.as_mut().enable();
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(NextCallError::Next(NextError::Demoting));
+        }
+        // What it waits for may have happened before `enable`.
+        if ready() {
+            return Ok(());
+        }
+        match tokio::time::timeout_at(deadline.into(), moved).await {
+            Ok(()) if self.closed.load(Ordering::SeqCst) => {
+                Err(NextCallError::Next(NextError::Demoting))
+            }
+            Ok(()) => Ok(()),
+            Err(_) => Err(NextCallError::Timeout),
+        }
+    }
+
+    /// Whether this term's lease-read window is open now (`Err`: the term is over here).
+    fn lease_is_open(&self) -> Result<bool, NextCallError> {
+        let view = self
+            .leadership
+            .read_view()
+            .filter(|v| v.token == self.token)
+            .ok_or(NextCallError::Next(NextError::Demoting))?;
+        Ok(match (view.lease_sent_at, view.lease_deadline) {
+            (Some(sent), Some(deadline)) => lease_read_until(
+                sent,
+                deadline,
+                self.settings.rate_bound,
+                self.settings.margin,
+            )
+            .is_some_and(|until| Instant::now() < until),
+            _ => false,
+        })
+    }
+
+    /// Returns once the lease window is open; while it is shut, waits for a renewal to reopen
+    /// it (one shared watch for every caller waiting), until `deadline`.
+    async fn lease_open(self: &Arc<Self>, deadline: Instant) -> Result<(), NextCallError> {
+        loop {
+            let reopened = self.lease_reopened.notified();
+            tokio::pin!(reopened);
+            reopened.as_mut().enable();
+            if self.closed.load(Ordering::SeqCst) {
+                return Err(NextCallError::Next(NextError::Demoting));
+            }
+            if self.lease_is_open()? {
+                return Ok(());
+            }
+            metrics::counter!(m::SEQ_WINDOW_LEASE_WAITS).increment(1);
+            if !self.lease_watched.swap(true, Ordering::SeqCst) {
+                let w = self.clone();
+                tokio::spawn(async move { w.watch_lease().await });
+            }
+            if tokio::time::timeout_at(deadline.into(), reopened)
+                .await
+                .is_err()
+            {
+                return Err(NextCallError::Timeout);
+            }
+        }
+    }
+
+    /// Looks at the lease window every millisecond until it reopens, the term ends here, or
+    /// [`LEASE_WATCH_LIMIT`] passes, then wakes every caller waiting for it.
+    async fn watch_lease(&self) {
+        let give_up = Instant::now() + LEASE_WATCH_LIMIT;
+        loop {
+            tokio::time::sleep(LEASE_WATCH_EVERY).await;
+            let done = self.closed.load(Ordering::SeqCst)
+                || !matches!(self.lease_is_open(), Ok(false))
+                || Instant::now() >= give_up;
+            if done {
+                self.lease_watched.store(false, Ordering::SeqCst);
+                self.lease_reopened.notify_waiters();
+                return;
+            }
         }
     }
 }
@@ -299,6 +706,12 @@ pub struct SequencerState {
     /// The next seq to hand out; `None` until the claim succeeds.
     next_seq: Option<i64>,
     intake: Arc<Intake>,
+    /// Window mode's shared state (`None` in durable mode).
+    window: Option<Arc<Window>>,
+    /// Window mode: the bound being written (at most one at a time).
+    extending: Option<i64>,
+    /// Window mode: a retry of a failed extension is armed.
+    extend_retry_armed: bool,
     /// Group commits sent and not yet answered (at most `limits.in_flight`).
     in_flight: usize,
     /// IDs in the last commit sent: the least a commit sent behind it carries.
@@ -334,24 +747,35 @@ pub struct Sequencer;
 impl Actor for Sequencer {
     type Msg = SequencerMsg;
     type State = SequencerState;
-    type Arguments = (WorkContext, CommitLimits, Arc<Intake>);
+    type Arguments = (WorkContext, CommitLimits, Arc<Intake>, Option<Arc<Window>>);
 
     async fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
-        (ctx, limits, intake): Self::Arguments,
+        (ctx, limits, intake, window): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        if let Some(w) = &window {
+            let _ = w.actor.set(myself.clone());
+        }
         let (fence, token) = (ctx.fence.clone(), ctx.token);
         tokio::spawn(async move {
             let res = fence.seq_claim(SEQUENCE_RESOURCE, token).await;
             let _ = myself.cast(SequencerMsg::Claimed(res));
         });
-        ctx.trace.step("sequencer", "started", Some(ctx.token), "");
+        ctx.trace.step(
+            "sequencer",
+            "started",
+            Some(ctx.token),
+            if window.is_some() { "mode=window" } else { "" },
+        );
         Ok(SequencerState {
             ctx,
             limits,
             next_seq: None,
             intake,
+            window,
+            extending: None,
+            extend_retry_armed: false,
             in_flight: 0,
             last_batch_ids: 0,
             pipe: None,
@@ -368,6 +792,9 @@ impl Actor for Sequencer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.intake.close();
+        if let Some(w) = &state.window {
+            w.close();
+        }
         state
             .ctx
             .trace
@@ -400,7 +827,18 @@ impl Actor for Sequencer {
                     .ctx
                     .leadership
                     .set_committed_seq(state.ctx.token, last_seq);
-                state.start_commit(&myself);
+                if let Some(w) = &state.window {
+                    // In window mode last_seq is the highest bound any term persisted: this
+                    // term serves nothing at or below it, and nothing above it until its own
+                    // bound is accepted.
+                    w.next.store(last_seq + 1, Ordering::SeqCst);
+                    w.bound.store(last_seq, Ordering::SeqCst);
+                    w.claimed.store(true, Ordering::SeqCst);
+                    w.moved.notify_waiters();
+                    state.maybe_extend(&myself);
+                } else {
+                    state.start_commit(&myself);
+                }
             }
             SequencerMsg::Claimed(Err(e)) => {
                 // Without a claim this term can never issue an ID: end it, the supervisor demotes.
@@ -427,12 +865,7 @@ impl Actor for Sequencer {
                     myself.stop(Some(why));
                     return Ok(());
                 }
-                if let Some(waiters) = state.draining.as_mut() {
-                    if state.in_flight == 0 {
-                        for w in waiters.drain(..) {
-                            let _ = w.send(());
-                        }
-                    }
+                if state.drained() {
                     return Ok(());
                 }
                 state.start_commit(&myself);
@@ -442,11 +875,54 @@ impl Actor for Sequencer {
                     state.pipe = None;
                 }
             }
+            SequencerMsg::Extend => {
+                state.extend_retry_armed = false;
+                state.maybe_extend(&myself);
+            }
+            SequencerMsg::Extended { outcome, hi } => {
+                state.extending = None;
+                state.note_outcome(&outcome);
+                match outcome {
+                    CommitOutcome::Durable => {
+                        if let Some(w) = &state.window {
+                            // Published before any ID under it is answered, like a group
+                            // commit's end: a read never trails an acknowledged ID.
+                            state.ctx.leadership.set_committed_seq(state.ctx.token, hi);
+                            w.bound.store(hi, Ordering::SeqCst);
+                            w.moved.notify_waiters();
+                        }
+                    }
+                    CommitOutcome::FencedOut(why) => {
+                        myself.stop(Some(why));
+                        return Ok(());
+                    }
+                    CommitOutcome::Unavailable(_) => {
+                        // The IDs left below the bound are still served; try again shortly.
+                        if !state.extend_retry_armed {
+                            state.extend_retry_armed = true;
+                            let me = myself.clone();
+                            tokio::spawn(async move {
+                                tokio::time::sleep(EXTEND_RETRY).await;
+                                let _ = me.cast(SequencerMsg::Extend);
+                            });
+                        }
+                    }
+                }
+                if state.drained() {
+                    return Ok(());
+                }
+                state.maybe_extend(&myself);
+            }
             SequencerMsg::Checkpoint(reply) => {
-                // Every issued ID is already durable; quiescing is all a checkpoint needs here.
+                // Every issued ID is already durable (window mode: below a durable bound);
+                // quiescing is all a checkpoint needs here.
                 state.intake.close();
+                if let Some(w) = &state.window {
+                    w.close();
+                }
+                let busy = state.in_flight > 0 || state.extending.is_some();
                 let waiters = state.draining.get_or_insert_with(Vec::new);
-                if state.in_flight > 0 {
+                if busy {
                     waiters.push(reply);
                 } else {
                     let _ = reply.send(());
@@ -458,11 +934,33 @@ impl Actor for Sequencer {
 }
 
 impl SequencerState {
+    /// While draining (a checkpoint came): answers the checkpoint once nothing is in flight.
+    /// True when draining, so the caller starts nothing new.
+    fn drained(&mut self) -> bool {
+        let idle = self.in_flight == 0 && self.extending.is_none();
+        match self.draining.as_mut() {
+            Some(waiters) => {
+                if idle {
+                    for w in waiters.drain(..) {
+                        let _ = w.send(());
+                    }
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Logs the edges of a run of commits that failed for want of the database (see
     /// [`unavailable_edge`]).
     fn note_outcome(&mut self, outcome: &CommitOutcome) {
         let token = self.ctx.token.0;
         match unavailable_edge(&mut self.failing_since, outcome) {
+            Some(UnavailableEdge::Began(why)) if self.window.is_some() => tracing::warn!(
+                token,
+                error = why,
+                "sequencer: writing the window's next bound failed for want of the database; the IDs left below the bound are still served, and it is tried again every 100 ms"
+            ),
             Some(UnavailableEdge::Began(why)) => tracing::warn!(
                 token,
                 error = why,
@@ -478,18 +976,62 @@ impl SequencerState {
         }
     }
 
+    /// Window mode: writes the next bound through the fence if fewer than half a window of IDs
+    /// is left below the current one (or callers already wait above it), unless a write or its
+    /// retry is pending. When there is nothing to do it lets callers ask again.
+    fn maybe_extend(&mut self, myself: &ActorRef<SequencerMsg>) {
+        let Some(w) = self.window.clone() else { return };
+        if !w.claimed.load(Ordering::SeqCst)
+            || self.extending.is_some()
+            || self.extend_retry_armed
+            || self.draining.is_some()
+        {
+            // What is pending brings the actor back here; callers need not ask meanwhile.
+            return;
+        }
+        let bound = w.bound.load(Ordering::SeqCst);
+        let low = |w: &Window| bound - (w.next.load(Ordering::SeqCst) - 1) < w.low_water();
+        if !low(&w) {
+            w.extend_asked.store(false, Ordering::SeqCst);
+            // A caller may have taken IDs between the look and the store, and seen the flag
+            // still set: look once more now that callers will ask again.
+            if !low(&w) {
+                return;
+            }
+            w.extend_asked.store(true, Ordering::SeqCst);
+        }
+        let (lo, hi) = (bound + 1, bound + w.settings.ids);
+        self.extending = Some(hi);
+        let (fence, token, me) = (self.ctx.fence.clone(), self.ctx.token, myself.clone());
+        let sent = Instant::now();
+        tokio::spawn(async move {
+            let res = match fence.seq_pipe().await {
+                Ok(pipe) => {
+                    Arc::new(pipe)
+                        .send_commit(SEQUENCE_RESOURCE, token, lo, hi)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(sent.elapsed().as_secs_f64());
+            metrics::histogram!(m::SEQ_BATCH_IDS).record((hi - lo + 1) as f64);
+            let outcome = outcome_of(&res);
+            let _ = me.cast(SequencerMsg::Extended { outcome, hi });
+        });
+    }
+
     /// Sends the next group commit if one may go: with none in flight, whatever waits (up to
     /// the batch bound); behind commits in flight (up to `commits_in_flight`, on the same
     /// connection), only a batch at least as large as the last one sent.
     fn start_commit(&mut self, myself: &ActorRef<SequencerMsg>) {
         let Some(next) = self.next_seq else { return };
-        if self.draining.is_some() {
+        if self.draining.is_some() || self.window.is_some() {
             return;
         }
         if self.in_flight == 0 && self.lingering(myself) {
             return;
         }
-        let (batch, ids) = match (self.in_flight, &self.pipe) {
+        let batch = match (self.in_flight, &self.pipe) {
             (0, _) => self.intake.take(self.limits.max_batch_ids),
             (n, Some(_)) if n < self.limits.in_flight => self
                 .intake
@@ -497,14 +1039,14 @@ impl SequencerState {
             // Full, or the first commit is still taking the connection.
             _ => return,
         };
-        if batch.is_empty() {
+        if batch.ids == 0 {
             return;
         }
-        let (lo, hi) = (next, next + ids as i64 - 1);
+        let (lo, hi) = (next, next + batch.ids as i64 - 1);
         // Burned whatever happens to the commit: an ambiguous failure must never lead to reuse.
         self.next_seq = Some(hi + 1);
         self.in_flight += 1;
-        self.last_batch_ids = ids;
+        self.last_batch_ids = batch.ids;
         let sent = Instant::now();
         self.last_sent = Some(sent);
         let token = self.ctx.token;
@@ -568,6 +1110,15 @@ impl SequencerState {
     }
 }
 
+/// How a fenced sequence write ended, as the actor needs to know it.
+fn outcome_of(res: &Result<(), FenceError>) -> CommitOutcome {
+    match res {
+        Ok(()) => CommitOutcome::Durable,
+        Err(e @ FenceError::Rejected { .. }) => CommitOutcome::FencedOut(e.to_string()),
+        Err(e) => CommitOutcome::Unavailable(e.to_string()),
+    }
+}
+
 /// A change in whether group commits reach the database.
 #[derive(Debug, PartialEq, Eq)]
 enum UnavailableEdge<'a> {
@@ -608,13 +1159,14 @@ struct Answering {
     token: FenceToken,
     lo: i64,
     hi: i64,
-    batch: Vec<Pending>,
+    batch: Batch,
     me: ActorRef<SequencerMsg>,
 }
 
 impl Answering {
-    /// Waits for the commit's outcome, answers every caller in the batch, and tells the actor
-    /// (handing it `pipe`, the connection this commit took, if it took one).
+    /// Waits for the commit's outcome, tells the actor (handing it `pipe`, the connection this
+    /// commit took, if it took one), then hands each home its sub-range: O(homes) here, the
+    /// per-request work on each home's own runtime, queued behind the actor's next commit.
     async fn after(
         self,
         outcome: impl std::future::Future<Output = Result<(), FenceError>>,
@@ -637,44 +1189,41 @@ impl Answering {
             // acknowledgement sees at least that seq (and never an ID still in flight).
             leadership.set_committed_seq(token, hi);
         }
-        let mut seq = lo;
-        // One registry lookup per batch, not per ID.
-        let next_seconds = metrics::histogram!(m::NEXT_SECONDS);
-        let mut answers = Vec::with_capacity(batch.len());
-        for p in batch {
-            let answer = match &res {
-                Ok(()) => Ok(IdBlock {
-                    token,
-                    first: seq,
-                    last: seq + p.n as i64 - 1,
-                }),
-                Err(e @ FenceError::Rejected { .. }) => Err(NextError::Fenced(e.to_string())),
-                Err(e) => Err(NextError::Unavailable(e.to_string())),
-            };
-            seq += p.n as i64;
-            next_seconds.record(p.arrived.elapsed().as_secs_f64());
-            answers.push((p.reply, answer, p.home));
-        }
-        let outcome = match &res {
-            Ok(()) => CommitOutcome::Durable,
-            Err(e @ FenceError::Rejected { .. }) => CommitOutcome::FencedOut(e.to_string()),
-            Err(e) => CommitOutcome::Unavailable(e.to_string()),
+        let error = match &res {
+            Ok(()) => None,
+            Err(e @ FenceError::Rejected { .. }) => Some(NextError::Fenced(e.to_string())),
+            Err(e) => Some(NextError::Unavailable(e.to_string())),
         };
-        let _ = me.cast(SequencerMsg::Committed { outcome, pipe });
-        // The actor first: it sends the next group commit (and the connection's task writes it)
-        // before this thread spends the next millisecond writing this batch's answers, so
-        // PostgreSQL works on the next batch meanwhile instead of waiting for them. Yielding
-        // puts this task behind both (tokio runs a yielded task after those already woken).
-        tokio::task::yield_now().await;
-        deliver(answers);
+        let _ = me.cast(SequencerMsg::Committed {
+            outcome: outcome_of(&res),
+            pipe,
+        });
+        // The actor's wake-up was queued first, so it sends the next group commit (and the
+        // connection's task writes it) before this thread runs the answer tasks queued below:
+        // PostgreSQL works on the next batch meanwhile instead of waiting for them.
+        let mut first = lo;
+        for part in batch.homes {
+            let ids = part.ids as i64;
+            HomeAnswers {
+                home: part.home,
+                pending: part.pending,
+                token,
+                first,
+                error: error.clone(),
+            }
+            .deliver();
+            first += ids;
+        }
+        debug_assert_eq!(first, hi + 1);
     }
 }
 
-/// This term's sequencer as callers reach it: its intake, and the actor to wake.
+/// This term's sequencer as callers reach it: its intake (or window), and the actor to wake.
 #[derive(Clone)]
 struct Running {
     actor: ActorRef<SequencerMsg>,
     intake: Arc<Intake>,
+    window: Option<Arc<Window>>,
 }
 
 /// Where the HTTP layer finds the current term's sequencer (empty while not leading).
@@ -704,9 +1253,10 @@ impl SequencerHandle {
         let _ = self.commit_rt.set(rt);
     }
 
-    /// Asks the running sequencer for `n` IDs. The answer is delivered on `home` (the caller's
-    /// own runtime) together with the rest of its batch's answers there, or, without one,
-    /// straight from the commit.
+    /// Asks the running sequencer for `n` IDs. In durable mode the request waits in `home`'s
+    /// queue (the caller's own runtime) and is answered there with the rest of that home's
+    /// share of its group commit, or, without a home, straight from the commit; in window mode
+    /// it is served here, from memory.
     pub async fn next(
         &self,
         n: u32,
@@ -714,14 +1264,16 @@ impl SequencerHandle {
         home: Option<AnswerHome>,
     ) -> Result<IdBlock, NextCallError> {
         let running = self.get().ok_or(NextCallError::NotRunning)?;
+        if let Some(window) = &running.window {
+            return window.next(n, timeout).await;
+        }
         let (reply, answer) = oneshot::channel();
         let pending = Pending {
             n,
             reply,
             arrived: Instant::now(),
-            home,
         };
-        match running.intake.append(pending) {
+        match running.intake.append(pending, home.as_ref()) {
             Appended::Closed => return Err(NextCallError::Next(NextError::Demoting)),
             Appended::Queued => {}
             Appended::NotifyActor => {
@@ -756,6 +1308,7 @@ pub enum NextCallError {
 pub struct SequencerWork {
     pub handles: Vec<SequencerHandle>,
     pub limits: CommitLimits,
+    pub mode: SequencerMode,
 }
 
 struct RunningSequencer {
@@ -780,7 +1333,15 @@ impl LeaderWork for SequencerWork {
             })?;
         let sup = ctx.supervisor.clone();
         let intake = Arc::new(Intake::default());
-        let args = (ctx, self.limits, intake.clone());
+        let window = match self.mode {
+            SequencerMode::Durable => None,
+            SequencerMode::Window(settings) => Some(Arc::new(Window::new(
+                ctx.token,
+                ctx.leadership.clone(),
+                settings,
+            ))),
+        };
+        let args = (ctx, self.limits, intake.clone(), window.clone());
         // On the offered runtime, else this one (see the module docs): `spawn_linked` starts
         // the actor's task on the runtime it is called on.
         let rt = handle
@@ -800,6 +1361,7 @@ impl LeaderWork for SequencerWork {
         handle.set(Some(Running {
             actor: actor.clone(),
             intake,
+            window,
         }));
         Ok(Box::new(RunningSequencer { actor, handle }))
     }
@@ -842,51 +1404,54 @@ mod tests {
             n,
             reply,
             arrived: Instant::now(),
-            home: None,
         };
         (p, rx)
     }
 
-    fn id(seq: i64) -> Answer {
-        Ok(IdBlock {
-            token: FenceToken(1),
-            first: seq,
-            last: seq,
-        })
-    }
-
-    #[test]
-    fn answers_with_a_home_are_delivered_there_the_rest_at_once() {
-        // A runtime nobody drives yet: what is delivered through it stays undelivered until it runs.
+    /// A home whose runtime nobody drives yet (what is delivered there waits until it runs).
+    fn idle_home() -> (AnswerHome, tokio::runtime::Runtime) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let home = AnswerHome(Arc::new(Home {
-            rt: rt.handle().clone(),
-            thread: None,
-        }));
+        (AnswerHome::on(Some(rt.handle().clone())), rt)
+    }
+
+    fn answers(home: &AnswerHome, pending: Vec<Pending>, first: i64) -> HomeAnswers {
+        HomeAnswers {
+            home: home.clone(),
+            pending,
+            token: FenceToken(1),
+            first,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_homes_answers_are_sent_on_its_runtime_in_order_from_its_first_id() {
+        let (home, rt) = idle_home();
         let (a, mut ra) = pending(1);
-        let (b, mut rb) = pending(1);
+        let (b, mut rb) = pending(3);
         let (c, mut rc) = pending(1);
-        deliver(vec![
-            (a.reply, id(1), Some(home.clone())),
-            (b.reply, id(2), None),
-            (c.reply, id(3), Some(home.clone())),
-        ]);
-        assert!(matches!(rb.try_recv(), Ok(Ok(IdBlock { first: 2, .. }))));
+        answers(&home, vec![a, b, c], 10).deliver();
         assert!(ra.try_recv().is_err(), "delivered before its home ran");
-        assert!(rc.try_recv().is_err(), "delivered before its home ran");
         rt.block_on(async {
             for _ in 0..10 {
                 tokio::task::yield_now().await;
             }
         });
-        assert!(matches!(ra.try_recv(), Ok(Ok(IdBlock { first: 1, .. }))));
-        assert!(matches!(rc.try_recv(), Ok(Ok(IdBlock { first: 3, .. }))));
+        let got = |r: &mut oneshot::Receiver<Answer>| match r.try_recv() {
+            Ok(Ok(b)) => (b.first, b.last),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(got(&mut ra), (10, 10));
+        assert_eq!(got(&mut rb), (11, 13));
+        assert_eq!(got(&mut rc), (14, 14));
+        // The emptied queue went back to the home for its next batch.
+        assert!(home.queue().spare.capacity() >= 3);
         // A home whose runtime is gone drops its answers: the callers see the channel closed.
         let (d, mut rd) = pending(1);
         drop(rt);
-        deliver(vec![(d.reply, id(4), Some(home))]);
+        answers(&home, vec![d], 20).deliver();
         assert!(matches!(
             rd.try_recv(),
             Err(oneshot::error::TryRecvError::Closed)
@@ -894,95 +1459,136 @@ mod tests {
     }
 
     #[test]
-    fn answers_for_the_home_on_this_thread_are_sent_at_once() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let home = AnswerHome::current();
-            assert!(home.is_here());
-            let (a, mut ra) = pending(1);
-            deliver(vec![(a.reply, id(1), Some(home.clone()))]);
-            // No task spawned, nothing yielded: the channel is already complete.
-            assert!(matches!(ra.try_recv(), Ok(Ok(IdBlock { first: 1, .. }))));
-            // The same home seen from another thread is not "here": that thread spawns.
-            let other = std::thread::spawn(move || home.is_here()).join().unwrap();
-            assert!(!other);
-        });
-        // A multi-threaded runtime has no one thread to be on.
-        let mt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .build()
-            .unwrap();
-        assert!(!mt.block_on(async { AnswerHome::current().is_here() }));
+    fn callers_without_a_home_are_answered_at_once_errors_included() {
+        let intake = Intake::default();
+        let (a, mut ra) = pending(2);
+        let mut batch = answers(&intake.loose, vec![a], 5);
+        batch.error = Some(NextError::Unavailable("down".into()));
+        batch.deliver();
+        assert!(matches!(ra.try_recv(), Ok(Err(NextError::Unavailable(_)))));
     }
 
     #[test]
     fn only_the_first_append_after_a_take_wakes_the_actor() {
         let intake = Intake::default();
+        let (h1, _rt1) = idle_home();
+        let (h2, _rt2) = idle_home();
         let (a, _ra) = pending(1);
         let (b, _rb) = pending(1);
-        assert!(matches!(intake.append(a), Appended::NotifyActor));
-        assert!(matches!(intake.append(b), Appended::Queued));
-        let (batch, ids) = intake.take(100);
-        assert_eq!((batch.len(), ids), (2, 2));
-        // Taken whole: the actor will not look again by itself, so the next append must wake it.
         let (c, _rc) = pending(1);
-        assert!(matches!(intake.append(c), Appended::NotifyActor));
+        assert!(matches!(intake.append(a, Some(&h1)), Appended::NotifyActor));
+        assert!(matches!(intake.append(b, Some(&h1)), Appended::Queued));
+        // Another home's first append finds the actor already due.
+        assert!(matches!(intake.append(c, Some(&h2)), Appended::Queued));
+        let batch = intake.take(100);
+        assert_eq!((batch.homes.len(), batch.ids), (2, 3));
+        // Taken whole: the actor will not look again by itself, so the next append must wake it.
+        let (d, _rd) = pending(1);
+        assert!(matches!(intake.append(d, Some(&h2)), Appended::NotifyActor));
+    }
+
+    #[test]
+    fn a_take_swaps_each_homes_queue_out_whole_without_copying_a_request() {
+        let intake = Intake::default();
+        let homes: Vec<_> = (0..3).map(|_| idle_home()).collect();
+        let mut rxs = Vec::new();
+        for (home, _) in &homes {
+            for _ in 0..500 {
+                let (p, rx) = pending(1);
+                rxs.push(rx);
+                let _ = intake.append(p, Some(home));
+            }
+        }
+        let before: Vec<*const Pending> = homes
+            .iter()
+            .map(|(h, _)| h.queue().waiting.as_ptr())
+            .collect();
+        let batch = intake.take(10_000);
+        assert_eq!((batch.homes.len(), batch.ids), (3, 1500));
+        for part in &batch.homes {
+            let at = homes
+                .iter()
+                .position(|(h, _)| Arc::ptr_eq(&h.0, &part.home.0))
+                .unwrap();
+            assert_eq!(
+                part.pending.as_ptr(),
+                before[at],
+                "the queue itself, not a copy"
+            );
+            assert_eq!(part.ids, 500);
+        }
+        assert_eq!(intake.waiting_ids(), 0);
     }
 
     #[test]
     fn a_take_bounded_by_the_batch_leaves_the_actor_due_for_the_rest() {
         let intake = Intake::default();
+        let (h1, _rt1) = idle_home();
+        let (h2, _rt2) = idle_home();
+        let mut rxs = Vec::new();
+        let mut append = |n, h: &AnswerHome| {
+            let (p, rx) = pending(n);
+            rxs.push(rx);
+            intake.append(p, Some(h))
+        };
+        let _ = append(3, &h1);
+        let _ = append(3, &h1);
+        let _ = append(3, &h2);
+        // Whole homes while they fit: one of them now, the other when this commit ends.
+        let batch = intake.take(7);
+        assert_eq!((batch.homes.len(), batch.ids), (1, 6));
+        let (d, _rd) = pending(1);
+        assert!(
+            matches!(intake.append(d, Some(&h1)), Appended::Queued),
+            "the actor is still due for what was left"
+        );
+        let rest = intake.take(7);
+        assert_eq!(batch.ids + rest.ids, 10);
+        // One home holding more than a batch gives its oldest requests up to the bound (always
+        // at least one).
+        let intake = Intake::default();
         let mut rxs = Vec::new();
         for n in [3, 3, 3] {
             let (p, rx) = pending(n);
             rxs.push(rx);
-            let _ = intake.append(p);
+            let _ = intake.append(p, Some(&h1));
         }
-        let (batch, ids) = intake.take(6);
-        assert_eq!((batch.len(), ids), (2, 6));
-        // One request is left: the actor comes back for it when this commit ends, so appends
-        // meanwhile send no message.
-        let (d, _rd) = pending(1);
-        assert!(matches!(intake.append(d), Appended::Queued));
-        let (batch, ids) = intake.take(6);
-        assert_eq!((batch.len(), ids), (2, 4));
-        // A single request above the bound still goes alone rather than waiting forever.
+        assert_eq!(intake.take(6).ids, 6);
+        assert_eq!(intake.take(6).ids, 3);
         let (big, _rbig) = pending(50);
-        let _ = intake.append(big);
-        assert_eq!(intake.take(6).1, 50);
+        let _ = intake.append(big, Some(&h1));
+        assert_eq!(intake.take(6).ids, 50);
     }
 
     #[test]
     fn a_commit_goes_behind_one_in_flight_only_once_a_full_batch_waits() {
         let intake = Intake::default();
+        let (h, _rt) = idle_home();
         let mut rxs = Vec::new();
         let mut append = |n| {
             let (p, rx) = pending(n);
             rxs.push(rx);
-            intake.append(p)
+            intake.append(p, Some(&h))
         };
         assert!(matches!(append(5), Appended::NotifyActor));
-        assert_eq!(intake.take(100).1, 5);
+        assert_eq!(intake.take(100).ids, 5);
         // A commit of 5 is in flight. 3 waiting IDs are too few to go behind it: nothing is
         // taken, and no append wakes the actor until 5 wait.
         assert!(matches!(append(2), Appended::NotifyActor));
         assert!(matches!(append(1), Appended::Queued));
-        let (batch, ids) = intake.take_at_least(5, 100);
-        assert!(batch.is_empty() && ids == 0);
+        let batch = intake.take_at_least(5, 100);
+        assert!(batch.homes.is_empty() && batch.ids == 0);
         assert!(matches!(append(1), Appended::Queued), "4 of 5");
         assert!(
             matches!(append(1), Appended::NotifyActor),
             "5 of 5 wakes it"
         );
         assert!(matches!(append(5), Appended::Queued), "woken once");
-        let (batch, ids) = intake.take_at_least(5, 100);
-        assert_eq!((batch.len(), ids), (5, 10));
+        assert_eq!(intake.take_at_least(5, 100).ids, 10);
         // A plain take clears the threshold: with the actor due, appends send nothing.
         assert!(matches!(append(1), Appended::NotifyActor));
-        assert_eq!(intake.take_at_least(2, 100).1, 0);
-        assert_eq!(intake.take(100).1, 1);
+        assert_eq!(intake.take_at_least(2, 100).ids, 0);
+        assert_eq!(intake.take(100).ids, 1);
         assert!(matches!(append(9), Appended::NotifyActor));
         assert!(
             matches!(append(9), Appended::Queued),
@@ -1030,12 +1636,135 @@ mod tests {
     #[test]
     fn closing_answers_the_waiting_and_refuses_later_appends() {
         let intake = Intake::default();
+        let (h, _rt) = idle_home();
         let (a, mut ra) = pending(1);
-        let _ = intake.append(a);
+        let (b, mut rb) = pending(1);
+        let _ = intake.append(a, Some(&h));
+        let _ = intake.append(b, None);
         intake.close();
         assert!(matches!(ra.try_recv(), Ok(Err(NextError::Demoting))));
-        let (b, _rb) = pending(1);
-        assert!(matches!(intake.append(b), Appended::Closed));
-        assert!(intake.take(10).0.is_empty());
+        assert!(matches!(rb.try_recv(), Ok(Err(NextError::Demoting))));
+        let (c, _rc) = pending(1);
+        assert!(matches!(intake.append(c, Some(&h)), Appended::Closed));
+        assert!(intake.take(10).homes.is_empty());
+        // The next term's intake finds the home free; a request an earlier term left behind
+        // (its close never reached the home) is answered "demoting", not carried over.
+        let (d, mut rd) = pending(1);
+        h.queue().waiting.push(d);
+        let next_term = Intake::default();
+        let (e, _re) = pending(1);
+        assert!(matches!(
+            next_term.append(e, Some(&h)),
+            Appended::NotifyActor
+        ));
+        assert!(matches!(rd.try_recv(), Ok(Err(NextError::Demoting))));
+        assert_eq!(next_term.take(10).ids, 1);
+    }
+
+    fn window(ids: i64) -> Window {
+        let (_tx, rx) = tokio::sync::watch::channel(None);
+        let leadership = Arc::new(Leadership::new(
+            "n1".into(),
+            None,
+            crate::backends::BackendKind::Raft,
+            rx,
+        ));
+        Window::new(
+            FenceToken(3),
+            leadership,
+            WindowSettings {
+                ids,
+                rate_bound: 0.01,
+                margin: Duration::from_millis(50),
+            },
+        )
+    }
+
+    #[test]
+    fn a_window_serves_nothing_without_a_term_nor_an_open_lease_window() {
+        let w = window(10);
+        // Not leading at all: the term is over here.
+        assert!(matches!(
+            w.lease_is_open(),
+            Err(NextCallError::Next(NextError::Demoting))
+        ));
+        w.leadership.set_term(Some(FenceToken(3)));
+        // Leading, but no renewal yet: shut.
+        assert!(matches!(w.lease_is_open(), Ok(false)));
+        let now = Instant::now();
+        w.leadership
+            .set_deadline(FenceToken(3), Some((now + Duration::from_millis(500), now)));
+        assert!(matches!(w.lease_is_open(), Ok(true)));
+        // A deadline too close for the margin: the window is already shut.
+        w.leadership
+            .set_deadline(FenceToken(3), Some((now + Duration::from_millis(40), now)));
+        assert!(matches!(w.lease_is_open(), Ok(false)));
+        // Another term's view is not this term's.
+        w.leadership.set_term(Some(FenceToken(4)));
+        assert!(w.lease_is_open().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_window_hands_out_ids_below_the_persisted_bound_only() {
+        let w = Arc::new(window(10));
+        w.leadership.set_term(Some(FenceToken(3)));
+        let now = Instant::now();
+        w.leadership
+            .set_deadline(FenceToken(3), Some((now + Duration::from_secs(60), now)));
+        // Claimed at 100 and a bound of 104 persisted: 101..=104 are served, in order.
+        w.next.store(101, Ordering::SeqCst);
+        w.bound.store(104, Ordering::SeqCst);
+        w.claimed.store(true, Ordering::SeqCst);
+        w.extend_asked.store(false, Ordering::SeqCst);
+        let t = Duration::from_millis(50);
+        assert_eq!(w.next(1, t).await.unwrap().first, 101);
+        let b = w.next(3, t).await.unwrap();
+        assert_eq!((b.first, b.last), (102, 104));
+        assert!(
+            w.extend_asked.load(Ordering::SeqCst),
+            "fewer than half a window left: an extension was asked for"
+        );
+        // 105 is above the bound: not served until the bound moves (here it never does).
+        assert!(matches!(w.next(1, t).await, Err(NextCallError::Timeout)));
+        // Once it moves, the waiting caller gets its ID.
+        let waiting = {
+            let w = w.clone();
+            tokio::spawn(async move { w.next(1, Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        w.bound.store(120, Ordering::SeqCst);
+        w.moved.notify_waiters();
+        assert_eq!(waiting.await.unwrap().unwrap().first, 106, "105 was burned");
+        // A closed window serves nothing, and wakes whoever waits.
+        w.close();
+        assert!(matches!(
+            w.next(1, t).await,
+            Err(NextCallError::Next(NextError::Demoting))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_window_waits_for_the_lease_window_to_reopen() {
+        let w = Arc::new(window(1000));
+        w.leadership.set_term(Some(FenceToken(3)));
+        w.next.store(1, Ordering::SeqCst);
+        w.bound.store(1000, Ordering::SeqCst);
+        w.claimed.store(true, Ordering::SeqCst);
+        // No renewal yet: the caller waits, and is served once one arrives.
+        let waiting = {
+            let w = w.clone();
+            tokio::spawn(async move { w.next(1, Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!waiting.is_finished(), "served with the lease window shut");
+        let now = Instant::now();
+        w.leadership
+            .set_deadline(FenceToken(3), Some((now + Duration::from_secs(60), now)));
+        let got = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("still waiting after the renewal")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.first, 1);
     }
 }

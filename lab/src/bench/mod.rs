@@ -125,7 +125,7 @@ impl Summary {
 /// is the mean of the two middle values.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     let n = sorted.len();
-    if q == 50.0 && n % 2 == 0 {
+    if q == 50.0 && n.is_multiple_of(2) {
         return (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0;
     }
     let rank = ((q / 100.0) * n as f64).ceil() as usize;

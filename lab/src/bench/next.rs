@@ -28,9 +28,11 @@ use serde::Serialize;
 use super::failover::{connect_admin, ledger_pos, ledger_violations, redacted_config, terms_since};
 use super::{bench_fleet_spec, cpu_window, loadavg, machine_cpu, machine_info, CpuWindow};
 use crate::fleet::{self, FleetState};
+use crate::load::cpu::{self, ProcessThreads};
+use crate::load::sizing::{self, ConnectionChoice, RunFacts, SizingLimits, Verdict};
 use crate::load::{self, LoadSpec};
 use baton::backends::{BackendKind, FenceToken};
-use baton::config::{parse_duration_ms, ResourceConfig};
+use baton::config::{parse_duration_ms, NodeConfig, ResourceConfig};
 use baton::work::Fence;
 
 const BASELINE_RESOURCE: &str = "bench-baseline";
@@ -52,15 +54,21 @@ pub struct NextArgs {
     pub rate: f64,
     #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
     pub duration: u64,
-    /// Keep-alive connections (the most requests in flight at once).
-    #[arg(long, default_value_t = 256)]
-    pub connections: usize,
+    /// Keep-alive connections (the most requests in flight at once). Default: Little's law on
+    /// the warm-up's service time (offered rate x mean service time x --connection-headroom), at
+    /// least 8, at most 4096, this process's descriptors and the node's connection slots
+    /// (`load::sizing`); the report says when the connection count, not the node, capped the run.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Little's law's headroom when sizing the connections.
+    #[arg(long, default_value_t = crate::load::sizing::DEFAULT_HEADROOM)]
+    pub connection_headroom: f64,
     /// Threads the load generator sends from (one tops out around 50k requests/s on a 2-core
     /// machine). Default: half the cores, at least 1 (the node's client threads take the same
     /// share), so a 16-core run sends from 8.
     #[arg(long)]
     pub load_threads: Option<usize>,
-    /// Unmeasured warm-up at the same rate first.
+    /// Unmeasured warm-up at the same rate first (it also sizes the connections).
     #[arg(long, value_parser = parse_duration_ms, default_value = "5s")]
     pub warmup: u64,
     #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
@@ -117,6 +125,15 @@ pub struct NextReport {
     pub backend: BackendKind,
     pub offered_rate: f64,
     pub connections: usize,
+    /// How `connections` was chosen: the flag, or Little's law on the warm-up.
+    pub connection_choice: ConnectionChoice,
+    /// What limited the measured window (`none`: it carried the offered rate), and of the
+    /// plain HTTP window when there was one.
+    pub limited_by: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plain_http_limited_by: Option<Verdict>,
+    /// The leader's busiest threads and the generator's own over the measured window.
+    pub threads: Vec<ProcessThreads>,
     pub baton: SideReport,
     pub baseline: SideReport,
     pub ratio: f64,
@@ -180,31 +197,63 @@ pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
 }
 
 async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextReport> {
-    let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
-    fleet::current_leader(state, Duration::from_secs(30)).await?;
-    let spec = |secs: u64| LoadSpec {
-        connections: args.connections,
-        threads: args
-            .load_threads
-            .unwrap_or_else(crate::load::default_threads),
-        ..LoadSpec::new(targets.clone(), args.rate, Duration::from_millis(secs))
-    };
-    if args.warmup > 0 {
-        let warm = load::run(spec(args.warmup)).await?;
-        println!("warm-up: {}", warm.summary().ok_rate.round());
+    if args.connections == Some(0) {
+        bail!("--connections must be at least 1");
     }
+    let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();
+    let (leader, _) = fleet::current_leader(state, Duration::from_secs(30)).await?;
+    let threads = args
+        .load_threads
+        .unwrap_or_else(crate::load::default_threads);
+    let spec = |connections: usize, d: Duration| LoadSpec {
+        connections,
+        threads,
+        ..LoadSpec::new(targets.clone(), args.rate, d)
+    };
+    let limits = SizingLimits::here(
+        NodeConfig::from_file(&leader.config)
+            .ok()
+            .map(|c| c.http.max_connections),
+        sizing::nofile_of(leader.pid),
+    );
+    let choice = sizing::choose_connections(
+        &spec,
+        args.rate,
+        Duration::from_millis(args.warmup),
+        args.connections,
+        args.connection_headroom,
+        limits,
+    )
+    .await?;
+    if let Some(w) = choice.steps.last() {
+        println!("warm-up: {}", w.achieved_rate.round());
+    }
+    println!("{}", choice.describe());
+    let connections = choice.connections;
+    let spec = |ms: u64| spec(connections, Duration::from_millis(ms));
+    let procs = [(format!("leader node {}", leader.id), leader.pid)];
     let db = connect_admin(state).await?;
     let pos_before = ledger_pos(&db).await?;
 
     println!(
         "baton: POST /next at {} IDs/s offered, {} connections, {} ms",
-        args.rate, args.connections, args.duration
+        args.rate, connections, args.duration
     );
     let loadavg_start = loadavg();
-    let (report, machine_cpu_window) = load_beside_neighbour(spec(args.duration), args).await?;
+    let window = cpu::Window::start(&procs);
+    let measured = spec(args.duration);
+    let (report, machine_cpu_window) = load_beside_neighbour(measured.clone(), args).await?;
+    let mut threads_window = window.finish(&[None]);
+    threads_window.push({
+        let s = report.summary();
+        cpu::generator(&s.generator_threads_busy, s.elapsed_s)
+    });
     let loadavg_end = loadavg();
     let s = report.summary();
     let baton = open_loop_side(&s);
+    let limited_by = verdict(&measured, &report, &choice, &threads_window);
+    print!("{}", cpu::render(&threads_window));
+    println!("limited by: {:?}: {}", limited_by.limit, limited_by.why);
     let (leadership_changes, tokens) = terms_since(&db, pos_before).await?;
     let batches = db
         .query_one(
@@ -214,15 +263,26 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         )
         .await?;
 
-    let (plain_http, plain_http_machine_cpu) = if args.plain_http {
+    let (plain_http, plain_http_machine_cpu, plain_http_limited_by) = if args.plain_http {
         println!("plain HTTP: GET /healthz, the same open loop and neighbour");
         let mut probe = spec(args.duration);
         probe.path = "/healthz".into();
         probe.probe = true;
-        let (report, window) = load_beside_neighbour(probe, args).await?;
-        (Some(open_loop_side(&report.summary())), window)
+        let window = cpu::Window::start(&procs);
+        let (report, machine) = load_beside_neighbour(probe.clone(), args).await?;
+        let mut threads = window.finish(&[None]);
+        threads.push({
+            let s = report.summary();
+            cpu::generator(&s.generator_threads_busy, s.elapsed_s)
+        });
+        // Against /next's unloaded service time this would call any /healthz answer fast: no
+        // unloaded reference, so only a long service time counts as the node's queue.
+        let mut plain_choice = choice.clone();
+        plain_choice.unloaded_service_p50_ms = None;
+        let v = verdict(&probe, &report, &plain_choice, &threads);
+        (Some(open_loop_side(&report.summary())), machine, Some(v))
     } else {
-        (None, None)
+        (None, None, None)
     };
     let p99_over_plain_http = plain_http
         .as_ref()
@@ -284,7 +344,11 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
     Ok(NextReport {
         backend: args.backend,
         offered_rate: args.rate,
-        connections: args.connections,
+        connections,
+        connection_choice: choice,
+        limited_by,
+        plain_http_limited_by,
+        threads: threads_window,
         baton,
         baseline,
         ratio,
@@ -305,6 +369,30 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         machine_cpu: machine_cpu_window,
         config: redacted_config(state),
         machine: machine_info(),
+    })
+}
+
+/// What limited a run: [`sizing::classify`] on it, with the route's unloaded service time and
+/// the generator's busiest thread.
+fn verdict(
+    spec: &LoadSpec,
+    report: &load::LoadReport,
+    choice: &ConnectionChoice,
+    threads: &[ProcessThreads],
+) -> Verdict {
+    sizing::classify(&RunFacts {
+        unloaded_service_p50_ms: choice.unloaded_service_p50_ms,
+        node_busiest: threads
+            .iter()
+            .find(|p| p.what.starts_with("leader"))
+            .and_then(|p| p.busiest.first())
+            .map(|t| t.busy),
+        generator_busiest: threads
+            .iter()
+            .find(|p| p.what == "generator")
+            .and_then(|p| p.busiest.first())
+            .map(|t| t.busy),
+        ..sizing::facts(spec, report)
     })
 }
 

@@ -294,13 +294,12 @@ pub struct Axes<'a> {
     pub marker: Option<(f64, &'a str)>,
 }
 
+/// One series of `lines`: `(x, y, y2)` points.
+pub type Series = Vec<(f64, f64, Option<f64>)>;
+
 /// One line with dots per series of `(x, y, y2)` points; `y2` (e.g. a maximum beside a median)
 /// is drawn as a cross at the same x. The y axis starts at 0.
-pub fn lines(
-    path: &Path,
-    axes: &Axes,
-    series: &BTreeMap<String, Vec<(f64, f64, Option<f64>)>>,
-) -> anyhow::Result<()> {
+pub fn lines(path: &Path, axes: &Axes, series: &BTreeMap<String, Series>) -> anyhow::Result<()> {
     let all: Vec<&(f64, f64, Option<f64>)> = series.values().flatten().collect();
     if all.is_empty() {
         return Ok(());
@@ -461,6 +460,7 @@ pub struct LaneFault {
 /// The nemesis timeline, three panels over one run-time axis: the faults as bands, one lane per
 /// kind (solid: took effect; hollow: did not), the leaders acting by effect (the ledger), and
 /// the token of every accepted write.
+#[allow(clippy::too_many_arguments)] // one panel's data each; a struct would only rename them
 pub fn nemesis_timeline(
     path: &Path,
     title: &str,

@@ -102,6 +102,8 @@ pub struct RunResult {
     pub faketime_rate: Option<f64>,
     pub faketime_observed_rates: Vec<f64>,
     pub clock_rate_error: f64,
+    /// Every node's `[sequencer] mode` (`durable`, `window`).
+    pub sequencer_mode: String,
     /// `GET /read`s answered, by the mode that answered, with the stale ones counted.
     pub reads: BTreeMap<String, check::reads::ModeCounts>,
     pub nodes: usize,
@@ -181,6 +183,12 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     if let Some(b) = spec.clock_rate_error {
         cfg.clock_rate_error = b;
     }
+    if let Some(mode) = plan.sequencer_mode {
+        cfg.sequencer.mode = mode;
+    }
+    if let Some(ids) = spec.window_ids {
+        cfg.sequencer.window_ids = ids;
+    }
     if plan.backend == BackendKind::Raft {
         if let Some(et) = &spec.election_timeout {
             cfg.election_timeout_ms = et.clone();
@@ -210,12 +218,19 @@ fn start_read_probes(
                 next_id += 1;
                 tasks.push(tokio::spawn(async move {
                     let client = NodeClient::new(timeout);
+                    // `next`: an ID asked of every node, as a client with a stale leader cache
+                    // would; the answer is an acknowledged ID like the load's.
+                    let asks_id = mode == "next";
                     let path = format!("/read?mode={mode}");
                     let mut ops = Vec::new();
                     let mut i = 0u64;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let invoke_ns = baton::clock::monotonic_ns();
-                        let reply = client.get(&addr, &path).await;
+                        let reply = if asks_id {
+                            client.post(&addr, "/next").await
+                        } else {
+                            client.get(&addr, &path).await
+                        };
                         let complete_ns = baton::clock::monotonic_ns();
                         let mut op = load::Op {
                             id: base + i,
@@ -230,7 +245,7 @@ fn start_read_probes(
                             seq: None,
                             attempts: 1,
                             error: None,
-                            kind: Some("read".into()),
+                            kind: (!asks_id).then(|| "read".into()),
                             mode: None,
                             fell_back: None,
                             shard: None,
@@ -564,6 +579,11 @@ async fn drive(
     let db = admin(&snapshot).await?;
     let mut input: CheckInput = check::load::read(&db, None).await?;
     input.acks = check::load::acks_from_ops(&format!("{}.history", plan.label), &report.ops);
+    // The probe's `POST /next`s (mode `next`) are acknowledged IDs like the load's.
+    input.acks.extend(check::load::acks_from_ops(
+        &format!("{}.probe", plan.label),
+        &probe_ops,
+    ));
     input.reads = check::load::reads_from_ops(&format!("{}.history", plan.label), &report.ops);
     input.reads.extend(check::load::reads_from_ops(
         &format!("{}.probe", plan.label),
@@ -750,6 +770,7 @@ fn assemble(
         faketime_rate: plan.faketime_rate,
         faketime_observed_rates: Vec::new(),
         clock_rate_error: cfg.clock_rate_error,
+        sequencer_mode: cfg.sequencer.mode.as_str().to_owned(),
         reads: check::reads::stale_reads(input),
         nodes: node_ids.len(),
         workset_rows: plan.workset_rows,

@@ -35,7 +35,7 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
 use baton::backends::BackendKind;
-use baton::config::Fencing;
+use baton::config::{Fencing, SequencerMode};
 
 /// A duration relative to the run's lease TTL: `secs + ttl_mult × TTL`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -371,9 +371,17 @@ pub struct ExpSpec {
     #[serde(default)]
     pub clock_rate_error: Option<f64>,
     /// Clients that keep reading from *every* node, as a client with a stale leader cache would:
-    /// a deposed leader that still answers is caught by the checker's read invariants.
+    /// a deposed leader that still answers is caught by the checker's read invariants. The
+    /// mode `next` sends `POST /next` instead (an acknowledged ID, checked like the load's).
     #[serde(default)]
     pub read_probe: Option<ReadProbe>,
+    /// One run per value: every node's `[sequencer] mode` (label `-window` / `-durable`).
+    /// Empty: the backend's config file (durable).
+    #[serde(default)]
+    pub sequencer_modes: Vec<SequencerMode>,
+    /// `[sequencer] window_ids` of the window-mode runs (default: the config's).
+    #[serde(default)]
+    pub window_ids: Option<u64>,
     pub seed: u64,
     /// How long the load runs.
     pub duration: Span,
@@ -443,6 +451,8 @@ pub struct RunPlan {
     pub clock_drift: Option<f64>,
     /// Every node's libfaketime clock rate in this run (the `faketime_rates` sweep).
     pub faketime_rate: Option<f64>,
+    /// Every node's `[sequencer] mode` in this run (the `sequencer_modes` sweep).
+    pub sequencer_mode: Option<SequencerMode>,
     /// This run's seed (the experiment's seed mixed with the label).
     pub seed: u64,
 }
@@ -498,13 +508,23 @@ impl ExpSpec {
         if !(0.0..=1.0).contains(&self.load.read_fraction) {
             bail!("{}: load.read_fraction must be in [0, 1]", self.name);
         }
-        let probe_modes = self.read_probe.iter().flat_map(|p| p.modes.iter());
+        let probe_modes = self
+            .read_probe
+            .iter()
+            .flat_map(|p| p.modes.iter())
+            .filter(|m| m.as_str() != "next");
         for m in self.load.read_modes.iter().chain(probe_modes) {
             if !["lease", "quorum", "resource"].contains(&m.as_str()) {
                 bail!(
                     "{}: read mode {m:?} is not lease, quorum or resource",
                     self.name
                 );
+            }
+        }
+        if let Some(p) = &self.read_probe {
+            // The probe's extra mode; the load's reads are reads only.
+            if p.modes.is_empty() {
+                bail!("{}: read_probe.modes is empty", self.name);
             }
         }
         for t in &self.lease_ttl {
@@ -633,39 +653,50 @@ impl ExpSpec {
             } else {
                 clocks
             };
+            let modes: Vec<Option<SequencerMode>> = if self.sequencer_modes.is_empty() {
+                vec![None]
+            } else {
+                self.sequencer_modes.iter().map(|m| Some(*m)).collect()
+            };
             for ttl in &ttl_points {
                 for &fencing in &self.fencing {
                     for &w in &rows {
                         for &(drift, faketime) in &clocks {
-                            let mut label = b.as_str().to_owned();
-                            if let Some(d) = drift {
-                                label.push_str(&format!("-drift{d:+.2}"));
-                            }
-                            if let Some(r) = faketime {
-                                label.push_str(&format!("-faketime{r:.3}"));
-                            }
-                            if let Some(t) = ttl {
-                                label.push_str(&format!("-ttl{}", fmt_ttl(*t)));
-                            }
-                            if self.fencing.len() > 1 || fencing == Fencing::Off {
-                                label.push_str(match fencing {
-                                    Fencing::On => "-fencing-on",
-                                    Fencing::Off => "-fencing-off",
+                            for &mode in &modes {
+                                let mut label = b.as_str().to_owned();
+                                if let Some(d) = drift {
+                                    label.push_str(&format!("-drift{d:+.2}"));
+                                }
+                                if let Some(r) = faketime {
+                                    label.push_str(&format!("-faketime{r:.3}"));
+                                }
+                                if let Some(t) = ttl {
+                                    label.push_str(&format!("-ttl{}", fmt_ttl(*t)));
+                                }
+                                if self.fencing.len() > 1 || fencing == Fencing::Off {
+                                    label.push_str(match fencing {
+                                        Fencing::On => "-fencing-on",
+                                        Fencing::Off => "-fencing-off",
+                                    });
+                                }
+                                if self.workset_rows.len() > 1 {
+                                    label.push_str(&format!("-jobs{}", fmt_count(w)));
+                                }
+                                if let Some(m) = mode {
+                                    label.push_str(&format!("-{}", m.as_str()));
+                                }
+                                runs.push(RunPlan {
+                                    seed: mix_seed(self.seed, &label),
+                                    label,
+                                    backend: b,
+                                    ttl_ms: *ttl,
+                                    fencing,
+                                    workset_rows: w,
+                                    clock_drift: drift,
+                                    faketime_rate: faketime,
+                                    sequencer_mode: mode,
                                 });
                             }
-                            if self.workset_rows.len() > 1 {
-                                label.push_str(&format!("-jobs{}", fmt_count(w)));
-                            }
-                            runs.push(RunPlan {
-                                seed: mix_seed(self.seed, &label),
-                                label,
-                                backend: b,
-                                ttl_ms: *ttl,
-                                fencing,
-                                workset_rows: w,
-                                clock_drift: drift,
-                                faketime_rate: faketime,
-                            });
                         }
                     }
                 }
@@ -677,19 +708,36 @@ impl ExpSpec {
         Ok(runs)
     }
 
+    /// Whether the run reads with `lease` (answered from memory inside the lease window): the
+    /// load's reads (`read_modes` empty is the node's default, `lease`) or the probe's.
+    fn leans_on_the_lease_window(&self) -> bool {
+        let load = self.load.read_fraction > 0.0
+            && (self.load.read_modes.is_empty()
+                || self.load.read_modes.iter().any(|m| m == "lease"));
+        let probe = self
+            .read_probe
+            .as_ref()
+            .is_some_and(|p| p.modes.iter().any(|m| m == "lease"));
+        load || probe
+    }
+
     /// The expected verdict of a run (`Any` for unjudged backends).
     pub fn expectation(&self, plan: &RunPlan) -> Expect {
         if self.expect_fail.contains(&plan.backend) {
             return Expect::Fail;
         }
         // A clock slower than the configured bound breaks the lease arithmetic on purpose: what
-        // the run shows is counted (stale reads by mode), not judged.
+        // the run shows is counted (stale reads by mode, window-mode IDs out of real-time
+        // order), not judged. A run with neither (durable IDs only, no lease read) is judged
+        // whatever the clock: only the fence is left, and it is enough.
         let bound = self.clock_rate_error.unwrap_or(0.01);
         if plan
             .clock_drift
             .or(self.clock_drift)
             .or(plan.faketime_rate.map(|r| r - 1.0))
             .is_some_and(|d| -d > bound)
+            && (self.leans_on_the_lease_window()
+                || plan.sequencer_mode == Some(SequencerMode::Window))
         {
             return Expect::Any;
         }
@@ -707,7 +755,7 @@ impl ExpSpec {
 
 /// `1500` → `1.5s`, `3000` → `3s`.
 pub fn fmt_ttl(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{}ms", ms)
@@ -716,9 +764,9 @@ pub fn fmt_ttl(ms: u64) -> String {
 
 /// `10000000` → `10M`, `0` → `0`.
 pub fn fmt_count(n: u64) -> String {
-    if n >= 1_000_000 && n % 1_000_000 == 0 {
+    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
         format!("{}M", n / 1_000_000)
-    } else if n >= 1000 && n % 1000 == 0 {
+    } else if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         n.to_string()
@@ -797,5 +845,43 @@ mod tests {
         let only = spec.plan(Some(&[BackendKind::Raft]), None).unwrap();
         assert_eq!(only.len(), 2);
         assert_eq!(only[0].seed, runs[4].seed);
+    }
+
+    #[test]
+    fn the_next_window_sweep_judges_window_mode_inside_the_bound_and_durable_mode_everywhere() {
+        let (spec, _) = ExpSpec::load("next-window").unwrap();
+        let runs = spec.plan(None, None).unwrap();
+        let of = |label: &str| {
+            let run = runs
+                .iter()
+                .find(|r| r.label == label)
+                .unwrap_or_else(|| panic!("no run {label}"));
+            spec.expectation(run)
+        };
+        assert_eq!(runs.len(), 12);
+        assert_eq!(of("pg-lease-drift+0.00-window"), Expect::Pass);
+        assert_eq!(of("pg-lease-drift-0.01-window"), Expect::Pass);
+        assert_eq!(of("pg-lease-faketime0.995-window"), Expect::Pass);
+        assert_eq!(
+            of("pg-lease-drift-0.40-window"),
+            Expect::Any,
+            "beyond the bound: counted"
+        );
+        assert_eq!(of("pg-lease-faketime0.800-window"), Expect::Any);
+        assert_eq!(
+            of("pg-lease-drift-0.40-durable"),
+            Expect::Pass,
+            "the fence alone suffices"
+        );
+        assert_eq!(of("pg-lease-faketime0.800-durable"), Expect::Pass);
+        // The read-lease experiment's lease reads stay unjudged beyond the bound.
+        let (reads, _) = ExpSpec::load("read-lease").unwrap();
+        let beyond = reads
+            .plan(None, None)
+            .unwrap()
+            .into_iter()
+            .find(|r| r.label == "pg-lease-drift-0.40")
+            .unwrap();
+        assert_eq!(reads.expectation(&beyond), Expect::Any);
     }
 }

@@ -18,7 +18,9 @@
 //! `/status` sweeps stay on the caller's runtime.
 
 pub mod conn;
+pub mod cpu;
 pub mod leader;
+pub mod sizing;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -223,6 +225,8 @@ pub struct LoadReport {
     pub latency_us: Histogram<u64>,
     /// Invoke → completion, µs, over `ok` requests (without queueing behind busy connections).
     pub service_us: Histogram<u64>,
+    /// CPU time each load thread spent from the common start to its last worker's end, s.
+    pub thread_cpu_s: Vec<f64>,
 }
 
 /// Counts and percentiles, for printing and `--json`.
@@ -240,6 +244,17 @@ pub struct Summary {
     pub tokens: Vec<i64>,
     pub latency_ms: Percentiles,
     pub service_ms: Percentiles,
+    /// Mean service time (invoke -> answer) of the `ok` requests, ms.
+    pub service_mean_ms: f64,
+    /// Connections (workers) the run had.
+    pub connections: usize,
+    /// Requests in flight on average over the run (the sum of every sent request's time from
+    /// invoke to answer over the run's length, Little's law): `connections` means every
+    /// connection was busy all the time.
+    pub busy_connections_mean: f64,
+    /// Each load thread's CPU time over the run's length (1.0 = busy all of it), busiest first:
+    /// one near 1.0 means the generator, not the node, set the pace.
+    pub generator_threads_busy: Vec<f64>,
     /// `GET /read`s sent, answered, and answered by `quorum` after asking for `lease`.
     pub reads: usize,
     pub reads_ok: usize,
@@ -297,6 +312,17 @@ impl LoadReport {
         let mut tokens: Vec<i64> = self.ops.iter().filter_map(|o| o.token).collect();
         tokens.sort_unstable();
         tokens.dedup();
+        let in_flight_ns: u128 = self
+            .ops
+            .iter()
+            .map(|o| u128::from(o.complete_ns.saturating_sub(o.invoke_ns)))
+            .sum();
+        let ok_service_ns: u128 = self
+            .ops
+            .iter()
+            .filter(|o| o.outcome == Outcome::Ok)
+            .map(|o| u128::from(o.complete_ns.saturating_sub(o.invoke_ns)))
+            .sum();
         Summary {
             offered_rate: self.spec.rate,
             achieved_rate: self.ops.len() as f64 / secs,
@@ -310,6 +336,18 @@ impl LoadReport {
             tokens,
             latency_ms: percentiles(&self.latency_us),
             service_ms: percentiles(&self.service_us),
+            service_mean_ms: if ok > 0 {
+                ok_service_ns as f64 / ok as f64 / 1e6
+            } else {
+                0.0
+            },
+            connections: self.spec.connections,
+            busy_connections_mean: in_flight_ns as f64 / 1e9 / secs,
+            generator_threads_busy: {
+                let mut v: Vec<f64> = self.thread_cpu_s.iter().map(|c| c / secs).collect();
+                v.sort_by(|a, b| b.total_cmp(a));
+                v
+            },
             reads: self.ops.iter().filter(|o| o.is_read()).count(),
             reads_ok: self
                 .ops
@@ -349,6 +387,17 @@ impl LoadReport {
         out.push_str(&format!(
             "service time (ok):                p50 {:.3} ms  p99 {:.3} ms  p999 {:.3} ms  max {:.3} ms\n",
             s.service_ms.p50, s.service_ms.p99, s.service_ms.p999, s.service_ms.max
+        ));
+        let busy: Vec<String> = s
+            .generator_threads_busy
+            .iter()
+            .map(|b| format!("{:.0}%", b * 100.0))
+            .collect();
+        out.push_str(&format!(
+            "connections: {} ({:.1} busy on average); load threads busy: {}\n",
+            s.connections,
+            s.busy_connections_mean,
+            busy.join(" ")
         ));
         out
     }
@@ -392,6 +441,36 @@ struct Shared {
     t0: Instant,
     t0_ns: u64,
     hard_deadline: Instant,
+    /// `read_paths[i]`: the path of read mode `i` (one entry, `/read`, without modes): built
+    /// once, not per request.
+    read_paths: Vec<String>,
+}
+
+impl Shared {
+    fn read_path(&self, id: u64) -> &str {
+        &self.read_paths[(id % self.read_paths.len() as u64) as usize]
+    }
+}
+
+/// The fields of a node's JSON answer the generator records; anything else in it is skipped
+/// unparsed (a typed parse, not a `serde_json::Value` per answer: the generator's CPU is taken
+/// from the node it measures).
+#[derive(Deserialize, Default)]
+struct Answer<'a> {
+    token: Option<i64>,
+    seq: Option<i64>,
+    #[serde(borrow)]
+    mode: Option<std::borrow::Cow<'a, str>>,
+    fell_back: Option<bool>,
+    #[serde(borrow)]
+    error: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> Answer<'a> {
+    /// `body` parsed; a body that is not such an object is an empty answer.
+    fn parse(body: &'a [u8]) -> Answer<'a> {
+        serde_json::from_slice(body).unwrap_or_default()
+    }
 }
 
 struct WorkerOut {
@@ -448,6 +527,13 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
         total,
         t0,
         t0_ns,
+        read_paths: if spec.read_modes.is_empty() {
+            vec![spec.read_path(0)]
+        } else {
+            (0..spec.read_modes.len() as u64)
+                .map(|i| spec.read_path(i))
+                .collect()
+        },
     });
     for shard in &mut shards {
         shard.start(shared.clone());
@@ -456,8 +542,11 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
     let mut unsent = 0;
     let mut latency_us = new_histogram();
     let mut service_us = new_histogram();
+    let mut thread_cpu_s = Vec::with_capacity(shards.len());
     for shard in shards {
-        for out in shard.finished().await? {
+        let (outs, cpu) = shard.finished().await?;
+        thread_cpu_s.push(cpu);
+        for out in outs {
             ops.extend(out.ops);
             unsent += out.unsent;
         }
@@ -476,7 +565,23 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
         unsent,
         latency_us,
         service_us,
+        thread_cpu_s,
     })
+}
+
+/// This thread's CPU time so far (`CLOCK_THREAD_CPUTIME_ID`), s.
+fn thread_cpu_now() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the struct we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc == 0 {
+        ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+    } else {
+        0.0
+    }
 }
 
 /// One load thread: a single-threaded runtime with its workers and their connections. It opens
@@ -485,7 +590,8 @@ pub async fn run(spec: LoadSpec) -> anyhow::Result<LoadReport> {
 struct Shard {
     opened: Option<tokio::sync::oneshot::Receiver<()>>,
     start: Option<tokio::sync::oneshot::Sender<Arc<Shared>>>,
-    done: tokio::sync::oneshot::Receiver<anyhow::Result<Vec<WorkerOut>>>,
+    /// Its workers' records, and the thread's CPU time from the common start to their end.
+    done: tokio::sync::oneshot::Receiver<anyhow::Result<(Vec<WorkerOut>, f64)>>,
 }
 
 impl Shard {
@@ -514,8 +620,9 @@ impl Shard {
                     let _ = opened_tx.send(());
                     // The caller gone (an error elsewhere): nothing to run.
                     let Ok(sh) = start_rx.await else {
-                        return Ok(Vec::new());
+                        return Ok((Vec::new(), 0.0));
                     };
+                    let cpu_at_start = thread_cpu_now();
                     let tasks: Vec<_> = workers
                         .iter()
                         .zip(conns)
@@ -528,7 +635,7 @@ impl Shard {
                     for t in tasks {
                         outs.push(t.await.context("load worker panicked")?);
                     }
-                    Ok(outs)
+                    Ok((outs, thread_cpu_now() - cpu_at_start))
                 });
                 let _ = done_tx.send(outs);
             })
@@ -554,7 +661,7 @@ impl Shard {
         }
     }
 
-    async fn finished(self) -> anyhow::Result<Vec<WorkerOut>> {
+    async fn finished(self) -> anyhow::Result<(Vec<WorkerOut>, f64)> {
         self.done.await.context("a load thread panicked")?
     }
 }
@@ -623,16 +730,20 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
     };
     let leader = &sh.leaders[w as usize % sh.leaders.len()];
     let is_read = !sh.spec.probe && sh.spec.is_read_slot(id);
-    let (method, path) = if sh.spec.probe {
+    let sharded_path;
+    let (method, path): (Method, &str) = if sh.spec.probe {
         op.kind = Some("probe".into());
-        (Method::GET, sh.spec.path.clone())
+        (Method::GET, &sh.spec.path)
     } else if is_read {
         op.kind = Some("read".into());
-        (Method::GET, sh.spec.read_path(id))
+        (Method::GET, sh.read_path(id))
     } else {
         match op.shard {
-            Some(shard) => (Method::POST, format!("{}?shard={shard}", sh.spec.path)),
-            None => (Method::POST, sh.spec.path.clone()),
+            Some(shard) => {
+                sharded_path = format!("{}?shard={shard}", sh.spec.path);
+                (Method::POST, &sharded_path)
+            }
+            None => (Method::POST, &sh.spec.path),
         }
     };
     let mut not_sent_retries = 0;
@@ -661,7 +772,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
         }
         let c = conn.as_mut().expect("connection just opened");
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match c.exchange(&method, &path, remaining).await {
+        match c.exchange(&method, path, remaining).await {
             Exchange::Reply {
                 status,
                 leader_header,
@@ -678,17 +789,16 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                     };
                     return op;
                 }
-                let v: serde_json::Value =
-                    serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                let v = Answer::parse(&body);
                 if status == StatusCode::OK {
-                    match (v["token"].as_i64(), v["seq"].as_i64()) {
+                    match (v.token, v.seq) {
                         (Some(t), Some(s)) => {
                             op.outcome = Outcome::Ok;
                             op.token = Some(t);
                             op.seq = Some(s);
                             if is_read {
-                                op.mode = v["mode"].as_str().map(str::to_owned);
-                                op.fell_back = v["fell_back"].as_bool();
+                                op.mode = v.mode.map(|m| m.into_owned());
+                                op.fell_back = v.fell_back;
                             }
                         }
                         _ => {
@@ -701,7 +811,7 @@ async fn one_request(sh: &Shared, w: u32, id: u64, sched_ns: u64, conn: &mut Opt
                     }
                     return op;
                 }
-                let code = v["error"].as_str().unwrap_or("").to_owned();
+                let code = v.error.as_deref().unwrap_or("").to_owned();
                 if status == StatusCode::CONFLICT {
                     match leader_header {
                         Some(l) if l != addr && op.attempts <= MAX_HOPS => {
@@ -799,6 +909,10 @@ pub struct LoadArgs {
     /// connections). Default: half the cores, at least 1.
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Send every slot as `GET PATH` instead (any 200 is ok, nothing is parsed), e.g. `/healthz`:
+    /// plain HTTP on the same generator, to set beside a run of `/next` or `/read`.
+    #[arg(long)]
+    pub probe: Option<String>,
 }
 
 /// The load generator's threads when none are asked for: half the cores, at least 1, leaving
@@ -822,6 +936,10 @@ pub async fn cli_main(a: LoadArgs) -> anyhow::Result<()> {
     spec.timeout = Duration::from_millis(a.timeout);
     spec.read_fraction = a.read_fraction;
     spec.read_modes = a.read_mode.clone();
+    if let Some(path) = &a.probe {
+        spec.path = path.clone();
+        spec.probe = true;
+    }
     let report = run(spec).await?;
     if let Some(p) = &a.history {
         write_history(p, &report.ops)?;
@@ -1045,6 +1163,55 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn reads_record_their_mode_and_fall_back_and_busy_connections_follow_littles_law() {
+        // Reads take 10 ms each; /read?mode=lease answers alternately from the lease and as a
+        // fall-back, with the other fields a node sends.
+        let node = fake_node(Arc::new(|path, _| match path {
+            "/status" => (
+                200,
+                None,
+                r#"{"role":"leader","fence_token":4}"#.into(),
+                Duration::ZERO,
+            ),
+            _ => (
+                200,
+                None,
+                r#"{"node_id":"n1","shard":0,"token":4,"seq":9,"cursor":null,"mode":"quorum","requested_mode":"lease","fell_back":true,"lease_window_left_ms":null}"#.into(),
+                Duration::from_millis(10),
+            ),
+        }))
+        .await;
+        let mut spec = LoadSpec::new(vec![node], 40.0, Duration::from_secs(1));
+        spec.connections = 4;
+        spec.read_fraction = 1.0;
+        spec.read_modes = vec!["lease".into()];
+        let report = run(spec).await.unwrap();
+        let s = report.summary();
+        assert_eq!(
+            (s.ok, s.reads, s.reads_ok, s.reads_fell_back),
+            (40, 40, 40, 40),
+            "{s:?}"
+        );
+        assert!(report
+            .ops
+            .iter()
+            .all(|o| o.mode.as_deref() == Some("quorum")
+                && o.token == Some(4)
+                && o.seq == Some(9)));
+        // 40/s x ~10-12 ms: about 0.4-0.5 of a connection busy, of 4.
+        assert_eq!(s.connections, 4);
+        assert!(
+            (0.35..0.8).contains(&s.busy_connections_mean),
+            "{}",
+            s.busy_connections_mean
+        );
+        assert!(
+            s.service_mean_ms >= 10.0 && s.service_mean_ms < 30.0,
+            "{s:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_probe_gets_its_path_ok_on_any_200_and_issues_no_id() {
         // /healthz answers 200 with no token or seq; anything else here is a 404.
         let node = fake_node(Arc::new(|path, _| match path {
@@ -1090,6 +1257,14 @@ mod tests {
             "every slot once, in order"
         );
         assert!(report.ops.iter().all(|o| o.outcome == Outcome::Ok));
+        // Each load thread measured its own CPU over the run.
+        let busy = report.summary().generator_threads_busy;
+        assert_eq!(busy.len(), 3, "{busy:?}");
+        assert!(busy.iter().all(|b| (0.0..1.5).contains(b)), "{busy:?}");
+        assert!(
+            busy.windows(2).all(|w| w[0] >= w[1]),
+            "busiest first: {busy:?}"
+        );
         let mut seqs: Vec<i64> = report.ops.iter().filter_map(|o| o.seq).collect();
         seqs.sort_unstable();
         seqs.dedup();
