@@ -39,9 +39,9 @@ pub use crate::elector::*;
 /// renews every row the node holds), redis (one script call renews every key it holds), raft at
 /// K > 1 (one raft group per fleet whose state machine holds every shard's lease: one request
 /// to the raft leader renews all of a node's shards, `raft::shards`), zk (one candidacy session
-/// and one read-only session per node; one `sync` with an `exists` per held znode renews them
-/// all). At K = 1 every backend builds exactly what [`build`] builds (raft: its leader is
-/// the one leader, as before shards).
+/// and one read-only session per node; one `sync` with one multi-read of every held znode
+/// renews them all). At K = 1 every backend builds exactly what [`build`] builds (raft: its
+/// leader is the one leader, as before shards).
 pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elector>>> {
     let Some(first) = cfgs.first() else {
         return Ok(Vec::new());

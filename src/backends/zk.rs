@@ -38,8 +38,8 @@
 //! **Shards share both sessions.** A node's shard electors ([`ZkElector::connect_shards`]) hold
 //! one candidacy session and one read-only session between them; each shard's znode lives in its
 //! own election path inside the shared candidacy session. One renewal (the node's
-//! `RenewBatch`) is a `sync` pipelined with an `exists` per held znode, so the node sends about
-//! one round trip per renew interval whatever K is, and the local watchdog judges the session by
+//! `RenewBatch`) is a `sync` pipelined with one multi-read of every held znode, so the node sends
+//! two requests per renew interval whatever K is, and the local watchdog judges the session by
 //! the newest renewal of any shard. A shard whose znode is gone loses its term alone; a session
 //! that ends (expired, or the watchdog gave it up) ends every shard's candidacy in it, and each
 //! shard is told at its next renewal. The last shard to close closes the session. At K = 1 the
@@ -305,7 +305,7 @@ impl Hub {
     }
 
     /// One renewal for every lease in `leases`: `sync` (answered only after a round trip to the
-    /// ensemble's leader) pipelined with an `exists` for each znode. Whether each lease still
+    /// ensemble's leader) pipelined with one multi-read of every znode. Whether each lease still
     /// holds: its session is the current one, alive, and its znode (if any) still there.
     async fn renew_all(&self, leases: Vec<(u64, Option<String>)>) -> ElectorResult<Vec<bool>> {
         let (client, gen, grant_ttl) = {
@@ -321,44 +321,58 @@ impl Hub {
         count("renew-sync");
         // Any path will do: `sync` is a round trip to the ensemble's leader whatever it names.
         let sync = client.sync("/");
-        let exists: Vec<_> = leases
+        // Every held znode in one multi-read request (ZooKeeper 3.6+), pipelined behind the
+        // `sync`: the node's renewal is two requests whatever the number of its shards.
+        let held: Vec<&String> = leases
             .iter()
-            .map(|(g, p)| match p.as_ref().filter(|_| *g == gen) {
-                Some(p) => {
-                    count("renew-exists");
-                    Some(client.check_stat(p))
-                }
-                None => None,
-            })
+            .filter_map(|(g, p)| p.as_ref().filter(|_| *g == gen))
             .collect();
-        let answer = tokio::time::timeout(self.timeout, async {
-            let s = sync.await;
-            let mut e = Vec::with_capacity(exists.len());
-            for f in exists {
-                e.push(match f {
-                    Some(f) => Some(f.await),
-                    None => None,
-                });
+        let mut reader = client.new_multi_reader();
+        for p in &held {
+            if let Err(e) = reader.add_get_data(p) {
+                return Err(ElectorError::Unavailable(format!("zookeeper: {e}")));
             }
-            (s, e)
-        })
-        .await;
-        let (synced, existed) = match answer {
+        }
+        if !held.is_empty() {
+            count("renew-check");
+        }
+        let checked = reader.commit();
+        let answer =
+            tokio::time::timeout(self.timeout, async { (sync.await, checked.await) }).await;
+        let (synced, checked) = match answer {
             Ok(r) => r,
             Err(_) => return Err(ZkFailure::Timeout(self.timeout).into_err()),
         };
-        let mut found = Vec::with_capacity(existed.len());
         let mut failure = synced.err();
-        for e in existed {
-            found.push(match e {
-                None => true,
-                Some(Ok(stat)) => stat.is_some(),
-                Some(Err(e)) => {
-                    failure.get_or_insert(e);
-                    false
+        let mut there = Vec::with_capacity(held.len());
+        match checked {
+            Ok(results) => {
+                for r in results {
+                    there.push(match r {
+                        zkc::MultiReadResult::Data { .. } => true,
+                        zkc::MultiReadResult::Error {
+                            err: zkc::Error::NoNode,
+                        } => false,
+                        zkc::MultiReadResult::Error { err } => {
+                            failure.get_or_insert(err);
+                            false
+                        }
+                        _ => false,
+                    });
                 }
-            });
+            }
+            Err(e) => {
+                failure.get_or_insert(e);
+            }
         }
+        let mut there = there.into_iter();
+        let found: Vec<bool> = leases
+            .iter()
+            .map(|(g, p)| match p.as_ref().filter(|_| *g == gen) {
+                Some(_) => there.next().unwrap_or(false),
+                None => true,
+            })
+            .collect();
         if let Some(e) = failure {
             if session_over(&e) {
                 drop(client);
@@ -811,7 +825,7 @@ impl Elector for ZkElector {
         }
     }
 
-    /// One `sync` + `exists(our znode)` round trip, shared: it renews the session for every
+    /// One `sync` + multi-read (our znode among the node's others) round trip, shared: it renews the session for every
     /// shard and checks each held znode (see [`Hub::renew_all`]). Nothing to renew without a
     /// candidacy.
     async fn renew(&self) -> ElectorResult<Option<Grant>> {
