@@ -621,6 +621,17 @@ pub struct RedisConfig {
     /// PEM CA bundle that the server's certificate must chain to (feature `tls`); the URL must
     /// then be `rediss://`.
     pub tls_ca_file: Option<PathBuf>,
+    /// Redis Sentinel addresses (`host:port`). When set, the backend asks them which server is
+    /// `master_name`'s primary and talks to that one, and asks again after a connection error or
+    /// a `READONLY` answer (a failover), without a restart. `url` then gives only how to talk to
+    /// the primary: `redis://` or `rediss://` (TLS to the primary and to the Sentinels, verified
+    /// against `tls_ca_file`), the user and password, the database; its host and port are not
+    /// used. A token counter (the `redis` backend) can go back after a failover to a replica that
+    /// lacked the last `INCR`s: the fenced resource refuses such a token (README).
+    pub sentinels: Vec<String>,
+    /// The name the Sentinels monitor the primary under (their `sentinel monitor NAME ...`);
+    /// required with `sentinels`.
+    pub master_name: Option<String>,
 }
 
 impl Default for RedisConfig {
@@ -630,7 +641,49 @@ impl Default for RedisConfig {
             key: "baton:leader".into(),
             request_timeout_ms: 1000,
             tls_ca_file: None,
+            sentinels: Vec::new(),
+            master_name: None,
         }
+    }
+}
+
+impl RedisConfig {
+    /// The Sentinel options: every address a `host:port` with a port, a master name with them
+    /// (and only with them), a `url` that still parses (it carries the primary's scheme and
+    /// credentials).
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[redis] {m}")));
+        match (&self.master_name, self.sentinels.is_empty()) {
+            (None, false) => {
+                return bad(
+                    "sentinels needs master_name: the name the Sentinels monitor the primary under (their `sentinel monitor NAME host port quorum`)".into(),
+                )
+            }
+            (Some(_), true) => {
+                return bad(
+                    "master_name is set but sentinels is empty: list the Sentinels' host:port addresses, or remove master_name for a single Redis at url".into(),
+                )
+            }
+            (Some(name), false) if name.is_empty() || name.chars().any(char::is_whitespace) => {
+                return bad(format!(
+                    "master_name {name:?} must be non-empty, without whitespace"
+                ))
+            }
+            _ => {}
+        }
+        for s in &self.sentinels {
+            let port = s
+                .rsplit_once(':')
+                .filter(|(host, _)| !host.is_empty() && !host.contains('/'))
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .filter(|&p| p > 0);
+            if port.is_none() {
+                return bad(format!(
+                    "sentinels entry {s:?} is not host:port (e.g. \"127.0.0.1:26379\")"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -868,6 +921,7 @@ impl NodeConfig {
                 ("pg_lease", "database_url"),
                 ("etcd", "endpoints"),
                 ("redis", "url"),
+                ("redis", "sentinels"),
                 ("raft", "peers"),
                 ("raft", "peer_listen"),
                 ("raft", "cluster_secret"),
@@ -1179,6 +1233,7 @@ impl NodeConfig {
                 self.http.request_timeout_ms
             )));
         }
+        self.redis.validate()?;
         self.validate_tls()?;
         self.validate_shards()?;
         self.check_admin_surface(self.http_listen.ip())
@@ -1898,5 +1953,55 @@ mod secret_tests {
             ..NodeConfig::default()
         };
         off.validate().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod sentinel_tests {
+    use super::*;
+
+    fn with(sentinels: &[&str], master_name: Option<&str>) -> Result<(), ConfigError> {
+        let mut c = NodeConfig::for_backend(BackendKind::Redis);
+        c.redis.sentinels = sentinels.iter().map(|s| s.to_string()).collect();
+        c.redis.master_name = master_name.map(str::to_owned);
+        c.validate()
+    }
+
+    fn refused(sentinels: &[&str], master_name: Option<&str>) -> String {
+        with(sentinels, master_name).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn sentinels_need_a_master_name_and_host_port_addresses() {
+        with(&[], None).unwrap();
+        with(
+            &["127.0.0.1:26379", "sentinel-2.example:26379"],
+            Some("baton"),
+        )
+        .unwrap();
+        assert!(refused(&["127.0.0.1:26379"], None).contains("sentinels needs master_name"));
+        assert!(refused(&[], Some("baton")).contains("sentinels is empty"));
+        assert!(refused(&["127.0.0.1:26379"], Some("")).contains("master_name"));
+        assert!(refused(&["127.0.0.1:26379"], Some("a b")).contains("whitespace"));
+        for bad in [
+            "127.0.0.1",
+            ":26379",
+            "127.0.0.1:0",
+            "127.0.0.1:port",
+            "redis://h:1/",
+        ] {
+            let e = refused(&[bad], Some("baton"));
+            assert!(e.contains("is not host:port"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_sentinel_addresses_stay_out_of_reports() {
+        let mut c = NodeConfig::for_backend(BackendKind::Redis);
+        c.redis.sentinels = vec!["10.1.2.3:26379".into()];
+        c.redis.master_name = Some("baton".into());
+        let v = c.redacted_json().to_string();
+        assert!(!v.contains("10.1.2.3"), "{v}");
+        assert!(v.contains("\"master_name\":\"baton\""), "{v}");
     }
 }

@@ -106,6 +106,77 @@ pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
     })
 }
 
+// ---------------------------------------------------------------- sentinel-failover
+
+/// How long the Sentinels get to name a new primary (down-after 1 s, then the vote and the
+/// promotion; a failover of the same master within twice the failover timeout waits that out).
+const SENTINEL_NAMES_WITHIN: Duration = Duration::from_secs(30);
+
+/// `kill -9` of the fleet's Redis primary (`fleet up --redis-topology sentinel`); returns when
+/// the Sentinels name the replica as the new primary. The old primary is then started again,
+/// empty, as the new primary's replica, and the two swap places in the state file, so the fault
+/// can be repeated. The replica is whatever it had received: replication is asynchronous, so
+/// the last writes (the token counter's `INCR`s among them) may be lost.
+pub async fn sentinel_failover(state: &mut FleetState) -> anyhow::Result<FaultReport> {
+    let (Some(set), Some(primary)) = (state.redis_sentinel.clone(), state.redis.clone()) else {
+        bail!("sentinel-failover needs a fleet started with --redis-topology sentinel");
+    };
+    let (named, applied, named_at, mut old, new, in_sync) =
+        tokio::task::spawn_blocking(move || {
+            let named = set.named_primary();
+            if named != Some(primary.port) {
+                bail!(
+                    "the Sentinels name {named:?} as the primary, the fleet's state file says {}: run `baton fleet status` and look at the Redis logs under the fleet's directory",
+                    primary.port
+                );
+            }
+            stop_pid(primary.pid, libc::SIGKILL, Duration::from_secs(5));
+            if pid_alive(primary.pid) {
+                bail!("the Redis primary (pid {}) survived SIGKILL", primary.pid);
+            }
+            let applied = monotonic_ns();
+            let until = std::time::Instant::now() + SENTINEL_NAMES_WITHIN;
+            while set.named_primary() != Some(set.replica.port) {
+                if std::time::Instant::now() > until {
+                    bail!(
+                        "the Sentinels did not name the replica (port {}) within {SENTINEL_NAMES_WITHIN:?} of the primary's kill; the first Sentinel's log: {}",
+                        set.replica.port,
+                        set.sentinels[0].log().display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let named_at = monotonic_ns();
+            let mut new = set.replica.clone();
+            new.replica_of = None;
+            let mut old = primary;
+            old.restart_as_replica_of(new.port)?;
+            // Ready for the next failover (a replica that never synced could not take over).
+            let in_sync = old.wait_replica_in_sync(Duration::from_secs(15)).is_ok();
+            anyhow::Ok((named, applied, named_at, old, new, in_sync))
+        })
+        .await??;
+    let (old_port, new_port) = (old.port, new.port);
+    old.replica_of = Some(new_port);
+    state.redis = Some(new);
+    if let Some(set) = &mut state.redis_sentinel {
+        set.replica = old;
+    }
+    state.save()?;
+    Ok(FaultReport {
+        fault: "sentinel-failover".into(),
+        node: format!("redis:{}", named.unwrap_or(old_port)),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: named_at,
+        verified: true,
+        detail: format!(
+            "SIGKILL of the Redis primary on port {old_port}; the Sentinels named the replica on port {new_port} after {:.0} ms; the old primary runs again as its replica ({})",
+            (named_at - applied) as f64 / 1e6,
+            if in_sync { "in sync" } else { "not yet in sync after 15 s" }
+        ),
+    })
+}
+
 // ---------------------------------------------------------------- partition
 
 /// One DROP target: a host, or only one TCP port of it (PostgreSQL shares the gateway address

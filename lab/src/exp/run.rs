@@ -392,6 +392,7 @@ pub async fn run_one(
         node_args: Vec::new(),
         shards: 1,
         resource_standby: None,
+        redis_topology: Default::default(),
     };
     let up = if spec.netns {
         fleet::up_netns(&fspec).await
