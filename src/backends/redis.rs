@@ -267,7 +267,7 @@ enum Link {
     /// One server at `url`: the connection manager reconnects to it by itself.
     Direct(ConnectionManager),
     /// Whichever primary the Sentinels name, asked again after any failure.
-    Sentinel(SentinelLink),
+    Sentinel(Box<SentinelLink>),
 }
 
 struct SentinelLink {
@@ -362,13 +362,13 @@ impl RedisElector {
                 ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?,
             )
         } else {
-            Link::Sentinel(SentinelLink {
+            Link::Sentinel(Box::new(SentinelLink {
                 master_name: cfg.redis.master_name.clone().unwrap_or_default(),
                 resolver: tokio::sync::Mutex::new(open_sentinel(&cfg.redis)?),
                 mcfg,
                 current: StdMutex::new((0, None)),
                 named: StdMutex::new(None),
-            })
+            }))
         });
         if cfgs.iter().any(|c| c.redis.key.is_empty()) {
             return Err(ElectorError::Config("redis.key is empty".into()));
