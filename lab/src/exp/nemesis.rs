@@ -92,6 +92,10 @@ pub fn applies(kind: FaultKind, backend: BackendKind, netns: bool) -> bool {
     match kind {
         FaultKind::BackendRestart => !matches!(backend, BackendKind::Raft | BackendKind::Custom),
         FaultKind::Transfer => backend == BackendKind::Raft,
+        // Needs the fleet behind Sentinel too: `sentinel_failover` says so if it is not.
+        FaultKind::SentinelFailover => {
+            matches!(backend, BackendKind::Redis | BackendKind::RedisNaive)
+        }
         k if k.needs_netns() => netns,
         _ => true,
     }
@@ -658,6 +662,35 @@ fn backend_restart_blocking(
     Ok(r)
 }
 
+/// [`crate::chaos::sentinel_failover`] on the run's fleet: the primary killed, the replica named,
+/// the old primary back as its replica; the fleet's state takes the swapped servers.
+async fn sentinel_failover(
+    state: &Arc<Mutex<FleetState>>,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let mut snap = snapshot(state);
+    let token = fleet::current_leader(&snap, Duration::from_secs(15))
+        .await
+        .ok()
+        .map(|(_, t)| t);
+    let report = crate::chaos::sentinel_failover(&mut snap).await?;
+    {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.redis = snap.redis;
+        st.redis_sentinel = snap.redis_sentinel;
+    }
+    Ok(FaultRecord {
+        kind: FaultKind::SentinelFailover,
+        node: report.node,
+        token_before: token,
+        scheduled_ms,
+        applied_at_mono_ns: report.applied_at_mono_ns,
+        healed_at_mono_ns: Some(report.healed_at_mono_ns),
+        verified: report.verified,
+        detail: report.detail,
+    })
+}
+
 /// Applies one step.
 pub async fn apply(
     state: &Arc<Mutex<FleetState>>,
@@ -680,6 +713,7 @@ pub async fn apply(
         FaultKind::Transfer => {
             faults::stepdown_leader_to(state, scheduled_ms, Some(step.pick)).await
         }
+        FaultKind::SentinelFailover => sentinel_failover(state, scheduled_ms).await,
         k => bail!("{} is not a nemesis fault", k.as_str()),
     }
 }

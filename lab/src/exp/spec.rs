@@ -122,10 +122,13 @@ pub enum FaultKind {
     ResourceKill,
     /// `POST /stepdown?to=<a follower>`: a leadership transfer (raft).
     Transfer,
+    /// `kill -9` of the Redis primary of a fleet behind Sentinel (`redis_topology = "sentinel"`);
+    /// the Sentinels promote the replica, the old primary comes back as its replica.
+    SentinelFailover,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillLeader,
         FaultKind::KillFollower,
         FaultKind::KillSteppingDown,
@@ -138,6 +141,7 @@ impl FaultKind {
         FaultKind::ResourceKill,
         FaultKind::Stepdown,
         FaultKind::Transfer,
+        FaultKind::SentinelFailover,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -154,6 +158,7 @@ impl FaultKind {
             FaultKind::BackendRestart => "backend-restart",
             FaultKind::ResourceKill => "resource-kill",
             FaultKind::Transfer => "transfer",
+            FaultKind::SentinelFailover => "sentinel-failover",
         }
     }
 
@@ -354,6 +359,10 @@ pub struct ExpSpec {
     /// Whether the fleet must run in network namespaces (partitions).
     #[serde(default)]
     pub netns: bool,
+    /// The redis backends' Redis (`single`, or `sentinel`: a primary, a replica, three
+    /// Sentinels), as `baton fleet up --redis-topology`; `sentinel-failover` needs `sentinel`.
+    #[serde(default)]
+    pub redis_topology: crate::fleet::RedisTopology,
     /// Rate error of every node's clock (`clock_drift`, e.g. -0.45 = 45% slow): breaks the
     /// watchdog's bounded-drift assumption on purpose, so only the fence is left.
     #[serde(default)]
