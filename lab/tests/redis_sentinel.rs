@@ -13,6 +13,9 @@
 //! token (`fence_rejections`), the fleet must serve again under a token the fence accepts, and
 //! the history checker must pass over the ledger and the load's history with 0 violations.
 //!
+//! The control, with the fence off: the same reused token is accepted and issues IDs again, and
+//! the checker fails (the token goes back in the ledger, or two holders write under it).
+//!
 //! The same fault under `redis-naive` (no token, only the lock): the fleet serves again after the
 //! failover, and the checker passes (its "tokens" are wall-clock times, which the fence orders).
 
@@ -116,10 +119,33 @@ fn counter_on(server: &RedisServer) -> i64 {
         .unwrap_or_else(|| panic!("no token counter on port {}: {reply:?}", server.port))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_failover_under_a_redis_fleet_with_a_repeated_token_refused() {
-    let _serial = SERIAL.lock().await;
-    let fleet = sentinel_fleet("redis");
+/// What [`cut_hand_over_twice_fail_over`] leaves behind: a `redis` fleet whose Sentinels just
+/// promoted a replica that lacks the last two `INCR`s, under load.
+struct AfterFailover {
+    fleet: Fleet,
+    stop: Arc<AtomicBool>,
+    run: tokio::task::JoinHandle<anyhow::Result<load::LoadReport>>,
+    db: tokio_postgres::Client,
+    /// The counter on the replica when it was cut off (the token of the leader then).
+    replica_counter: i64,
+    /// Tokens claimed at the resource from the cut on, in order (the first is the cut's).
+    claimed: Vec<i64>,
+    /// The resource's `max_token` when the primary died.
+    fence_max: i64,
+    rejections_before: i64,
+    ledger_before: i64,
+    named_at: Instant,
+}
+
+/// The scenario of the module doc, up to the Sentinels naming the replica: a `redis` fleet
+/// behind Sentinel (`fencing` on or off), load, the replica cut off, two hand-overs it never
+/// sees, the primary killed.
+async fn cut_hand_over_twice_fail_over(fencing: &str) -> AfterFailover {
+    let fleet = Fleet::up_with(
+        "redis",
+        3,
+        &["--redis-topology", "sentinel", "--fencing", fencing],
+    );
     let (mut leader, mut addr, mut token) =
         fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -195,7 +221,35 @@ async fn sentinel_failover_under_a_redis_fleet_with_a_repeated_token_refused() {
         replica.port,
         "fleet.json names the promoted replica as the primary"
     );
+    AfterFailover {
+        fleet,
+        stop,
+        run,
+        db,
+        replica_counter,
+        claimed,
+        fence_max,
+        rejections_before,
+        ledger_before,
+        named_at,
+    }
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_under_a_redis_fleet_with_a_repeated_token_refused() {
+    let _serial = SERIAL.lock().await;
+    let AfterFailover {
+        fleet,
+        stop,
+        run,
+        db,
+        replica_counter,
+        claimed,
+        fence_max,
+        rejections_before,
+        ledger_before,
+        named_at,
+    } = cut_hand_over_twice_fail_over("on").await;
     // The first acquisition on the new primary gets replica_counter + 1: the token the first
     // hand-over's leader claimed with. The fence refuses it (below max_token).
     let reused = replica_counter + 1;
@@ -309,6 +363,68 @@ async fn sentinel_failover_under_a_redis_fleet_with_a_repeated_token_refused() {
     assert_eq!(
         written, 0,
         "the reused token {rej_token} wrote after the failover"
+    );
+}
+
+/// The control: the same scenario with the fence off (`--fencing off`). The reused token is
+/// accepted, so two holders write under one token and the token goes back in the ledger: the
+/// checker fails. This is what the fence prevents above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_fence_off_the_reused_token_is_served_twice_and_the_checker_fails() {
+    let _serial = SERIAL.lock().await;
+    let s = cut_hand_over_twice_fail_over("off").await;
+    let reused = s.replica_counter + 1;
+    // A claim under the reused token after the failover, and IDs issued under it.
+    let until = Instant::now() + Duration::from_secs(60);
+    let holders = loop {
+        let rows =
+            s.db.query(
+                "SELECT DISTINCT holder FROM baton.fence_log WHERE token = $1 AND op = 'next'",
+                &[&reused],
+            )
+            .await
+            .unwrap();
+        let after: i64 = s
+            .db
+            .query_one(
+                "SELECT count(*) FROM baton.fence_log WHERE token = $1 AND op = 'next' AND pos > $2",
+                &[&reused, &s.ledger_before],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if after > 0 {
+            break rows
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            Instant::now() < until,
+            "no ID issued under the reused token {reused} within 60 s of the failover (claimed {:?})\n{}",
+            s.claimed,
+            s.fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "{:.1?} after the failover: token {reused} (claimed before it; the resource was at {}) issues IDs again; holders under it: {holders:?}",
+        s.named_at.elapsed(),
+        s.fence_max
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.stop.store(true, Ordering::Relaxed);
+    let report = s.run.await.unwrap().unwrap();
+    let verdict = check_history(&s.fleet, &report).await;
+    eprintln!("{}", verdict.render());
+    assert!(
+        !verdict.pass,
+        "the fence was off and the token was reused: the checker must fail"
+    );
+    assert!(
+        verdict.failed("token_order").is_some() || verdict.failed("one_holder_per_token").is_some(),
+        "{}",
+        verdict.render()
     );
 }
 
