@@ -107,13 +107,23 @@ impl RedisSentinelSet {
 
     /// The primary's port as the first Sentinel that answers names it.
     pub fn named_primary(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| {
-            let reply = s.ask(
-                &format!("SENTINEL get-master-addr-by-name {}", self.master_name),
-                |r| r.lines().count() >= 4 || r.starts_with('-') || r.starts_with("*-1"),
-            )?;
-            reply.lines().nth(4)?.trim().parse().ok()
-        })
+        self.sentinels.iter().find_map(|s| self.named_by(s))
+    }
+
+    /// Whether every Sentinel names `port` as the primary.
+    pub fn all_name(&self, port: u16) -> bool {
+        self.sentinels
+            .iter()
+            .all(|s| self.named_by(s) == Some(port))
+    }
+
+    /// The primary's port as Sentinel `s` names it.
+    fn named_by(&self, s: &RedisServer) -> Option<u16> {
+        let reply = s.ask(
+            &format!("SENTINEL get-master-addr-by-name {}", self.master_name),
+            |r| r.lines().count() >= 4 || r.starts_with('-') || r.starts_with("*-1"),
+        )?;
+        reply.lines().nth(4)?.trim().parse().ok()
     }
 
     /// Until every Sentinel reaches quorum and failover authorization (`SENTINEL ckquorum`:
