@@ -691,6 +691,57 @@ async fn sentinel_failover(
     })
 }
 
+/// [`crate::chaos::pg_promote`] on the run's fleet, then a new standby where the old primary
+/// was: its directory wiped, a base backup of the new primary on the same port, in the same mode
+/// (sync when the old primary asked for a synchronous standby), so every node's multi-host URL
+/// still names both servers and the fault can repeat.
+async fn pg_promote(
+    state: &Arc<Mutex<FleetState>>,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let mut snap = snapshot(state);
+    let token = fleet::current_leader(&snap, Duration::from_secs(15))
+        .await
+        .ok()
+        .map(|(_, t)| t);
+    let old = snap.postgres.clone();
+    // `start_standby(sync)` set this on the primary with ALTER SYSTEM.
+    let sync = std::fs::read_to_string(old.data_dir().join("postgresql.auto.conf"))
+        .is_ok_and(|c| c.contains("synchronous_standby_names"));
+    let report = crate::chaos::pg_promote(&mut snap).await?;
+    let primary = snap.postgres.clone();
+    let (root, port) = (old.root.clone(), old.port);
+    let standby = tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_dir_all(&root);
+        primary.start_standby(&root, port, sync)
+    })
+    .await?
+    .context("rebuilding the standby after the promotion")?;
+    let rebuilt = monotonic_ns();
+    snap.postgres_standby = Some(standby);
+    snap.save()?;
+    {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.postgres = snap.postgres;
+        st.postgres_standby = snap.postgres_standby;
+    }
+    Ok(FaultRecord {
+        kind: FaultKind::PgPromote,
+        node: report.node,
+        token_before: token,
+        scheduled_ms,
+        applied_at_mono_ns: report.applied_at_mono_ns,
+        healed_at_mono_ns: Some(report.healed_at_mono_ns),
+        verified: report.verified,
+        detail: format!(
+            "{}; a new {} standby on port {port} after {:.0} ms more",
+            report.detail,
+            if sync { "sync" } else { "async" },
+            (rebuilt - report.healed_at_mono_ns) as f64 / 1e6
+        ),
+    })
+}
+
 /// Applies one step.
 pub async fn apply(
     state: &Arc<Mutex<FleetState>>,
@@ -714,6 +765,7 @@ pub async fn apply(
             faults::stepdown_leader_to(state, scheduled_ms, Some(step.pick)).await
         }
         FaultKind::SentinelFailover => sentinel_failover(state, scheduled_ms).await,
+        FaultKind::PgPromote => pg_promote(state, scheduled_ms).await,
         k => bail!("{} is not a nemesis fault", k.as_str()),
     }
 }

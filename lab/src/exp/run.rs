@@ -400,7 +400,7 @@ pub async fn run_one(
         lease_ttl_ms: Some(cfg.lease_ttl_ms),
         node_args: Vec::new(),
         shards: 1,
-        resource_standby: None,
+        resource_standby: spec.resource_standby,
         redis_topology: fspec_topology(spec, plan.backend),
     };
     let up = if spec.netns {
@@ -469,6 +469,9 @@ async fn drive(
             let mut n = n.clone();
             if fspec_topology(spec, plan.backend) != crate::fleet::RedisTopology::Sentinel {
                 n.mix.remove(&FaultKind::SentinelFailover);
+            }
+            if spec.resource_standby.is_none() {
+                n.mix.remove(&FaultKind::PgPromote);
             }
             Some(nemesis::draw(&n, plan.backend, spec.netns, ttl, &mut nrng)?)
         }

@@ -164,6 +164,7 @@ pub enum RedisTopology {
 
 /// How the fenced resource's standby replicates (`baton fleet up --resource-standby`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
 pub enum StandbyMode {
     /// A commit is acknowledged before the standby has it: a promotion can lose acknowledged
     /// IDs and the fence's own `max_token` (FINDINGS §15).
