@@ -900,6 +900,53 @@ pub fn report(
 
 #[cfg(test)]
 mod tests {
+    /// The store-failover specs ask for the fleets their faults need, and each fault kind goes
+    /// only where it can act: `sentinel-failover` to the redis backends, `pg-promote` anywhere
+    /// (the run leaves it out of the mix without a standby).
+    #[test]
+    fn the_store_failover_specs_and_their_fault_kinds() {
+        use crate::fleet::{RedisTopology, StandbyMode};
+        for (name, kind) in [
+            ("store-failover", FaultKind::SentinelFailover),
+            ("store-failover-pg", FaultKind::PgPromote),
+        ] {
+            let path = crate::repo_path(format!("experiments/{name}.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let spec: super::super::spec::ExpSpec = toml::from_str(&text).unwrap();
+            spec.validate().unwrap();
+            let n = spec.nemesis.as_ref().expect("a nemesis schedule");
+            assert!(n.mix.get(&kind).is_some_and(|w| *w > 0.0), "{name}");
+            match kind {
+                FaultKind::SentinelFailover => {
+                    assert_eq!(spec.redis_topology, RedisTopology::Sentinel)
+                }
+                _ => assert_eq!(spec.resource_standby, Some(StandbyMode::Sync)),
+            }
+        }
+        assert!(applies(
+            FaultKind::SentinelFailover,
+            BackendKind::Redis,
+            false
+        ));
+        assert!(applies(
+            FaultKind::SentinelFailover,
+            BackendKind::RedisNaive,
+            false
+        ));
+        assert!(!applies(
+            FaultKind::SentinelFailover,
+            BackendKind::Raft,
+            false
+        ));
+        assert!(!applies(
+            FaultKind::SentinelFailover,
+            BackendKind::PgLease,
+            false
+        ));
+        assert!(applies(FaultKind::PgPromote, BackendKind::Raft, false));
+        assert_eq!(FaultKind::SentinelFailover.as_str(), "sentinel-failover");
+        assert_eq!(FaultKind::PgPromote.as_str(), "pg-promote");
+    }
     use super::*;
     use rand::SeedableRng;
 
