@@ -32,6 +32,12 @@
 //!   <max_token>`). Run Redis with AOF `appendfsync always` if that matters; it is the price of a
 //!   token kept in a cache.
 //!
+//! **Behind Sentinel** (`[redis] sentinels`, `master_name`) both variants talk to whichever
+//! server the Sentinels name as the primary, and ask them again after any failed request (see
+//! [`Link::failed`]): a failover needs no restart. Sentinel replication is asynchronous, so a
+//! promoted replica can lack the last `INCR`s: the token regresses exactly as after a restart
+//! without persistence, and the fence refuses it the same way (`lab/tests/redis_sentinel.rs`).
+//!
 //! Neither variant queues waiters: they poll with a jittered `retry_interval`, so a release is seen
 //! within about one retry interval, and a lapsed lock by whoever polls first.
 //!
