@@ -34,7 +34,7 @@
 //!
 //! **Behind Sentinel** (`[redis] sentinels`, `master_name`) both variants talk to whichever
 //! server the Sentinels name as the primary, and ask them again after any failed request (see
-//! [`Link::failed`]): a failover needs no restart. Sentinel replication is asynchronous, so a
+//! `Link::failed`): a failover needs no restart. Sentinel replication is asynchronous, so a
 //! promoted replica can lack the last `INCR`s: the token regresses exactly as after a restart
 //! without persistence, and the fence refuses it the same way (`lab/tests/redis_sentinel.rs`).
 //!
