@@ -92,12 +92,16 @@ pub mod actors;
 pub mod backends;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "swim")]
+pub mod detector;
 pub mod elector;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod leadership;
 pub mod metrics;
 pub mod node;
+#[cfg(any(feature = "raft", feature = "swim"))]
+pub mod peer_auth;
 mod pg;
 pub mod rlimit;
 pub mod shard;
