@@ -210,10 +210,8 @@ impl DetectorState {
                 self.view_mut().confirmations += 1;
                 let _ = self.events.send(PeerEvent::ConfirmedDead(m.id));
             }
-            OwnedNotification::MemberUp(m) => {
-                if self.confirmed_dead.remove(&m.id) {
-                    tracing::info!(member = %m.id, "a member confirmed dead is back");
-                }
+            OwnedNotification::MemberUp(m) if self.confirmed_dead.remove(&m.id) => {
+                tracing::info!(member = %m.id, "a member confirmed dead is back");
             }
             OwnedNotification::Rejoin(_) | OwnedNotification::Defunct => {
                 metrics::counter!(m::DETECTOR_DECLARED_DEAD).increment(1);
@@ -412,6 +410,7 @@ pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
     let view: SharedView = Arc::new(std::sync::Mutex::new(DetectorView {
         kind: "swim",
         listen: Some(local_addr),
+        boot,
         ..DetectorView::default()
     }));
     let (events, _) = tokio::sync::broadcast::channel(64);

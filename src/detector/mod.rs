@@ -78,6 +78,9 @@ pub struct DetectorView {
     pub kind: &'static str,
     /// The UDP address this node's detector listens on.
     pub listen: Option<SocketAddr>,
+    /// When this node's detector started (µs since the epoch): every datagram it sends carries
+    /// it, with a sequence number, for the receivers' replay check (see [`wire`]).
+    pub boot: u64,
     /// Whether some other member knows this node (it has joined the group).
     pub active: bool,
     /// Every other member this node has heard of, with its state.
