@@ -307,7 +307,7 @@ async fn a_falsely_accused_live_leader_demotes_cleanly_and_its_stale_writes_are_
     let until = Instant::now() + Duration::from_secs(15);
     loop {
         let s = status(&fleet, &l1).await;
-        if s["role"] != "leader" && s["leader"] == serde_json::json!(l2) {
+        if s["role"] != "leader" && s["leader"]["node_id"] == serde_json::json!(l2) {
             eprintln!(
                 "{l1} follows {l2} {:?} after resuming; declared_self_dead = {}",
                 paused_for.elapsed(),
