@@ -281,9 +281,9 @@ impl Default for DetectorConfig {
             kind: DetectorKind::Lease,
             bind: None,
             peers: Vec::new(),
-            probe_period_ms: 200,
-            probe_rtt_ms: 80,
-            suspect_ms: 250,
+            probe_period_ms: 150,
+            probe_rtt_ms: 60,
+            suspect_ms: 200,
             window_ms: 10_000,
         }
     }

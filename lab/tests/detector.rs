@@ -73,7 +73,9 @@ async fn kill_leader_under_load(fleet: &Fleet) -> (String, i64, String, i64, f64
     let (l1, _, t1) = fleet.settled_leader(SETTLE, Duration::from_secs(2)).await;
     let load = NextLoad::start(fleet);
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    eprintln!("kill at wall_ms {}", baton::peer_auth::now_unix_ms());
     fleet.kill9(&l1);
+    eprintln!("killed at wall_ms {}", baton::peer_auth::now_unix_ms());
     let (l2, _, t2) = fleet.new_leader(&l1, t1, SETTLE).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let got = load.finish().await;
@@ -130,6 +132,13 @@ async fn pg_lease_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
     detector_settled(&fleet, &ids).await;
     let (l1, t1, l2, t2, ms) = kill_leader_under_load(&fleet).await;
     eprintln!("swim: kill -9 of {l1} (token {t1}) -> {l2} (token {t2}): failover {ms:.0} ms (resource clock)");
+    if std::env::var_os("DETECTOR_TRACE").is_some() {
+        let n = fleet.node(&l2);
+        let dir = n.config.parent().unwrap().to_path_buf();
+        let t = std::fs::read_to_string(dir.join("actor-trace.jsonl")).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().collect();
+        eprintln!("{}", lines[lines.len().saturating_sub(25)..].join("\n"));
+    }
     assert!(t2 > t1);
     assert!(
         ms < 1500.0,

@@ -402,9 +402,10 @@ pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
     config.suspect_to_down_after = Duration::from_millis(dc.suspect_ms);
     config.max_packet_size = NonZeroUsize::new(1400).expect("1400 > 0");
     config.notify_down_members = true;
-    // Spread updates (a suspicion, its refutation) every half period, not only on probes.
+    // Spread updates (a suspicion, its refutation) every period, not only on probes: a
+    // confirmation reaches every member about as soon as the first one makes it.
     config.periodic_gossip = Some(foca::PeriodicParams {
-        frequency: period / 2,
+        frequency: period,
         num_members: NonZeroUsize::new(3).expect("3 > 0"),
     });
     let view: SharedView = Arc::new(std::sync::Mutex::new(DetectorView {
