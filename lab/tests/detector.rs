@@ -185,6 +185,11 @@ async fn pg_lease_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
+    swim_replaces_a_killed_leader("etcd").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
     swim_replaces_a_killed_leader("redis").await;
 }

@@ -243,6 +243,13 @@ impl Actor for ElectorActor {
     }
 }
 
+/// Whether `kind`'s campaign polls for a free seat (and so is restarted when the detector ends a
+/// dead holder's lease) rather than being woken by the seat's release.
+fn campaign_polls(kind: crate::backends::BackendKind) -> bool {
+    use crate::backends::BackendKind as K;
+    matches!(kind, K::PgLease | K::Redis | K::RedisNaive | K::Custom)
+}
+
 impl ElectorState {
     fn on_peer_event(&mut self, myself: &ActorRef<ElectorMsg>, ev: crate::actors::PeerEvent) {
         use crate::actors::PeerEvent;
@@ -299,9 +306,11 @@ impl ElectorState {
                     .trace
                     .step("elector", "dead-holder-expired", None, &dead);
                 tracing::info!(dead = %dead, "the failure detector confirmed the leader dead; its lease is ended, campaigning now");
-                if self.mode == Mode::Campaigning {
+                if self.mode == Mode::Campaigning && campaign_polls(self.args.backend.kind()) {
                     // A polling campaign would find the seat free only at its next poll: start
-                    // over now. Cancel-safe by the Elector contract (drop, then close).
+                    // over now. Cancel-safe by the Elector contract (drop, then close). (etcd and
+                    // zk campaigns wait on the holder's key, whose deletion wakes them: theirs
+                    // goes on, keeping its place in the queue.)
                     if let Some(t) = self.campaign_task.take() {
                         t.abort();
                     }
