@@ -190,6 +190,11 @@ async fn etcd_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
+    swim_replaces_a_killed_leader("zk").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
     swim_replaces_a_killed_leader("redis").await;
 }
