@@ -1467,7 +1467,39 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, ConfigError> {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
+
+    #[test]
+    fn the_detector_is_off_by_default_and_swim_is_checked() {
+        let base = NodeConfig::default();
+        assert_eq!(base.detector.kind, DetectorKind::Lease);
+        base.validate().unwrap();
+        let mut cfg = base.clone();
+        cfg.detector.kind = DetectorKind::Swim;
+        // No peers and no bind: refused (with or without the feature, for its own reason).
+        assert!(cfg.validate().is_err());
+        cfg.detector.peers = vec![DetectorPeer {
+            id: "n1".into(),
+            addr: "127.0.0.1:7946".into(),
+        }];
+        assert_eq!(cfg.validate().is_ok(), cfg!(feature = "swim"));
+        if cfg!(feature = "swim") {
+            let mut bad = cfg.clone();
+            bad.detector.peers[0].addr = "somewhere".into();
+            assert!(bad.validate().is_err());
+            let mut bad = cfg.clone();
+            bad.detector.probe_rtt_ms = bad.detector.probe_period_ms;
+            assert!(bad.validate().is_err());
+            let mut bad = cfg.clone();
+            bad.detector.window_ms = 10;
+            assert!(bad.validate().is_err());
+        }
+        let text = "[detector]\nkind = \"swim\"\nbind = \"127.0.0.1:0\"\n";
+        let parsed: NodeConfig = toml::from_str(text).unwrap();
+        assert_eq!(parsed.detector.kind, DetectorKind::Swim);
+        assert!(toml::from_str::<NodeConfig>("[detector]\nkind = \"gossip\"\n").is_err());
+    }
 
     #[test]
     fn default_timing_is_valid() {
