@@ -1467,7 +1467,6 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     #[test]
