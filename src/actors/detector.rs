@@ -285,8 +285,10 @@ async fn read_loop(
         let n = match socket.recv_from(&mut buf).await {
             Ok((n, _from)) => n,
             Err(e) => {
-                // E.g. ICMP port unreachable surfacing on Linux: not fatal for UDP.
+                // E.g. ICMP port unreachable surfacing on Linux: not fatal for UDP. A short
+                // pause so that an error that persists cannot spin this task.
                 tracing::debug!(error = %e, "detector socket receive error");
+                tokio::time::sleep(Duration::from_millis(5)).await;
                 continue;
             }
         };
