@@ -270,12 +270,16 @@ async fn base_on_own_servers(servers: &mut Servers, backend: BackendKind) -> Nod
             base.redis.url = servers.redis.as_ref().unwrap().url();
         }
         BackendKind::PgLease => base = pg_lease_base(servers).await,
+        BackendKind::Zk => {
+            servers.start_zk();
+            base.zk.connect = servers.zk.as_ref().unwrap().connect_string();
+        }
         other => panic!("no shared session on {other}"),
     }
     base
 }
 
-/// etcd, pg-lease and redis share a node's session between its shards: a shard's candidacy,
+/// etcd, pg-lease, redis and zk share a node's session between its shards: a shard's candidacy,
 /// resign and close on it, while the node's other shard leads on the same session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_shards_sharing_a_session_pass_the_conformance_suite() {
@@ -298,6 +302,15 @@ async fn pg_lease_shards_sharing_a_session_pass_the_conformance_suite() {
     let _serial = serial();
     let mut servers = Servers::new();
     run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::PgLease).await).await;
+}
+
+/// See [`etcd_shards_sharing_a_session_pass_the_conformance_suite`]: one candidacy session per
+/// node, every shard's znode in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_shards_sharing_a_session_pass_the_conformance_suite() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    run_shared_session_suite(base_on_own_servers(&mut servers, BackendKind::Zk).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,6 +12,8 @@ use baton::config::{NodeConfig, PeerSpec, Secret};
 use openraft::async_runtime::WatchReceiver;
 use tokio::sync::mpsc;
 
+mod common;
+
 /// The tests are timing-sensitive (150-300 ms elections) on a 2-core machine: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -19,12 +21,6 @@ struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
     cfgs: Vec<NodeConfig>,
     electors: Vec<Arc<RaftElector>>,
-}
-
-/// A loopback address nobody listens on right now (the elector binds it).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 impl Cluster {
@@ -43,32 +39,14 @@ impl Cluster {
     /// `n` members configured as a user would start: `NodeConfig::default()` plus the node id,
     /// a state dir, the peers and the cluster secret, then `tune`.
     async fn start_with(n: usize, tune: fn(&mut NodeConfig)) -> Cluster {
-        let peers: Vec<PeerSpec> = (0..n)
-            .map(|i| PeerSpec {
-                id: format!("n{}", i + 1),
-                addr: free_addr(),
-                peer_addr: free_addr(),
-            })
-            .collect();
+        let (dirs, mut cfgs) =
+            common::raft_member_configs(n, "raft-backend-test-secret-0123456789");
+        cfgs.iter_mut().for_each(tune);
         let mut c = Cluster {
-            _dirs: Vec::new(),
-            cfgs: Vec::new(),
+            _dirs: dirs,
+            cfgs,
             electors: Vec::new(),
         };
-        for p in &peers {
-            let dir = tempfile::tempdir().unwrap();
-            let mut cfg = NodeConfig {
-                node_id: p.id.clone(),
-                state_dir: dir.path().to_owned(),
-                advertise_addr: Some(p.addr.clone()),
-                ..NodeConfig::default()
-            };
-            cfg.raft.peers = peers.clone();
-            cfg.raft.cluster_secret = Some(Secret::new("raft-backend-test-secret-0123456789"));
-            tune(&mut cfg);
-            c._dirs.push(dir);
-            c.cfgs.push(cfg);
-        }
         for i in 0..n {
             let e = c.open(i).await;
             c.electors.push(e);
@@ -442,8 +420,8 @@ async fn peer_listener_without_a_secret_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let me = PeerSpec {
         id: "n1".into(),
-        addr: free_addr(),
-        peer_addr: free_addr(),
+        addr: common::free_addr(),
+        peer_addr: common::free_addr(),
     };
     let mut cfg = NodeConfig {
         node_id: "n1".into(),
@@ -474,8 +452,8 @@ async fn peer_listener_without_a_secret_is_refused() {
     cfg.raft.peer_listen = None;
     let other = PeerSpec {
         id: "n2".into(),
-        addr: free_addr(),
-        peer_addr: free_addr(),
+        addr: common::free_addr(),
+        peer_addr: common::free_addr(),
     };
     cfg.raft.peers = vec![me.clone(), other];
     refused(RaftElector::start(&cfg).await, "3 members without a secret");

@@ -7,20 +7,17 @@ use std::time::{Duration, Instant};
 
 use baton::backends::raft::shards::{connect_shards, RaftShardElector};
 use baton::backends::{Elector, Grant};
-use baton::config::{MemberSpec, NodeConfig, PeerSpec, Secret};
+use baton::config::{MemberSpec, NodeConfig};
 use baton::shard::ShardId;
 use openraft::async_runtime::WatchReceiver;
+
+mod common;
 
 /// Timing-sensitive on a 2-core machine: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const K: u32 = 2;
 const TTL: Duration = Duration::from_millis(1000);
-
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 struct Cluster {
     _dirs: Vec<tempfile::TempDir>,
@@ -30,44 +27,29 @@ struct Cluster {
 
 impl Cluster {
     async fn start(n: usize) -> Cluster {
-        let peers: Vec<PeerSpec> = (0..n)
-            .map(|i| PeerSpec {
-                id: format!("n{}", i + 1),
-                addr: free_addr(),
-                peer_addr: free_addr(),
+        let (dirs, cfgs) = common::raft_member_configs(n, "raft-shards-test-secret-0123456789");
+        let members: Vec<MemberSpec> = cfgs
+            .iter()
+            .map(|cfg| MemberSpec {
+                id: cfg.node_id.clone(),
+                addr: cfg.advertise_addr.clone().unwrap(),
             })
             .collect();
         let mut c = Cluster {
-            _dirs: Vec::new(),
+            _dirs: dirs,
             nodes: Vec::new(),
         };
-        for p in &peers {
-            let dir = tempfile::tempdir().unwrap();
-            let mut cfg = NodeConfig {
-                node_id: p.id.clone(),
-                state_dir: dir.path().to_owned(),
-                advertise_addr: Some(p.addr.clone()),
-                ..NodeConfig::default()
-            };
-            cfg.raft.peers = peers.clone();
-            cfg.raft.cluster_secret = Some(Secret::new("raft-shards-test-secret-0123456789"));
+        for mut cfg in cfgs {
             cfg.election_timeout_ms = "150-300".into();
             cfg.lease_ttl_ms = TTL.as_millis() as u64;
             cfg.renew_interval_ms = 300;
             cfg.retry_interval_ms = 100;
             cfg.deadline_margin_ms = 50;
             cfg.shards.count = K;
-            cfg.shards.members = peers
-                .iter()
-                .map(|p| MemberSpec {
-                    id: p.id.clone(),
-                    addr: p.addr.clone(),
-                })
-                .collect();
+            cfg.shards.members = members.clone();
             cfg.validate().unwrap();
             let cfgs: Vec<NodeConfig> = (0..K).map(|s| cfg.for_shard(ShardId(s))).collect();
             c.nodes.push(Some(connect_shards(&cfgs).await.unwrap()));
-            c._dirs.push(dir);
         }
         c
     }

@@ -407,11 +407,30 @@ async fn per_shard_fence_failover_and_rebalance_on_raft() {
     per_shard_fence_failover_and_rebalance("raft").await;
 }
 
-/// The body of the two tests above, on a 3-node fleet of `backend` with K = 6.
+/// The same on ZooKeeper, where a node's shards share one candidacy session (every shard's
+/// znode is created in it, one `sync` renews them all) and one read-only session: each node
+/// opens two sessions, not two per shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_shard_fence_failover_and_rebalance_on_zk() {
+    per_shard_fence_failover_and_rebalance("zk").await;
+}
+
+/// The body of the tests above, on a 3-node fleet of `backend` with K = 6.
 async fn per_shard_fence_failover_and_rebalance(backend: &str) {
     const K: u32 = 6;
     let fleet = Fleet::up_with(backend, 3, &["--shards", "6"]);
     let placed = stable_placement(&fleet, K, SETTLE).await;
+    if backend == "zk" {
+        // Sessions opened by each node so far, for all its shards' candidacies and reads.
+        for (n, t) in fleet.state().nodes.iter().zip(metrics_texts(&fleet).await) {
+            let sessions = backend_requests(&t, "zk", "connect");
+            assert!(
+                (1.0..=3.0).contains(&sessions),
+                "{}: {sessions} zookeeper sessions opened for {K} shards; its shards share two",
+                n.id
+            );
+        }
+    }
 
     // Shard 3's leader steps down: its old token is now stale on shard 3.
     let (old3, addr3, token3) = placed[&3].clone();

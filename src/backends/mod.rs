@@ -3,6 +3,8 @@
 //! configured one; a user's own `Elector` is given to the node builder directly.
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(any(feature = "pg-lease", feature = "raft"))]
+mod epoch_lease;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "etcd")]
@@ -19,7 +21,8 @@ pub mod redis;
     feature = "etcd",
     feature = "pg-lease",
     feature = "redis",
-    feature = "raft"
+    feature = "raft",
+    feature = "zk"
 ))]
 mod renew_batch;
 #[cfg(feature = "zk")]
@@ -35,8 +38,9 @@ pub use crate::elector::*;
 /// number of shards: etcd (one lease and one keepalive stream per node), pg-lease (one `UPDATE`
 /// renews every row the node holds), redis (one script call renews every key it holds), raft at
 /// K > 1 (one raft group per fleet whose state machine holds every shard's lease: one request
-/// to the raft leader renews all of a node's shards, `raft::shards`). zk still renews each shard
-/// on its own. At K = 1 every backend builds exactly what [`build`] builds (raft: its leader is
+/// to the raft leader renews all of a node's shards, `raft::shards`), zk (one candidacy session
+/// and one read-only session per node; one `sync` with an `exists` per held znode renews them
+/// all). At K = 1 every backend builds exactly what [`build`] builds (raft: its leader is
 /// the one leader, as before shards).
 pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elector>>> {
     let Some(first) = cfgs.first() else {
@@ -53,6 +57,8 @@ pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elec
         kind @ (BackendKind::Redis | BackendKind::RedisNaive) => Ok(shared(
             redis::RedisElector::connect_shards(cfgs, kind == BackendKind::Redis).await?,
         )),
+        #[cfg(feature = "zk")]
+        BackendKind::Zk => Ok(shared(zk::ZkElector::connect_shards(cfgs).await?)),
         #[cfg(feature = "raft")]
         BackendKind::Raft if cfgs.len() > 1 => {
             Ok(shared(raft::shards::connect_shards(cfgs).await?))
@@ -72,7 +78,8 @@ pub async fn build_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<Arc<dyn Elec
     feature = "etcd",
     feature = "pg-lease",
     feature = "redis",
-    feature = "raft"
+    feature = "raft",
+    feature = "zk"
 ))]
 fn shared<E: Elector>(electors: Vec<E>) -> Vec<Arc<dyn Elector>> {
     electors
@@ -83,7 +90,12 @@ fn shared<E: Elector>(electors: Vec<E>) -> Vec<Arc<dyn Elector>> {
 
 /// The config the shards of one node share their session by (the first shard's: every shard
 /// config differs only in its election's name).
-#[cfg(any(feature = "etcd", feature = "pg-lease", feature = "redis"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "pg-lease",
+    feature = "redis",
+    feature = "zk"
+))]
 fn session_config(cfgs: &[NodeConfig]) -> ElectorResult<&NodeConfig> {
     cfgs.first()
         .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))

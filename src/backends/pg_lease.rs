@@ -27,7 +27,7 @@
 //! `retry_interval` (no queue: after a lapse, whichever poller comes first wins).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -35,6 +35,7 @@ use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Time
 use rand::Rng;
 use tokio::sync::OnceCell;
 
+use super::epoch_lease::EpochLease;
 use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
@@ -136,14 +137,6 @@ pub async fn provision(admin_url: &str) -> ElectorResult<()> {
     r
 }
 
-#[derive(Default)]
-struct State {
-    /// This candidacy's holder id (node id + random); set before an acquisition is sent.
-    holder: Option<String>,
-    /// The epoch we hold, while leading.
-    epoch: Option<i64>,
-}
-
 /// The `pg-lease` backend (see the module docs): one lease row per election, judged by the
 /// database's clock.
 pub struct PgLeaseElector {
@@ -161,7 +154,8 @@ pub struct PgLeaseElector {
     retry: Duration,
     timeout: Duration,
     schema: Arc<OnceCell<()>>,
-    state: StdMutex<State>,
+    /// This elector's candidacy: its holder id and, while leading, its epoch.
+    held: EpochLease,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ElectorError {
@@ -228,13 +222,9 @@ impl PgLeaseElector {
                 retry: cfg.retry_interval(),
                 timeout,
                 schema: schema.clone(),
-                state: StdMutex::new(State::default()),
+                held: EpochLease::default(),
             })
             .collect())
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `request` on `client`, bounded by the request timeout. Unanswered, the connection is
@@ -349,21 +339,12 @@ impl Elector for PgLeaseElector {
     }
 
     async fn campaign(&self) -> ElectorResult<Win> {
-        let holder = {
-            let mut st = self.state();
-            if st.epoch.is_some() {
-                return Err(ElectorError::Unavailable(
-                    "campaign while already holding the lease".into(),
-                ));
-            }
-            // Reuse the holder id of a failed or dropped campaign: its INSERT may have landed, and
-            // close() must still be able to withdraw that lease.
-            st.holder
-                .get_or_insert_with(|| {
-                    format!("{}-{:016x}", self.node_id, rand::thread_rng().gen::<u64>())
-                })
-                .clone()
-        };
+        let holder = self
+            .held
+            .holder_for_campaign(&self.node_id)
+            .ok_or_else(|| {
+                ElectorError::Unavailable("campaign while already holding the lease".into())
+            })?;
         let mut seen_held_at: Option<Instant> = None;
         loop {
             let client = self.client().await?;
@@ -381,15 +362,7 @@ impl Elector for PgLeaseElector {
             drop(client);
             if let Some(row) = row {
                 let epoch: i64 = row.get(0);
-                let ours = {
-                    let mut st = self.state();
-                    let ours = st.holder.as_deref() == Some(holder.as_str());
-                    if ours {
-                        st.epoch = Some(epoch);
-                    }
-                    ours
-                };
-                if !ours {
+                if !self.held.won(&holder, epoch) {
                     // close() ran while the request was in flight; it will not see this lock.
                     let _ = self.release(&holder, Some(epoch)).await;
                     return Err(ElectorError::LeaseLost(
@@ -411,12 +384,8 @@ impl Elector for PgLeaseElector {
     }
 
     async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let (holder, epoch) = {
-            let st = self.state();
-            match (&st.holder, st.epoch) {
-                (Some(h), Some(e)) => (h.clone(), e),
-                _ => return Ok(None), // waiting: the row is the only state, nothing to keep alive
-            }
+        let Some((holder, epoch)) = self.held.held() else {
+            return Ok(None); // waiting: the row is the only state, nothing to keep alive
         };
         let lease = (self.name.clone(), holder, epoch);
         match self
@@ -432,11 +401,7 @@ impl Elector for PgLeaseElector {
             }
             Renewed::Lost => {}
         }
-        let mut st = self.state();
-        if st.epoch == Some(epoch) {
-            st.epoch = None;
-            st.holder = None;
-        }
+        self.held.lost(epoch);
         Err(ElectorError::LeaseLost(format!(
             "pg lease {:?} epoch {epoch} expired or taken over",
             self.name
@@ -450,12 +415,8 @@ impl Elector for PgLeaseElector {
                 what: "naming a successor",
             });
         }
-        let (holder, epoch) = {
-            let mut st = self.state();
-            let Some(epoch) = st.epoch.take() else {
-                return Ok(());
-            };
-            (st.holder.take(), epoch)
+        let Some((holder, epoch)) = self.held.take_held() else {
+            return Ok(());
         };
         self.batch.forget(self.shard).await;
         match holder {
@@ -473,12 +434,8 @@ impl Elector for PgLeaseElector {
     /// A compare on the lease row, judged by the database's clock: ours while it names this
     /// candidacy's holder at `token`'s epoch and has not expired.
     async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
-        let holder = {
-            let st = self.state();
-            match (&st.holder, st.epoch) {
-                (Some(h), Some(e)) if e == token.0 => h.clone(),
-                _ => return Ok(false),
-            }
+        let Some(holder) = self.held.holder_at(token.0) else {
+            return Ok(false);
         };
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "confirm");
@@ -511,11 +468,7 @@ impl Elector for PgLeaseElector {
     }
 
     async fn close(&self) -> ElectorResult<()> {
-        let holder = {
-            let mut st = self.state();
-            st.epoch = None;
-            st.holder.take()
-        };
+        let holder = self.held.take_for_close();
         self.batch.forget(self.shard).await;
         match holder {
             // Any epoch: a dropped campaign's acquisition may have landed unseen.

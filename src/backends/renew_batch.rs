@@ -22,7 +22,10 @@
 
 // etcd shares only the leader reads (its renewals ride on one lease, see `etcd.rs`); sharded
 // raft only the renewals (its leader reads are one request for all shards, `raft/shards.rs`).
-#![cfg_attr(not(any(feature = "pg-lease", feature = "redis")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "pg-lease", feature = "redis", feature = "zk")),
+    allow(dead_code)
+)]
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -34,7 +34,18 @@
 //!
 //! Reads for [`Elector::leader`] and the observe watch use a second, read-only session, so the
 //! candidacy session's end never blinds the node to who leads.
+//!
+//! **Shards share both sessions.** A node's shard electors ([`ZkElector::connect_shards`]) hold
+//! one candidacy session and one read-only session between them; each shard's znode lives in its
+//! own election path inside the shared candidacy session. One renewal (the node's
+//! `RenewBatch`) is a `sync` pipelined with an `exists` per held znode, so the node sends about
+//! one round trip per renew interval whatever K is, and the local watchdog judges the session by
+//! the newest renewal of any shard. A shard whose znode is gone loses its term alone; a session
+//! that ends (expired, or the watchdog gave it up) ends every shard's candidacy in it, and each
+//! shard is told at its next renewal. The last shard to close closes the session. At K = 1 the
+//! lone shard sends exactly what it sent before sharing.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -42,6 +53,7 @@ use async_trait::async_trait;
 use zookeeper_client as zkc;
 use zookeeper_client::{Acls, CreateMode, SessionState};
 
+use super::renew_batch::{RenewBatch, Renewed};
 use super::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -62,42 +74,59 @@ struct Node {
     czxid: i64,
 }
 
+/// The node's candidacy session: one ZooKeeper session that every shard's candidacy znode is
+/// created in (their elections differ only in the path).
 struct Session {
     gen: u64,
     client: zkc::Client,
     id: i64,
     timeout: Duration,
     grant_ttl: Duration,
+    /// The newest renewal that succeeded, by any shard: the session's own liveness.
     last_grant: Grant,
+}
+
+#[derive(Default)]
+struct HubState {
+    session: Option<Session>,
+    /// Why candidacy session `.0` ended (told to each shard that had a candidacy in it).
+    lost: Option<(u64, String)>,
+    next_gen: u64,
+    /// The shards with a candidacy in the current session; the last to close closes it.
+    riders: BTreeSet<u32>,
+}
+
+/// What one node's shards share (see the module docs): the candidacy session with its local
+/// watchdog, the read-only session, and the coalesced renewals.
+struct Hub {
+    connect: String,
+    requested_timeout: Duration,
+    timeout: Duration,
+    connect_timeout: Duration,
+    state: StdMutex<HubState>,
+    reader: tokio::sync::Mutex<Option<zkc::Client>>,
+    /// One `sync` plus one `exists` per held znode renews every shard of the node. A lease is a
+    /// session generation and the shard's znode in it (`None`: a candidacy without a znode yet,
+    /// which needs only the session kept alive).
+    batch: RenewBatch<(u64, Option<String>)>,
+}
+
+/// One shard's candidacy, tied to the session generation it was made in.
+struct Candidacy {
+    gen: u64,
     node: Option<Node>,
     /// A create was sent whose answer we may not have seen: look for our node before creating.
     create_unconfirmed: bool,
     leading: bool,
 }
 
-#[derive(Default)]
-struct State {
-    session: Option<Session>,
-    /// Why the previous candidacy session ended, when nobody was told yet (reported by `renew`).
-    lost: Option<String>,
-    next_gen: u64,
-}
-
-struct Inner {
-    connect: String,
+/// The `zk` backend (see the module docs): one shard's election, on its node's shared sessions.
+pub struct ZkElector {
+    hub: Arc<Hub>,
+    shard: u32,
     path: String,
     value: Vec<u8>,
-    requested_timeout: Duration,
-    timeout: Duration,
-    connect_timeout: Duration,
-    state: StdMutex<State>,
-    reader: tokio::sync::Mutex<Option<zkc::Client>>,
-}
-
-/// The `zk` backend (see the module docs). Holds at most one candidacy session and one
-/// read-only session, both opened lazily.
-pub struct ZkElector {
-    inner: Arc<Inner>,
+    mine: StdMutex<Option<Candidacy>>,
 }
 
 fn count(op: &'static str) {
@@ -133,17 +162,17 @@ fn queue(children: Vec<String>) -> Vec<(i64, String)> {
     q
 }
 
-impl Inner {
-    fn state(&self) -> MutexGuard<'_, State> {
+fn own_prefix(id: i64) -> String {
+    format!("{PREFIX}{:016x}_", id as u64)
+}
+
+fn session_ended() -> ElectorError {
+    ElectorError::LeaseLost("zookeeper session ended while campaigning".into())
+}
+
+impl Hub {
+    fn state(&self) -> MutexGuard<'_, HubState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn child(&self, name: &str) -> String {
-        format!("{}/{}", self.path, name)
-    }
-
-    fn own_prefix(id: i64) -> String {
-        format!("{PREFIX}{:016x}_", id as u64)
     }
 
     async fn bounded<T>(
@@ -200,7 +229,7 @@ impl Inner {
         }
         st.next_gen += 1;
         let gen = st.next_gen;
-        st.lost = None;
+        st.riders.clear();
         st.session = Some(Session {
             gen,
             id: client.session_id().0,
@@ -211,9 +240,6 @@ impl Inner {
                 sent_at,
                 ttl: grant_ttl,
             },
-            node: None,
-            create_unconfirmed: false,
-            leading: false,
         });
         drop(st);
         tracing::debug!(session = %client.session_id(), ?timeout, "zookeeper candidacy session");
@@ -221,132 +247,148 @@ impl Inner {
         Ok((client, gen))
     }
 
-    /// Ends the candidacy session `gen` (if still current); `lost` is kept for the next `renew`.
+    /// The live candidacy session `gen`'s client and id, if it is still the current one.
+    fn session_of(&self, gen: u64) -> Option<(zkc::Client, i64)> {
+        let st = self.state();
+        st.session
+            .as_ref()
+            .filter(|s| s.gen == gen && !s.client.state().is_terminated())
+            .map(|s| (s.client.clone(), s.id))
+    }
+
+    /// Ends the candidacy session `gen` (if still current); `lost` is kept for its shards.
     fn end_session(&self, gen: u64, lost: Option<String>) -> Option<zkc::Client> {
         let mut st = self.state();
         if st.session.as_ref().is_some_and(|s| s.gen == gen) {
             let s = st.session.take().expect("checked");
-            st.lost = lost;
+            st.lost = lost.map(|why| (gen, why));
             Some(s.client)
         } else {
             None
         }
     }
 
-    fn note_grant(&self, gen: u64, g: Grant) {
+    /// Why session `gen` is over, for a shard that had a candidacy in it; `None` while it lives.
+    fn why_over(&self, gen: u64) -> Option<String> {
         let mut st = self.state();
-        if let Some(s) = st.session.as_mut().filter(|s| s.gen == gen) {
-            if g.sent_at > s.last_grant.sent_at {
-                s.last_grant = g;
+        if let Some(s) = st.session.as_ref().filter(|s| s.gen == gen) {
+            if !s.client.state().is_terminated() {
+                return None;
             }
+            let why = format!(
+                "zookeeper session {:#x} is {}",
+                s.id,
+                match s.client.state() {
+                    SessionState::Expired => "expired",
+                    SessionState::AuthFailed => "refused (auth failed)",
+                    _ => "closed",
+                }
+            );
+            st.session = None;
+            st.lost = Some((gen, why.clone()));
+            return Some(why);
         }
+        Some(match &st.lost {
+            Some((g, why)) if *g == gen => why.clone(),
+            _ => format!("zookeeper candidacy session (generation {gen}) ended"),
+        })
     }
 
-    /// Ensures the election path exists (`mkdir -p`).
-    async fn ensure_path(&self, client: &zkc::Client) -> Result<(), ZkFailure> {
-        count("create");
-        let opts = CreateMode::Persistent.with_acls(Acls::anyone_all());
-        self.bounded(client.mkdir(&self.path, &opts)).await
+    /// Records `g` as session `gen`'s newest renewal; the session's newest grant after it.
+    fn note_grant(&self, gen: u64, g: Grant) -> Option<Grant> {
+        let mut st = self.state();
+        let s = st.session.as_mut().filter(|s| s.gen == gen)?;
+        if g.sent_at > s.last_grant.sent_at {
+            s.last_grant = g;
+        }
+        Some(s.last_grant)
     }
 
-    /// Our candidacy znode in session `gen`: the recorded one, an adopted one whose create answer
-    /// was lost, or a new one.
-    async fn ensure_node(&self, client: &zkc::Client, gen: u64) -> ElectorResult<Node> {
-        let (id, existing, unconfirmed) = {
+    /// One renewal for every lease in `leases`: `sync` (answered only after a round trip to the
+    /// ensemble's leader) pipelined with an `exists` for each znode. Whether each lease still
+    /// holds: its session is the current one, alive, and its znode (if any) still there.
+    async fn renew_all(&self, leases: Vec<(u64, Option<String>)>) -> ElectorResult<Vec<bool>> {
+        let (client, gen, grant_ttl) = {
             let st = self.state();
-            match st.session.as_ref().filter(|s| s.gen == gen) {
-                Some(s) => (s.id, s.node.clone(), s.create_unconfirmed),
-                None => return Err(ElectorError::LeaseLost("session ended".into())),
+            match st.session.as_ref() {
+                Some(s) if !s.client.state().is_terminated() => {
+                    (s.client.clone(), s.gen, s.grant_ttl)
+                }
+                _ => return Ok(vec![false; leases.len()]),
             }
         };
-        if let Some(n) = existing {
-            return Ok(n);
-        }
-        let prefix = Self::own_prefix(id);
-        if unconfirmed {
-            if let Some(n) = self
-                .adopt(client, &prefix)
-                .await
-                .map_err(|e| e.into_err())?
-            {
-                return self.record_node(gen, n);
-            }
-        }
-        {
-            let mut st = self.state();
-            match st.session.as_mut().filter(|s| s.gen == gen) {
-                Some(s) => s.create_unconfirmed = true,
-                None => return Err(ElectorError::LeaseLost("session ended".into())),
-            }
-        }
-        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let base = self.child(&prefix);
-        for attempt in 0..2 {
-            count("create");
-            match self.bounded(client.create(&base, &self.value, &opts)).await {
-                Ok((stat, seq)) => {
-                    let name = format!("{prefix}{seq}");
-                    let node = Node {
-                        path: self.child(&name),
-                        name,
-                        czxid: stat.czxid,
-                    };
-                    return self.record_node(gen, node);
+        let sent_at = Instant::now();
+        count("renew-sync");
+        // Any path will do: `sync` is a round trip to the ensemble's leader whatever it names.
+        let sync = client.sync("/");
+        let exists: Vec<_> = leases
+            .iter()
+            .map(|(g, p)| match p.as_ref().filter(|_| *g == gen) {
+                Some(p) => {
+                    count("renew-exists");
+                    Some(client.check_stat(p))
                 }
-                Err(ZkFailure::Other(zkc::Error::NoNode)) if attempt == 0 => {
-                    self.ensure_path(client).await.map_err(|e| e.into_err())?;
-                }
-                Err(e) => return Err(e.into_err()),
-            }
-        }
-        Err(ElectorError::Unavailable(format!(
-            "zookeeper: cannot create candidacy under {}",
-            self.path
-        )))
-    }
-
-    /// Finds our own znode(s) by the session prefix; keeps the lowest, deletes any others.
-    async fn adopt(&self, client: &zkc::Client, prefix: &str) -> Result<Option<Node>, ZkFailure> {
-        count("campaign-list");
-        let children = match self.bounded(client.list_children(&self.path)).await {
-            Ok(c) => c,
-            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let ours: Vec<(i64, String)> = queue(children)
-            .into_iter()
-            .filter(|(_, n)| n.starts_with(prefix))
+                None => None,
+            })
             .collect();
-        let Some((_, first)) = ours.first().cloned() else {
-            return Ok(None);
-        };
-        for (_, extra) in &ours[1..] {
-            count("delete");
-            let _ = self.bounded(client.delete(&self.child(extra), None)).await;
-        }
-        count("campaign-exists");
-        match self.bounded(client.check_stat(&self.child(&first))).await? {
-            Some(stat) => Ok(Some(Node {
-                path: self.child(&first),
-                name: first,
-                czxid: stat.czxid,
-            })),
-            None => Ok(None),
-        }
-    }
-
-    fn record_node(&self, gen: u64, node: Node) -> ElectorResult<Node> {
-        let mut st = self.state();
-        match st.session.as_mut().filter(|s| s.gen == gen) {
-            Some(s) => {
-                s.node = Some(node.clone());
-                s.create_unconfirmed = false;
-                Ok(node)
+        let answer = tokio::time::timeout(self.timeout, async {
+            let s = sync.await;
+            let mut e = Vec::with_capacity(exists.len());
+            for f in exists {
+                e.push(match f {
+                    Some(f) => Some(f.await),
+                    None => None,
+                });
             }
-            None => Err(ElectorError::LeaseLost(
-                "session ended while creating the candidacy".into(),
-            )),
+            (s, e)
+        })
+        .await;
+        let (synced, existed) = match answer {
+            Ok(r) => r,
+            Err(_) => return Err(ZkFailure::Timeout(self.timeout).into_err()),
+        };
+        let mut found = Vec::with_capacity(existed.len());
+        let mut failure = synced.err();
+        for e in existed {
+            found.push(match e {
+                None => true,
+                Some(Ok(stat)) => stat.is_some(),
+                Some(Err(e)) => {
+                    failure.get_or_insert(e);
+                    false
+                }
+            });
         }
+        if let Some(e) = failure {
+            if session_over(&e) {
+                drop(client);
+                drop(self.end_session(gen, None));
+                return Err(ElectorError::LeaseLost(format!(
+                    "zookeeper session ended: {e}"
+                )));
+            }
+            return Err(ElectorError::Unavailable(format!("zookeeper: {e}")));
+        }
+        // A grant that arrives after the local watchdog gave the session up revives nothing.
+        if self
+            .note_grant(
+                gen,
+                Grant {
+                    sent_at,
+                    ttl: grant_ttl,
+                },
+            )
+            .is_none()
+        {
+            return Err(ElectorError::LeaseLost(
+                "zookeeper session closed: no renewal within the grant".into(),
+            ));
+        }
+        Ok(leases
+            .iter()
+            .zip(found)
+            .map(|((g, _), found)| *g == gen && found)
+            .collect())
     }
 
     /// The read-only session, (re)connected when needed.
@@ -364,45 +406,6 @@ impl Inner {
 
     async fn reset_reader(&self) {
         *self.reader.lock().await = None;
-    }
-
-    /// The lowest child and its data (with a watch on it when `watch`). `None`: no candidate.
-    async fn lowest(
-        &self,
-        client: &zkc::Client,
-        watch: bool,
-    ) -> Result<Option<(LeaderInfo, Option<zkc::OneshotWatcher>)>, ZkFailure> {
-        for _ in 0..5 {
-            count("read-list");
-            let children = match self.bounded(client.list_children(&self.path)).await {
-                Ok(c) => c,
-                Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            let Some((_, first)) = queue(children).into_iter().next() else {
-                return Ok(None);
-            };
-            count("read-get");
-            let path = self.child(&first);
-            let got = if watch {
-                self.bounded(client.get_and_watch_data(&path))
-                    .await
-                    .map(|(d, _, w)| (d, Some(w)))
-            } else {
-                self.bounded(client.get_data(&path))
-                    .await
-                    .map(|(d, _)| (d, None))
-            };
-            match got {
-                Ok((data, w)) => return Ok(Some((LeaderInfo::decode(&data), w))),
-                // Gone between the list and the read: look again.
-                Err(ZkFailure::Other(zkc::Error::NoNode)) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(ZkFailure::Other(zkc::Error::UnexpectedError(
-            "the election's lowest child keeps vanishing".into(),
-        )))
     }
 }
 
@@ -427,38 +430,39 @@ impl ZkFailure {
     }
 }
 
-/// Closes candidacy session `gen` when no renewal succeeded within its last grant.
-fn spawn_watchdog(inner: Weak<Inner>, gen: u64) {
+/// Closes candidacy session `gen` when no renewal (by any of the node's shards) succeeded within
+/// its last grant.
+fn spawn_watchdog(hub: Weak<Hub>, gen: u64) {
     tokio::spawn(async move {
         loop {
             let deadline = {
-                let Some(inner) = inner.upgrade() else { return };
-                let st = inner.state();
+                let Some(hub) = hub.upgrade() else { return };
+                let st = hub.state();
                 match st.session.as_ref().filter(|s| s.gen == gen) {
                     Some(s) => s.last_grant.sent_at + s.last_grant.ttl,
                     None => return,
                 }
             };
             tokio::time::sleep_until(deadline.into()).await;
-            let Some(inner) = inner.upgrade() else { return };
+            let Some(hub) = hub.upgrade() else { return };
             let expired = {
-                let st = inner.state();
+                let st = hub.state();
                 match st.session.as_ref().filter(|s| s.gen == gen) {
                     Some(s) => {
                         let end = s.last_grant.sent_at + s.last_grant.ttl;
-                        (Instant::now() >= end).then_some((s.id, s.timeout, s.leading))
+                        (Instant::now() >= end).then_some((s.id, s.timeout, st.riders.len()))
                     }
                     None => return,
                 }
             };
-            if let Some((id, timeout, leading)) = expired {
+            if let Some((id, timeout, shards)) = expired {
                 let why = format!(
                     "no renewal of zookeeper session {id:#x} succeeded within its grant \
                      (2/3 of the {timeout:?} session timeout): session closed"
                 );
-                tracing::warn!(leading, "{why}");
-                // Dropping the last client handle closes the session; its znode goes with it.
-                drop(inner.end_session(gen, Some(why)));
+                tracing::warn!(shards, "{why}");
+                // Dropping the last client handle closes the session; its znodes go with it.
+                drop(hub.end_session(gen, Some(why)));
                 return;
             }
         }
@@ -470,13 +474,15 @@ impl ZkElector {
     /// down at start shows up as failed, retried campaigns. `ElectorError::Config` if
     /// `zk.election_path` is not an absolute path below `/` or `zk.connect` is empty.
     pub async fn connect(cfg: &NodeConfig) -> ElectorResult<ZkElector> {
-        let path = cfg.zk.election_path.trim_end_matches('/').to_owned();
-        if !path.starts_with('/') || path.len() < 2 {
-            return Err(ElectorError::Config(format!(
-                "zk.election_path {:?} must be an absolute znode path below /",
-                cfg.zk.election_path
-            )));
-        }
+        let mut one = ZkElector::connect_shards(std::slice::from_ref(cfg)).await?;
+        Ok(one.remove(0))
+    }
+
+    /// One elector per shard config (`NodeConfig::for_shard`), all on one candidacy session and
+    /// one read-only session (the first config's ensemble and timing; the shards differ only in
+    /// their election path).
+    pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<ZkElector>> {
+        let cfg = super::session_config(cfgs)?;
         if cfg.zk.connect.trim().is_empty() {
             return Err(ElectorError::Config("zk.connect is empty".into()));
         }
@@ -485,18 +491,232 @@ impl ZkElector {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),
         };
-        Ok(ZkElector {
-            inner: Arc::new(Inner {
-                connect: cfg.zk.connect.clone(),
-                path,
-                value: me.encode(),
-                requested_timeout: cfg.lease_ttl(),
-                timeout,
-                connect_timeout: (timeout * 3).max(Duration::from_secs(2)),
-                state: StdMutex::new(State::default()),
-                reader: tokio::sync::Mutex::new(None),
-            }),
-        })
+        let hub = Arc::new(Hub {
+            connect: cfg.zk.connect.clone(),
+            requested_timeout: cfg.lease_ttl(),
+            timeout,
+            connect_timeout: (timeout * 3).max(Duration::from_secs(2)),
+            state: StdMutex::new(HubState::default()),
+            reader: tokio::sync::Mutex::new(None),
+            batch: RenewBatch::new(cfg.renew_interval()),
+        });
+        (0u32..)
+            .zip(cfgs)
+            .map(|(shard, shard_cfg)| {
+                let path = shard_cfg.zk.election_path.trim_end_matches('/').to_owned();
+                if !path.starts_with('/') || path.len() < 2 {
+                    return Err(ElectorError::Config(format!(
+                        "zk.election_path {:?} must be an absolute znode path below /",
+                        shard_cfg.zk.election_path
+                    )));
+                }
+                Ok(ZkElector {
+                    hub: hub.clone(),
+                    shard,
+                    path,
+                    value: me.encode(),
+                    mine: StdMutex::new(None),
+                })
+            })
+            .collect()
+    }
+
+    fn mine(&self) -> MutexGuard<'_, Option<Candidacy>> {
+        self.mine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn child(&self, name: &str) -> String {
+        format!("{}/{}", self.path, name)
+    }
+
+    /// This shard's candidacy in session `gen`, begun if it has none there yet.
+    fn join(&self, gen: u64) -> ElectorResult<()> {
+        let mut mine = self.mine();
+        match mine.as_ref() {
+            Some(c) if c.gen == gen && c.leading => {
+                return Err(ElectorError::Unavailable(
+                    "campaign while already leading".into(),
+                ))
+            }
+            Some(c) if c.gen == gen => {}
+            _ => {
+                *mine = Some(Candidacy {
+                    gen,
+                    node: None,
+                    create_unconfirmed: false,
+                    leading: false,
+                })
+            }
+        }
+        drop(mine);
+        self.hub.state().riders.insert(self.shard);
+        Ok(())
+    }
+
+    /// Ensures the election path exists (`mkdir -p`).
+    async fn ensure_path(&self, client: &zkc::Client) -> Result<(), ZkFailure> {
+        count("create");
+        let opts = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        self.hub.bounded(client.mkdir(&self.path, &opts)).await
+    }
+
+    /// Our candidacy znode in session `gen`: the recorded one, an adopted one whose create answer
+    /// was lost, or a new one.
+    async fn ensure_node(&self, client: &zkc::Client, gen: u64, id: i64) -> ElectorResult<Node> {
+        let (existing, unconfirmed) = {
+            let mine = self.mine();
+            match mine.as_ref().filter(|c| c.gen == gen) {
+                Some(c) => (c.node.clone(), c.create_unconfirmed),
+                None => return Err(ElectorError::LeaseLost("session ended".into())),
+            }
+        };
+        if let Some(n) = existing {
+            return Ok(n);
+        }
+        let prefix = own_prefix(id);
+        if unconfirmed {
+            if let Some(n) = self
+                .adopt(client, &prefix)
+                .await
+                .map_err(|e| e.into_err())?
+            {
+                return self.record_node(gen, n);
+            }
+        }
+        {
+            let mut mine = self.mine();
+            match mine.as_mut().filter(|c| c.gen == gen) {
+                Some(c) => c.create_unconfirmed = true,
+                None => return Err(ElectorError::LeaseLost("session ended".into())),
+            }
+        }
+        let opts = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let base = self.child(&prefix);
+        for attempt in 0..2 {
+            count("create");
+            match self
+                .hub
+                .bounded(client.create(&base, &self.value, &opts))
+                .await
+            {
+                Ok((stat, seq)) => {
+                    let name = format!("{prefix}{seq}");
+                    let node = Node {
+                        path: self.child(&name),
+                        name,
+                        czxid: stat.czxid,
+                    };
+                    return self.record_node(gen, node);
+                }
+                Err(ZkFailure::Other(zkc::Error::NoNode)) if attempt == 0 => {
+                    self.ensure_path(client).await.map_err(|e| e.into_err())?;
+                }
+                Err(e) => return Err(e.into_err()),
+            }
+        }
+        Err(ElectorError::Unavailable(format!(
+            "zookeeper: cannot create candidacy under {}",
+            self.path
+        )))
+    }
+
+    /// Finds our own znode(s) by the session prefix; keeps the lowest, deletes any others.
+    async fn adopt(&self, client: &zkc::Client, prefix: &str) -> Result<Option<Node>, ZkFailure> {
+        count("campaign-list");
+        let children = match self.hub.bounded(client.list_children(&self.path)).await {
+            Ok(c) => c,
+            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let ours: Vec<(i64, String)> = queue(children)
+            .into_iter()
+            .filter(|(_, n)| n.starts_with(prefix))
+            .collect();
+        let Some((_, first)) = ours.first().cloned() else {
+            return Ok(None);
+        };
+        for (_, extra) in &ours[1..] {
+            count("delete");
+            let _ = self
+                .hub
+                .bounded(client.delete(&self.child(extra), None))
+                .await;
+        }
+        count("campaign-exists");
+        match self
+            .hub
+            .bounded(client.check_stat(&self.child(&first)))
+            .await?
+        {
+            Some(stat) => Ok(Some(Node {
+                path: self.child(&first),
+                name: first,
+                czxid: stat.czxid,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    fn record_node(&self, gen: u64, node: Node) -> ElectorResult<Node> {
+        let mut mine = self.mine();
+        match mine.as_mut().filter(|c| c.gen == gen) {
+            Some(c) => {
+                c.node = Some(node.clone());
+                c.create_unconfirmed = false;
+                Ok(node)
+            }
+            None => Err(ElectorError::LeaseLost(
+                "session ended while creating the candidacy".into(),
+            )),
+        }
+    }
+
+    /// The lowest child and its data (with a watch on it when `watch`). `None`: no candidate.
+    async fn lowest(
+        &self,
+        client: &zkc::Client,
+        watch: bool,
+    ) -> Result<Option<(LeaderInfo, Option<zkc::OneshotWatcher>)>, ZkFailure> {
+        let hub = &self.hub;
+        for _ in 0..5 {
+            count("read-list");
+            let children = match hub.bounded(client.list_children(&self.path)).await {
+                Ok(c) => c,
+                Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let Some((_, first)) = queue(children).into_iter().next() else {
+                return Ok(None);
+            };
+            count("read-get");
+            let path = self.child(&first);
+            let got = if watch {
+                hub.bounded(client.get_and_watch_data(&path))
+                    .await
+                    .map(|(d, _, w)| (d, Some(w)))
+            } else {
+                hub.bounded(client.get_data(&path))
+                    .await
+                    .map(|(d, _)| (d, None))
+            };
+            match got {
+                Ok((data, w)) => return Ok(Some((LeaderInfo::decode(&data), w))),
+                // Gone between the list and the read: look again.
+                Err(ZkFailure::Other(zkc::Error::NoNode)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ZkFailure::Other(zkc::Error::UnexpectedError(
+            "the election's lowest child keeps vanishing".into(),
+        )))
+    }
+
+    /// Forgets this shard's candidacy znode (its session lives on for the other shards).
+    fn drop_node(&self, gen: u64) {
+        if let Some(c) = self.mine().as_mut().filter(|c| c.gen == gen) {
+            c.node = None;
+            c.leading = false;
+        }
     }
 }
 
@@ -507,48 +727,28 @@ impl Elector for ZkElector {
     }
 
     async fn campaign(&self) -> ElectorResult<Win> {
-        let inner = &self.inner;
-        let (client, gen) = inner.candidacy_session().await?;
-        {
-            let st = inner.state();
-            if st
-                .session
-                .as_ref()
-                .is_some_and(|s| s.gen == gen && s.leading)
-            {
-                return Err(ElectorError::Unavailable(
-                    "campaign while already leading".into(),
-                ));
-            }
-        }
+        let hub = &self.hub;
+        let (client, gen) = hub.candidacy_session().await?;
         drop(client);
+        self.join(gen)?;
         let started = Instant::now();
         let mut woke_at: Option<Instant> = None;
         loop {
             // Never hold a client handle while waiting: dropping the session must close it.
-            let client = {
-                let st = inner.state();
-                match st.session.as_ref().filter(|s| s.gen == gen) {
-                    Some(s) if !s.client.state().is_terminated() => s.client.clone(),
-                    _ => {
-                        return Err(ElectorError::LeaseLost(
-                            "zookeeper session ended while campaigning".into(),
-                        ))
-                    }
-                }
+            let Some((client, id)) = hub.session_of(gen) else {
+                return Err(session_ended());
             };
-            let node = inner.ensure_node(&client, gen).await?;
+            let node = self.ensure_node(&client, gen, id).await?;
             // `sync` first: the listing (and the grant) then reflect the ensemble's leader.
             let sent_at = Instant::now();
             count("campaign-sync");
             count("campaign-list");
-            let sync = client.sync(&inner.path);
-            let list = client.list_children(&inner.path);
+            let sync = client.sync(&self.path);
+            let list = client.list_children(&self.path);
             let (synced, listed) =
-                match tokio::time::timeout(inner.timeout, async { (sync.await, list.await) }).await
-                {
+                match tokio::time::timeout(hub.timeout, async { (sync.await, list.await) }).await {
                     Ok(r) => r,
-                    Err(_) => return Err(ZkFailure::Timeout(inner.timeout).into_err()),
+                    Err(_) => return Err(ZkFailure::Timeout(hub.timeout).into_err()),
                 };
             let children = match synced.and(listed) {
                 Ok(c) => c,
@@ -562,30 +762,30 @@ impl Elector for ZkElector {
                 None => {
                     // Our znode is gone while the session lives (deleted by someone else):
                     // queue again with a new one.
-                    let mut st = inner.state();
-                    if let Some(s) = st.session.as_mut().filter(|s| s.gen == gen) {
-                        s.node = None;
-                    }
+                    self.drop_node(gen);
                     continue;
                 }
                 Some(0) => {
-                    let grant = {
-                        let mut st = inner.state();
-                        let Some(s) = st.session.as_mut().filter(|s| s.gen == gen) else {
-                            return Err(ElectorError::LeaseLost(
-                                "zookeeper session ended while campaigning".into(),
-                            ));
-                        };
-                        let g = Grant {
-                            sent_at,
-                            ttl: s.grant_ttl,
-                        };
-                        if g.sent_at > s.last_grant.sent_at {
-                            s.last_grant = g;
+                    let grant_ttl = {
+                        let st = hub.state();
+                        match st.session.as_ref().filter(|s| s.gen == gen) {
+                            Some(s) => s.grant_ttl,
+                            None => return Err(session_ended()),
                         }
-                        s.leading = true;
-                        s.last_grant
                     };
+                    let grant = hub
+                        .note_grant(
+                            gen,
+                            Grant {
+                                sent_at,
+                                ttl: grant_ttl,
+                            },
+                        )
+                        .ok_or_else(session_ended)?;
+                    match self.mine().as_mut().filter(|c| c.gen == gen) {
+                        Some(c) => c.leading = true,
+                        None => return Err(session_ended()),
+                    }
                     return Ok(Win {
                         token: FenceToken::checked("zookeeper czxid", node.czxid)?,
                         grant,
@@ -593,9 +793,9 @@ impl Elector for ZkElector {
                     });
                 }
                 Some(i) => {
-                    let pred = inner.child(&q[i - 1].1);
+                    let pred = self.child(&q[i - 1].1);
                     count("watch-predecessor");
-                    let watched = inner.bounded(client.check_and_watch_stat(&pred)).await;
+                    let watched = hub.bounded(client.check_and_watch_stat(&pred)).await;
                     drop(client);
                     match watched {
                         Ok((None, _)) => continue, // already gone: look again
@@ -611,97 +811,57 @@ impl Elector for ZkElector {
         }
     }
 
+    /// One `sync` + `exists(our znode)` round trip, shared: it renews the session for every
+    /// shard and checks each held znode (see [`Hub::renew_all`]). Nothing to renew without a
+    /// candidacy.
     async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let inner = &self.inner;
-        let (client, gen, node, grant_ttl) = {
-            let mut st = inner.state();
-            match st.session.as_ref() {
+        let hub = &self.hub;
+        let Some((gen, node)) = self
+            .mine()
+            .as_ref()
+            .map(|c| (c.gen, c.node.as_ref().map(|n| n.path.clone())))
+        else {
+            return Ok(None);
+        };
+        if let Some(why) = hub.why_over(gen) {
+            *self.mine() = None;
+            hub.batch.forget(self.shard).await;
+            return Err(ElectorError::LeaseLost(why));
+        }
+        let lease = (gen, node.clone());
+        let renewed = hub
+            .batch
+            .renew(self.shard, lease, |leases| hub.renew_all(leases))
+            .await;
+        match renewed {
+            Ok(Renewed::At(sent_at)) => {
+                let st = hub.state();
+                // A batch reused after the session ended (the watchdog) renews nothing.
+                match st.session.as_ref().filter(|s| s.gen == gen) {
+                    Some(s) => Ok(Some(Grant {
+                        sent_at,
+                        ttl: s.grant_ttl,
+                    })),
+                    None => Err(ElectorError::LeaseLost(
+                        "zookeeper session closed: no renewal within the grant".into(),
+                    )),
+                }
+            }
+            Ok(Renewed::Lost) => match hub.why_over(gen) {
+                Some(why) => {
+                    *self.mine() = None;
+                    Err(ElectorError::LeaseLost(why))
+                }
                 None => {
-                    return match st.lost.take() {
-                        Some(why) => Err(ElectorError::LeaseLost(why)),
-                        None => Ok(None),
-                    }
+                    self.drop_node(gen);
+                    Err(ElectorError::LeaseLost(format!(
+                        "our candidacy znode {} is gone while the session lives",
+                        node.unwrap_or_default()
+                    )))
                 }
-                Some(s) if s.client.state().is_terminated() => {
-                    let why = format!(
-                        "zookeeper session {:#x} is {}",
-                        s.id,
-                        match s.client.state() {
-                            SessionState::Expired => "expired",
-                            SessionState::AuthFailed => "refused (auth failed)",
-                            _ => "closed",
-                        }
-                    );
-                    st.session = None;
-                    st.lost = None;
-                    return Err(ElectorError::LeaseLost(why));
-                }
-                Some(s) => (
-                    s.client.clone(),
-                    s.gen,
-                    s.node.as_ref().map(|n| n.path.clone()),
-                    s.grant_ttl,
-                ),
-            }
-        };
-        let sent_at = Instant::now();
-        count("renew-sync");
-        let sync = client.sync(&inner.path);
-        let exists = node.as_ref().map(|p| {
-            count("renew-exists");
-            client.check_stat(p)
-        });
-        let answer = tokio::time::timeout(inner.timeout, async {
-            let s = sync.await;
-            let e = match exists {
-                Some(f) => Some(f.await),
-                None => None,
-            };
-            (s, e)
-        })
-        .await;
-        let (synced, existed) = match answer {
-            Ok(r) => r,
-            Err(_) => return Err(ZkFailure::Timeout(inner.timeout).into_err()),
-        };
-        let failure = match (synced, existed) {
-            (Err(zkc::Error::NoNode), None) => None, // election path not created yet: still a round trip
-            (Err(e), _) | (Ok(()), Some(Err(e))) => Some(e),
-            (Ok(()), Some(Ok(None))) => {
-                let why = format!(
-                    "our candidacy znode {} is gone while the session lives",
-                    node.unwrap_or_default()
-                );
-                drop(client);
-                drop(inner.end_session(gen, None));
-                return Err(ElectorError::LeaseLost(why));
-            }
-            (Ok(()), _) => None,
-        };
-        if let Some(e) = failure {
-            if session_over(&e) {
-                drop(client);
-                drop(inner.end_session(gen, None));
-                return Err(ElectorError::LeaseLost(format!(
-                    "zookeeper session ended: {e}"
-                )));
-            }
-            return Err(ElectorError::Unavailable(format!("zookeeper: {e}")));
+            },
+            Err(e) => Err(e),
         }
-        let grant = Grant {
-            sent_at,
-            ttl: grant_ttl,
-        };
-        // A grant that arrives after the local watchdog gave the session up revives nothing.
-        let st = inner.state();
-        if st.session.as_ref().is_none_or(|s| s.gen != gen) {
-            return Err(ElectorError::LeaseLost(
-                "zookeeper session closed: no renewal within the grant".into(),
-            ));
-        }
-        drop(st);
-        inner.note_grant(gen, grant);
-        Ok(Some(grant))
     }
 
     async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
@@ -711,39 +871,44 @@ impl Elector for ZkElector {
                 what: "naming a successor",
             });
         }
-        let inner = &self.inner;
-        let (client, gen, node) = {
-            let mut st = inner.state();
-            match st.session.as_mut() {
-                Some(s) if s.leading => {
-                    s.leading = false;
-                    (s.client.clone(), s.gen, s.node.take())
+        let hub = &self.hub;
+        let (gen, node) = {
+            let mut mine = self.mine();
+            match mine.as_mut() {
+                Some(c) if c.leading => {
+                    c.leading = false;
+                    (c.gen, c.node.take())
                 }
                 _ => return Ok(()),
             }
         };
+        hub.batch.forget(self.shard).await;
         let Some(node) = node else { return Ok(()) };
+        let Some((client, _)) = hub.session_of(gen) else {
+            return Ok(()); // the session is over: its ephemeral znode with it
+        };
         count("delete");
-        match inner.bounded(client.delete(&node.path, None)).await {
+        match hub.bounded(client.delete(&node.path, None)).await {
             Ok(()) | Err(ZkFailure::Other(zkc::Error::NoNode)) => Ok(()),
             Err(e) => {
                 // The znode may still lead the queue: give the whole session up instead (its
-                // ephemeral znode goes with it), or everyone would wait behind it.
+                // ephemeral znodes go with it, so the node's other shards lose their terms
+                // too), or everyone would wait behind it.
                 drop(client);
-                drop(inner.end_session(gen, None));
+                drop(hub.end_session(gen, None));
                 Err(e.into_err())
             }
         }
     }
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        let inner = &self.inner;
-        let client = inner.reader().await?;
-        match inner.lowest(&client, false).await {
+        let hub = &self.hub;
+        let client = hub.reader().await?;
+        match self.lowest(&client, false).await {
             Ok(found) => Ok(found.map(|(info, _)| info)),
             Err(e) => {
                 if matches!(e, ZkFailure::SessionOver(_)) {
-                    inner.reset_reader().await;
+                    hub.reset_reader().await;
                 }
                 Err(e.into_err())
             }
@@ -797,25 +962,28 @@ impl Elector for ZkElector {
     /// election's children on the candidacy session: ours while our znode, created at `token`'s
     /// zxid, is still the lowest. A lost session is `Ok(false)` (its ephemeral node is gone).
     async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
-        let inner = &self.inner;
-        let (client, node) = {
-            let st = inner.state();
-            match st.session.as_ref() {
-                Some(s) if s.leading => match &s.node {
-                    Some(n) if n.czxid == token.0 => (s.client.clone(), n.clone()),
+        let hub = &self.hub;
+        let (gen, node) = {
+            let mine = self.mine();
+            match mine.as_ref() {
+                Some(c) if c.leading => match &c.node {
+                    Some(n) if n.czxid == token.0 => (c.gen, n.clone()),
                     _ => return Ok(false),
                 },
                 _ => return Ok(false),
             }
         };
+        let Some((client, _)) = hub.session_of(gen) else {
+            return Ok(false);
+        };
         count("sync");
-        match inner.bounded(client.sync(&inner.path)).await {
+        match hub.bounded(client.sync(&self.path)).await {
             Ok(()) => {}
             Err(ZkFailure::SessionOver(_)) => return Ok(false),
             Err(e) => return Err(e.into_err()),
         }
         count("confirm-list");
-        let children = match inner.bounded(client.list_children(&inner.path)).await {
+        let children = match hub.bounded(client.list_children(&self.path)).await {
             Ok(c) => c,
             Err(ZkFailure::SessionOver(_)) | Err(ZkFailure::Other(zkc::Error::NoNode)) => {
                 return Ok(false)
@@ -829,18 +997,19 @@ impl Elector for ZkElector {
     }
 
     /// A native watch: the lowest child's data with a watch on it (fires when it goes), or the
-    /// children with a watch when nobody is a candidate. Re-checked every `30 × every` when quiet (a ZooKeeper watch fires or the session ends).
+    /// children with a watch when nobody is a candidate. Re-checked every `30 × every` when
+    /// quiet (a ZooKeeper watch fires or the session ends).
     async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
-        let inner = &self.inner;
+        let hub = &self.hub;
         while !tx.is_closed() {
-            let client = match inner.reader().await {
+            let client = match hub.reader().await {
                 Ok(c) => c,
                 Err(_) => {
                     tokio::time::sleep(every).await;
                     continue;
                 }
             };
-            let watcher = match inner.lowest(&client, true).await {
+            let watcher = match self.lowest(&client, true).await {
                 Ok(Some((info, w))) => {
                     tx.send_if_modified(|cur| {
                         let changed = cur.as_ref() != Some(&info);
@@ -852,8 +1021,8 @@ impl Elector for ZkElector {
                 Ok(None) => {
                     tx.send_if_modified(|cur| cur.take().is_some());
                     count("read-watch-children");
-                    match inner
-                        .bounded(client.list_and_watch_children(&inner.path))
+                    match hub
+                        .bounded(client.list_and_watch_children(&self.path))
                         .await
                     {
                         Ok((_, w)) => Some(w),
@@ -862,7 +1031,7 @@ impl Elector for ZkElector {
                 }
                 Err(e) => {
                     if matches!(e, ZkFailure::SessionOver(_)) {
-                        inner.reset_reader().await;
+                        hub.reset_reader().await;
                     }
                     None
                 }
@@ -877,23 +1046,46 @@ impl Elector for ZkElector {
         }
     }
 
+    /// Withdraws this shard's candidacy (its znode deleted); the last shard of the node to
+    /// close closes the shared session.
     async fn close(&self) -> ElectorResult<()> {
-        let inner = &self.inner;
+        let hub = &self.hub;
+        let mine = self.mine().take();
+        hub.batch.forget(self.shard).await;
+        let Some(c) = mine else { return Ok(()) };
+        let client = hub.session_of(c.gen).map(|(client, _)| client);
+        if let (Some(node), Some(client)) = (&c.node, &client) {
+            count("delete");
+            let _ = hub.bounded(client.delete(&node.path, None)).await;
+        } else if let (None, Some(client), true) = (&c.node, &client, c.create_unconfirmed) {
+            // A create whose answer we never saw may have landed: find it by our prefix.
+            if let Some((_, id)) = hub.session_of(c.gen) {
+                if let Ok(Some(n)) = self.adopt(client, &own_prefix(id)).await {
+                    count("delete");
+                    let _ = hub.bounded(client.delete(&n.path, None)).await;
+                }
+            }
+        }
+        drop(client);
+        let last = {
+            let mut st = hub.state();
+            st.riders.remove(&self.shard);
+            st.riders.is_empty() && st.session.as_ref().is_some_and(|s| s.gen == c.gen)
+        };
+        if !last {
+            return Ok(());
+        }
         let session = {
-            let mut st = inner.state();
+            let mut st = hub.state();
             st.lost = None;
             st.session.take()
         };
         let Some(s) = session else { return Ok(()) };
-        if let Some(node) = &s.node {
-            count("delete");
-            let _ = inner.bounded(s.client.delete(&node.path, None)).await;
-        }
         // Dropping the last handle sends closeSession; wait (bounded) until it is done, so no
         // candidacy of ours outlives close().
         let mut watcher = s.client.state_watcher();
         drop(s);
-        let _ = tokio::time::timeout(inner.timeout, async {
+        let _ = tokio::time::timeout(hub.timeout, async {
             let mut state = watcher.state();
             while !state.is_terminated() {
                 state = watcher.changed().await;

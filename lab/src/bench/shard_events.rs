@@ -4,7 +4,8 @@
 //!
 //! kill -9 of a node · its restart · removal of a node (graceful stop: it drains first) · its
 //! return (a join) · a rolling restart of the whole fleet · a stop-the-world pause (SIGSTOP past
-//! the lease) of the node leading shard 0.
+//! the lease) of the node leading shard 0 · with `--netns`, a partition of the node leading
+//! shard 0 from its backend and peers (each node in its own network namespace).
 //!
 //! Per event: shards moved (placement before vs after), balance after (max/min shards per live
 //! node), per-shard dark time on the resource's clock (for each shard whose term changed inside
@@ -13,6 +14,9 @@
 //! (`baton_backend_requests_total`). Then the history check per shard: each shard's ledger
 //! strictly increasing across terms, and every acknowledged `(shard, token, seq)` in that shard's
 //! ledger exactly once. With `--fencing off` the same schedule must fail it.
+//!
+//! With `--out F.json`, two plots beside it: `F-placement.svg` (shards led per node, sampled
+//! every second, with the events marked) and `F-dark.svg` (dark time per event).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,6 +55,9 @@ pub struct ShardEventsArgs {
     /// `off` only to show the check failing without the fence.
     #[arg(long, default_value = "on")]
     pub fencing: Fencing,
+    /// Each node in its own network namespace (root, iptables): adds the partition event.
+    #[arg(long)]
+    pub netns: bool,
     #[arg(long)]
     pub config: Option<PathBuf>,
     #[arg(long, default_value = "state/bench/shard-events")]
@@ -91,8 +98,11 @@ pub struct ShardEventsReport {
     /// Acknowledged IDs not in their shard's ledger exactly once.
     pub acked_not_once: usize,
     pub check_passed: bool,
-    /// Every placement seen: seconds since the start, then shards led per node.
+    /// Shards led per live node, sampled about every second: seconds since the start, then
+    /// shards led per node.
     pub placement_over_time: Vec<(f64, BTreeMap<String, usize>)>,
+    /// When each event began, in the same seconds.
+    pub event_starts: Vec<(String, f64)>,
     pub config: serde_json::Value,
     pub machine: serde_json::Value,
 }
@@ -110,13 +120,127 @@ pub async fn run(args: ShardEventsArgs) -> anyhow::Result<ShardEventsReport> {
         spec.base_config = fleet::default_base_config_for(args.backend, args.shards);
     }
     spec.fencing = args.fencing;
-    let mut state = fleet::up(&spec).await.context("starting the fleet")?;
+    let mut state = if args.netns {
+        fleet::up_netns(&spec).await
+    } else {
+        fleet::up(&spec).await
+    }
+    .context("starting the fleet")?;
     let outcome = experiment(&args, &mut state).await;
     let down = state.clone();
     let _ = tokio::task::spawn_blocking(move || down.down()).await;
     let report = outcome?;
     super::write_report(args.out.as_deref(), &report)?;
+    if let Some(out) = &args.out {
+        plot(out, &report)?;
+    }
     Ok(report)
+}
+
+/// `F-placement.svg` and `F-dark.svg` beside the report `F.json` (see the module docs).
+fn plot(out: &std::path::Path, report: &ShardEventsReport) -> anyhow::Result<()> {
+    use crate::exp::plots::{self, Axes};
+    let stem = out.with_extension("");
+    let beside = |suffix: &str| PathBuf::from(format!("{}-{suffix}.svg", stem.display()));
+    let title = format!(
+        "{} · {} nodes · K = {} · fencing {}",
+        report.backend,
+        report.nodes,
+        report.shards,
+        if report.fencing == Fencing::Off {
+            "off"
+        } else {
+            "on"
+        }
+    );
+    let mut per_node: BTreeMap<String, Vec<(f64, f64, Option<f64>)>> = BTreeMap::new();
+    for (t, counts) in &report.placement_over_time {
+        for (node, n) in counts {
+            per_node
+                .entry(node.clone())
+                .or_default()
+                .push((*t, *n as f64, None));
+        }
+    }
+    let t_max = report
+        .placement_over_time
+        .last()
+        .map_or(1.0, |(t, _)| *t)
+        .max(1.0);
+    plots::lines(
+        &beside("placement"),
+        &Axes {
+            title: &format!("shards led per node over time · {title}"),
+            x_desc:
+                "seconds since the load started (events begin at the markers' times in the JSON)",
+            y_desc: "shards led",
+            x_range: (0.0, t_max),
+            marker: None,
+        },
+        &per_node,
+    )?;
+    let mut dark: BTreeMap<String, Vec<(f64, f64, Option<f64>)>> = BTreeMap::new();
+    for (i, row) in report.events.iter().enumerate() {
+        if let Some(d) = &row.dark_ms {
+            let x = i as f64 + 1.0;
+            dark.entry("p50".into())
+                .or_default()
+                .push((x, d.median, None));
+            dark.entry("p99 (× = max)".into())
+                .or_default()
+                .push((x, d.p99, Some(d.max)));
+        }
+    }
+    let names: Vec<String> = (1..)
+        .zip(&report.events)
+        .map(|(i, r)| format!("{i} {}", r.event))
+        .collect();
+    plots::lines(
+        &beside("dark"),
+        &Axes {
+            title: &format!("per-shard dark time per event · {title}"),
+            x_desc: &format!("event: {}", names.join(" · ")),
+            y_desc: "dark time, ms (resource clock)",
+            x_range: (0.5, report.events.len() as f64 + 0.5),
+            marker: None,
+        },
+        &dark,
+    )
+}
+
+/// Samples shards led per answering node about every second until `stop` (the placement
+/// timeline). Asked by address, not by pid: the experiment restarts nodes under new pids.
+fn sample_placement(
+    state: &FleetState,
+    t_start: Instant,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(f64, BTreeMap<String, usize>)>> {
+    let nodes: Vec<(String, String)> = state
+        .nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.http_addr.clone()))
+        .collect();
+    let client = NodeClient::new(Duration::from_millis(800));
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let asks = nodes.iter().map(|(id, addr)| {
+                let client = client.clone();
+                async move {
+                    let st = client.get(addr, "/status").await.ok()?.json();
+                    Some((id.clone(), fleet::shards_led(&st).len()))
+                }
+            });
+            let per_node: BTreeMap<String, usize> = futures::future::join_all(asks)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            seen.push((t_start.elapsed().as_secs_f64(), per_node));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        seen
+    })
 }
 
 /// Shard → node of every shard some live node leads.
@@ -274,7 +398,7 @@ async fn experiment(
     let k = args.shards;
     let settle_bound = Duration::from_millis(args.settle);
     let t_start = Instant::now();
-    let mut timeline: Vec<(f64, BTreeMap<String, usize>)> = Vec::new();
+    let mut event_starts: Vec<(String, f64)> = Vec::new();
     let (first, ok) = settle(state, k, Duration::from_secs(90)).await;
     anyhow::ensure!(
         ok,
@@ -298,7 +422,7 @@ async fn experiment(
 
     let victim = state.nodes[0].id.clone();
     let spare = state.nodes[state.nodes.len() - 1].id.clone();
-    let events = [
+    let mut events = vec![
         "kill-9",
         "restart",
         "remove",
@@ -306,12 +430,17 @@ async fn experiment(
         "rolling-restart",
         "pause-leader",
     ];
+    if args.netns {
+        events.push("partition-leader");
+    }
+    let sampler = sample_placement(state, t_start, stop.clone());
     let mut rows = Vec::new();
     let mut windows = Vec::new();
     for event in events {
         let before = placement(state).await;
         let req0 = backend_requests(state).await;
         let (t0, w0, m0) = (Instant::now(), wall_now(), baton::clock::monotonic_ns());
+        event_starts.push((event.to_owned(), t_start.elapsed().as_secs_f64()));
         match event {
             "kill-9" => state.kill_node(&victim)?,
             "restart" => {
@@ -335,6 +464,11 @@ async fn experiment(
                 tokio::time::sleep(Duration::from_millis(args.pause)).await;
                 unsafe { libc::kill(pid, libc::SIGCONT) };
             }
+            "partition-leader" => {
+                let leader = before.get(&0).cloned().context("shard 0 has no leader")?;
+                crate::chaos::partition_node(state, &leader, Duration::from_millis(args.pause))
+                    .await?;
+            }
             _ => unreachable!(),
         }
         // A join is only seen after the node has answered probes for a while: give it time
@@ -353,11 +487,6 @@ async fn experiment(
             .filter(|r| r.alive && r.role.is_some())
             .map(|r| r.shards_led.len())
             .collect();
-        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-        for r in rows_now.iter().filter(|r| r.alive) {
-            per_node.insert(r.id.clone(), r.shards_led.len());
-        }
-        timeline.push((t_start.elapsed().as_secs_f64(), per_node));
         println!(
             "{event:<16} {secs:>6.1} s  moved {moved:>3}  balance {:?}/{:?}  settled {settled}",
             counts.iter().max(),
@@ -381,6 +510,7 @@ async fn experiment(
     }
     stop.store(true, Ordering::Relaxed);
     let report = load.await??;
+    let timeline = sampler.await?;
 
     let db = connect_admin(state).await?;
     for (row, (w0, w1)) in rows.iter_mut().zip(&windows) {
@@ -466,6 +596,7 @@ async fn experiment(
         acked_not_once,
         check_passed,
         placement_over_time: timeline,
+        event_starts,
         config: redacted_config(state),
         machine: machine_info(),
     })

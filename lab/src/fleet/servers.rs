@@ -341,6 +341,36 @@ impl PgServer {
         Ok(())
     }
 
+    /// `pg_ctl start`, waiting until the server accepts connections, logging to
+    /// `root/postgres.log`. On failure the log says why (a port taken, a lock file, memory); the
+    /// caller's temp dir may be gone by the time anyone reads it, so its tail goes into the error.
+    fn pg_ctl_start(&self, root: &Path, what: &str) -> Result<(), ServerError> {
+        let log = root.join("postgres.log");
+        let out = self
+            .as_postgres("pg_ctl")
+            .arg("-D")
+            .arg(self.data_dir())
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60", "start"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| ServerError::Io(what.into(), e))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(ServerError::Failed {
+            what: what.into(),
+            detail: format!(
+                "{}{} (log: {}, last lines:\n{})",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                log.display(),
+                log_tail(&log, 12)
+            ),
+        })
+    }
+
     fn as_postgres(&self, bin: &str) -> Command {
         let exe = self.bin_dir.join(bin);
         if is_root() {
@@ -469,31 +499,7 @@ impl PgServer {
         fs::write(pg.data_dir().join("postgresql.auto.conf"), conf)
             .map_err(io("postgresql.auto.conf"))?;
         chown_to_postgres(root)?;
-        let log = root.join("postgres.log");
-        let out = pg
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(pg.data_dir())
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60", "start"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io("pg_ctl start"))?;
-        if !out.status.success() {
-            // The log says why (a port taken, a lock file, memory); the caller's temp dir may be
-            // gone by the time anyone reads it, so its tail goes into the error.
-            return Err(ServerError::Failed {
-                what: "pg_ctl start".into(),
-                detail: format!(
-                    "{}{} (log: {}, last lines:\n{})",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr),
-                    log.display(),
-                    log_tail(&log, 12)
-                ),
-            });
-        }
+        pg.pg_ctl_start(root, "pg_ctl start")?;
         pg.psql(
             "postgres",
             "SELECT 1 FROM pg_database WHERE datname = 'baton'",
@@ -711,29 +717,7 @@ impl PgServer {
             .join("\n");
         fs::write(&auto, own + "\n").map_err(io("standby postgresql.auto.conf"))?;
         chown_to_postgres(root)?;
-        let log = root.join("postgres.log");
-        let out = standby
-            .as_postgres("pg_ctl")
-            .arg("-D")
-            .arg(standby.data_dir())
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60", "start"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io("pg_ctl start (standby)"))?;
-        if !out.status.success() {
-            return Err(ServerError::Failed {
-                what: "pg_ctl start (standby)".into(),
-                detail: format!(
-                    "{}{} (last lines of {}:\n{})",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr),
-                    log.display(),
-                    log_tail(&log, 12)
-                ),
-            });
-        }
+        standby.pg_ctl_start(root, "pg_ctl start (standby)")?;
         if sync {
             self.psql(
                 "postgres",

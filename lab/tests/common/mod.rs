@@ -509,3 +509,40 @@ pub fn strip_ansi(text: &str) -> String {
     }
     out
 }
+
+/// A loopback address nobody listens on right now (whoever is handed it binds it).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// `n` in-process raft members' configs as a user would write them: `NodeConfig::default()`
+/// plus the node id, a state dir (each in its own temp dir, returned to be kept alive), the
+/// advertised address, every member as a peer and the cluster `secret`.
+pub fn raft_member_configs(
+    n: usize,
+    secret: &str,
+) -> (Vec<tempfile::TempDir>, Vec<baton::config::NodeConfig>) {
+    let peers: Vec<baton::config::PeerSpec> = (0..n)
+        .map(|i| baton::config::PeerSpec {
+            id: format!("n{}", i + 1),
+            addr: free_addr(),
+            peer_addr: free_addr(),
+        })
+        .collect();
+    peers
+        .iter()
+        .map(|p| {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = baton::config::NodeConfig {
+                node_id: p.id.clone(),
+                state_dir: dir.path().to_owned(),
+                advertise_addr: Some(p.addr.clone()),
+                ..baton::config::NodeConfig::default()
+            };
+            cfg.raft.peers = peers.clone();
+            cfg.raft.cluster_secret = Some(baton::config::Secret::new(secret));
+            (dir, cfg)
+        })
+        .unzip()
+}

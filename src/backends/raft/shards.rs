@@ -102,6 +102,7 @@ use super::client::PeerClient;
 use super::network::{signed_post, PeerRpcError, RaftHandleSource};
 use super::storage::StateMachine;
 use super::{RaftElector, RaftHandle};
+use crate::backends::epoch_lease::EpochLease;
 use crate::backends::renew_batch::{RenewBatch, Renewed};
 use crate::backends::{
     count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
@@ -867,19 +868,12 @@ impl Drop for ShardGroup {
     }
 }
 
-#[derive(Default)]
-struct State {
-    /// This candidacy's id (node id + random); set before an acquisition is sent.
-    holder: Option<String>,
-    /// The epoch held, while leading.
-    epoch: Option<i64>,
-}
-
 /// One shard's elector on a sharded raft node (see the module docs).
 pub struct RaftShardElector {
     group: Arc<ShardGroup>,
     shard: u32,
-    state: StdMutex<State>,
+    /// This shard's candidacy: its holder id and, while leading, its epoch.
+    held: EpochLease,
 }
 
 /// Starts this node's raft member (serving the shard lease table to its peers) and returns one
@@ -930,16 +924,12 @@ pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<RaftShardE
         .map(|(shard, _)| RaftShardElector {
             group: group.clone(),
             shard,
-            state: StdMutex::new(State::default()),
+            held: EpochLease::default(),
         })
         .collect())
 }
 
 impl RaftShardElector {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn jittered_retry(&self) -> Duration {
         let ms = self.group.retry.as_millis().max(2) as u64;
         Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
@@ -958,23 +948,12 @@ impl Elector for RaftShardElector {
     }
 
     async fn campaign(&self) -> ElectorResult<Win> {
-        let holder = {
-            let mut st = self.state();
-            if st.epoch.is_some() {
-                return Err(unavailable("campaign while already holding the lease"));
-            }
-            // Reuse the id of a failed or dropped campaign: its grant may have landed, and
-            // close() must still be able to release it (and a retry re-takes it at once).
-            st.holder
-                .get_or_insert_with(|| {
-                    format!(
-                        "{}-{:016x}",
-                        self.group.node_id,
-                        rand::thread_rng().gen::<u64>()
-                    )
-                })
-                .clone()
-        };
+        // A failed or dropped campaign's id is reused: its grant may have landed, and close()
+        // must still be able to release it (and a retry re-takes it at once).
+        let holder = self
+            .held
+            .holder_for_campaign(&self.group.node_id)
+            .ok_or_else(|| unavailable("campaign while already holding the lease"))?;
         let mut seen_held_at: Option<Instant> = None;
         loop {
             let sent_at = Instant::now();
@@ -989,15 +968,7 @@ impl Elector for RaftShardElector {
             match self.group.call("shard-acquire", req).await {
                 Ok(ShardAnswer::Granted { epoch, ttl_ms }) => {
                     let ttl = self.group.grant_ttl(ttl_ms);
-                    let ours = {
-                        let mut st = self.state();
-                        let ours = st.holder.as_deref() == Some(holder.as_str());
-                        if ours {
-                            st.epoch = Some(epoch);
-                        }
-                        ours
-                    };
-                    if !ours {
+                    if !self.held.won(&holder, epoch) {
                         // close() ran while the request was in flight; it did not see this grant.
                         let _ = self.group.release(self.shard, holder, Some(epoch)).await;
                         return Err(ElectorError::LeaseLost(
@@ -1019,12 +990,8 @@ impl Elector for RaftShardElector {
     }
 
     async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let (holder, epoch) = {
-            let st = self.state();
-            match (&st.holder, st.epoch) {
-                (Some(h), Some(e)) => (h.clone(), e),
-                _ => return Ok(None),
-            }
+        let Some((holder, epoch)) = self.held.held() else {
+            return Ok(None);
         };
         let lease = (self.shard, holder, epoch);
         match self
@@ -1041,11 +1008,7 @@ impl Elector for RaftShardElector {
             }
             Renewed::Lost => {}
         }
-        let mut st = self.state();
-        if st.epoch == Some(epoch) {
-            st.epoch = None;
-            st.holder = None;
-        }
+        self.held.lost(epoch);
         Err(ElectorError::LeaseLost(format!(
             "shard {} lease epoch {epoch} expired or taken over",
             self.shard
@@ -1059,12 +1022,8 @@ impl Elector for RaftShardElector {
                 what: "naming a successor for one shard (a hand-over is a release)",
             });
         }
-        let (holder, epoch) = {
-            let mut st = self.state();
-            let Some(epoch) = st.epoch.take() else {
-                return Ok(());
-            };
-            (st.holder.take(), epoch)
+        let Some((holder, epoch)) = self.held.take_held() else {
+            return Ok(());
         };
         self.group.batch.forget(self.shard).await;
         match holder {
@@ -1080,12 +1039,8 @@ impl Elector for RaftShardElector {
     /// A ReadIndex round on the raft leader, then a compare on the table: ours while it names
     /// this candidacy at `token`'s epoch and the leader has not judged it expired.
     async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
-        let holder = {
-            let st = self.state();
-            match (&st.holder, st.epoch) {
-                (Some(h), Some(e)) if e == token.0 => h.clone(),
-                _ => return Ok(false),
-            }
+        let Some(holder) = self.held.holder_at(token.0) else {
+            return Ok(false);
         };
         let req = ShardRequest::Confirm {
             shard: self.shard,
@@ -1101,11 +1056,7 @@ impl Elector for RaftShardElector {
     }
 
     async fn close(&self) -> ElectorResult<()> {
-        let holder = {
-            let mut st = self.state();
-            st.epoch = None;
-            st.holder.take()
-        };
+        let holder = self.held.take_for_close();
         self.group.batch.forget(self.shard).await;
         match holder {
             // Any epoch: a dropped campaign's grant may have landed unseen.
