@@ -920,13 +920,13 @@ impl Elector for ZkElector {
     /// name) is never touched. The next candidate, watching it, wins at once. The dead session
     /// itself is left to expire; its ephemeral node no longer holds the seat.
     async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
-        let inner = &self.inner;
-        if LeaderInfo::decode(&inner.value).node_id == dead {
+        if LeaderInfo::decode(&self.value).node_id == dead {
             return Ok(false);
         }
-        let client = inner.reader().await?;
+        let hub = &self.hub;
+        let client = hub.reader().await?;
         count("expire-list");
-        let children = match inner.bounded(client.list_children(&inner.path)).await {
+        let children = match hub.bounded(client.list_children(&self.path)).await {
             Ok(c) => c,
             Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(false),
             Err(e) => return Err(e.into_err()),
@@ -934,9 +934,9 @@ impl Elector for ZkElector {
         let Some((_, first)) = queue(children).into_iter().next() else {
             return Ok(false);
         };
-        let path = inner.child(&first);
+        let path = self.child(&first);
         count("expire-get");
-        let (data, stat) = match inner.bounded(client.get_data(&path)).await {
+        let (data, stat) = match hub.bounded(client.get_data(&path)).await {
             Ok(got) => got,
             Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(false),
             Err(e) => return Err(e.into_err()),
@@ -945,10 +945,7 @@ impl Elector for ZkElector {
             return Ok(false);
         }
         count("expire-delete");
-        match inner
-            .bounded(client.delete(&path, Some(stat.version)))
-            .await
-        {
+        match hub.bounded(client.delete(&path, Some(stat.version))).await {
             Ok(()) => {
                 tracing::info!(znode = %path, dead, "deleted a dead holder's candidacy");
                 Ok(true)
