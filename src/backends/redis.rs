@@ -86,6 +86,23 @@ end
 return 0
 ";
 
+/// Ends the lock of a node the failure detector confirmed dead (`ARGV[1]`, a node id): deletes
+/// the key only if, at that moment, its value is a candidacy of that node. Atomic (one script),
+/// so a lock another node took meanwhile is never touched. The token counter is left alone: the
+/// next acquisition's `INCR` gives the next holder a higher token. A value that is not our JSON
+/// (a foreign holder) is never deleted.
+const EXPIRE_DEAD_LUA: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  return 0
+end
+local ok, v = pcall(cjson.decode, cur)
+if ok and type(v) == 'table' and v['node_id'] == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// The fenced acquisition: lock and token in one atomic step (nil when the lock is taken). A lock
 /// that already holds our candidacy (an acquisition whose answer was lost) is re-taken with a new
 /// token.
@@ -140,6 +157,7 @@ pub struct RedisElector {
     clock: NodeClock,
     renew_script: Script,
     release_script: Script,
+    expire_dead_script: Script,
     acquire_script: Script,
     state: StdMutex<State>,
 }
@@ -409,6 +427,7 @@ impl RedisElector {
                 },
                 renew_script: Script::new(RENEW_LUA),
                 release_script: Script::new(RELEASE_LUA),
+                expire_dead_script: Script::new(EXPIRE_DEAD_LUA),
                 acquire_script: Script::new(ACQUIRE_FENCED_LUA),
                 state: StdMutex::new(State::default()),
             })
@@ -696,6 +715,21 @@ impl Elector for RedisElector {
             )
             .await?;
         Ok(v.as_deref() == Some(value.as_bytes()))
+    }
+
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+        if dead == self.node_id {
+            return Ok(false);
+        }
+        count_request(self.kind, "expire_dead");
+        let mut conn = self.conn.clone();
+        let mut inv = self.expire_dead_script.prepare_invoke();
+        inv.key(&self.key).arg(dead);
+        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
+        if n == 1 {
+            tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
+        }
+        Ok(n == 1)
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -515,6 +515,14 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             addr: check.http_listen.to_string(),
         }];
     }
+    let swim = base.detector.kind == baton::config::DetectorKind::Swim;
+    if swim {
+        // Filled in per node below; a placeholder so the shared settings are checked now.
+        check.detector.bind = Some("127.0.0.1:0".parse()?);
+        if netns {
+            anyhow::bail!("[detector] kind = \"swim\" is not offered with --netns yet");
+        }
+    }
     check.validate().context("fleet node config")?;
     // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
     let mut net = crate::chaos::netns::NetnsGuard::new(
@@ -598,6 +606,13 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     } else {
         Vec::new()
     };
+    // The SWIM detector's UDP sockets, one per node (the ports were free for TCP a moment ago;
+    // a clash shows up as a node that does not start, with the bind error in its log).
+    let detector_ports = if swim {
+        free_ports(spec.nodes)?
+    } else {
+        Vec::new()
+    };
     let cluster_secret = generate_cluster_secret();
     // One per fleet, kept in fleet.json for the fleet's own tools (stepdown, chaos, bench, exp).
     let admin_token = generate_admin_token();
@@ -647,6 +662,22 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
                 .collect();
             cfg.raft.peer_listen = Some(format!("127.0.0.1:{}", peer_ports[i]).parse()?);
             cfg.raft.cluster_secret = Some(cluster_secret.clone());
+        }
+        if swim {
+            cfg.detector.bind = None;
+            cfg.detector.peers = detector_ports
+                .iter()
+                .enumerate()
+                .map(|(j, p)| baton::config::DetectorPeer {
+                    id: format!("n{}", j + 1),
+                    addr: format!("127.0.0.1:{p}"),
+                })
+                .collect();
+            // The detector authenticates its datagrams with the cluster secret, whatever the
+            // backend.
+            if cfg.raft.cluster_secret.is_none() && cfg.raft.cluster_secret_file.is_none() {
+                cfg.raft.cluster_secret = Some(cluster_secret.clone());
+            }
         }
         if spec.shards > 1 {
             cfg.shards.count = spec.shards;
