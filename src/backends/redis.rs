@@ -722,10 +722,12 @@ impl Elector for RedisElector {
             return Ok(false);
         }
         count_request(self.kind, "expire_dead");
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.conn().await?;
         let mut inv = self.expire_dead_script.prepare_invoke();
         inv.key(&self.key).arg(dead);
-        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
+        let n: i64 = self
+            .bounded(generation, inv.invoke_async(&mut conn))
+            .await?;
         if n == 1 {
             tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
         }
