@@ -250,6 +250,116 @@ pub struct NodeConfig {
     /// before every node stops campaigning for it until the window passes or `baton budget
     /// reset` (counted in the fenced resource; a node that cannot read it backs off locally only).
     pub failure_budget: FailureBudgetConfig,
+    /// `[detector]`: how a dead leader is noticed: by its lease running out (`lease`, the
+    /// default) or, sooner, by a SWIM gossip failure detector (`swim`, cargo feature `swim`).
+    pub detector: DetectorConfig,
+}
+
+/// Which failure detector a node runs (`[detector] kind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DetectorKind {
+    /// No detector: a dead leader is replaced when its lease runs out (the behaviour before
+    /// the detector existed).
+    #[default]
+    Lease,
+    /// A SWIM member per node (UDP, every datagram MACed with the cluster secret): when it
+    /// confirms the leader dead, the others end its lease in the backend and campaign at once.
+    Swim,
+}
+
+/// One member of the detector's gossip group: its node id and UDP `ip:port`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DetectorPeer {
+    /// The member's node id.
+    pub id: String,
+    /// `ip:port` of the member's detector socket (UDP).
+    pub addr: String,
+}
+
+/// `[detector]`: the failure detector. With `swim` the datagrams are authenticated with the
+/// cluster secret (`[raft] cluster_secret` or `cluster_secret_file`, whatever the backend).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DetectorConfig {
+    /// `lease` (default) or `swim`.
+    pub kind: DetectorKind,
+    /// Where this node's detector socket binds (UDP); defaults to this node's `addr` in `peers`.
+    pub bind: Option<SocketAddr>,
+    /// Every member of the gossip group, this node included. Datagrams from anyone else are
+    /// dropped (and counted), and this node sends to nobody else.
+    pub peers: Vec<DetectorPeer>,
+    /// How often each member probes one other member (SWIM's protocol period). Lower finds a
+    /// dead leader sooner and sends more datagrams (about 2 per member per period).
+    pub probe_period_ms: u64,
+    /// How long a direct probe waits for its ack before asking others to probe indirectly.
+    pub probe_rtt_ms: u64,
+    /// How long a member stays suspected (refutable by the member itself) before it is
+    /// confirmed down. Too low, and a member that stalls this long is declared dead.
+    pub suspect_ms: u64,
+    /// How far a datagram's timestamp may be from this node's clock, either way; older or
+    /// newer ones are dropped as stale (replays inside it are caught by sequence numbers).
+    pub window_ms: u64,
+}
+
+impl Default for DetectorConfig {
+    fn default() -> Self {
+        DetectorConfig {
+            kind: DetectorKind::Lease,
+            bind: None,
+            peers: Vec::new(),
+            probe_period_ms: 150,
+            probe_rtt_ms: 60,
+            suspect_ms: 200,
+            window_ms: 10_000,
+        }
+    }
+}
+
+impl DetectorConfig {
+    fn validate(&self, node_id: &str) -> Result<(), ConfigError> {
+        if self.kind == DetectorKind::Lease {
+            return Ok(());
+        }
+        if !cfg!(feature = "swim") {
+            return Err(ConfigError::Invalid(
+                "[detector] kind = \"swim\" needs baton built with `--features swim`".into(),
+            ));
+        }
+        if !self.peers.iter().any(|p| p.id == node_id) && self.bind.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "[detector] peers does not list this node ({node_id:?}) and bind is not set"
+            )));
+        }
+        for p in &self.peers {
+            if p.addr.parse::<SocketAddr>().is_err() {
+                return Err(ConfigError::Invalid(format!(
+                    "[detector] peer {:?}: addr {:?} is not an ip:port",
+                    p.id, p.addr
+                )));
+            }
+        }
+        if self.peers.len() > 256 {
+            return Err(ConfigError::Invalid("[detector] at most 256 peers".into()));
+        }
+        if !(10..=10_000).contains(&self.probe_period_ms)
+            || self.probe_rtt_ms == 0
+            || self.probe_rtt_ms >= self.probe_period_ms
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[detector] need 10 <= probe_period_ms <= 10000 and 0 < probe_rtt_ms < probe_period_ms, got {} and {}",
+                self.probe_period_ms, self.probe_rtt_ms
+            )));
+        }
+        if self.suspect_ms == 0 || !(1000..=300_000).contains(&self.window_ms) {
+            return Err(ConfigError::Invalid(format!(
+                "[detector] need suspect_ms > 0 and 1000 <= window_ms <= 300000, got {} and {}",
+                self.suspect_ms, self.window_ms
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// One member of a sharded fleet, for placement: its id and its client HTTP address (probed
@@ -649,6 +759,17 @@ pub struct RedisConfig {
     /// PEM CA bundle that the server's certificate must chain to (feature `tls`); the URL must
     /// then be `rediss://`.
     pub tls_ca_file: Option<PathBuf>,
+    /// Redis Sentinel addresses (`host:port`). When set, the backend asks them which server is
+    /// `master_name`'s primary and talks to that one, and asks again after a connection error or
+    /// a `READONLY` answer (a failover), without a restart. `url` then gives only how to talk to
+    /// the primary: `redis://` or `rediss://` (TLS to the primary and to the Sentinels, verified
+    /// against `tls_ca_file`), the user and password, the database; its host and port are not
+    /// used. A token counter (the `redis` backend) can go back after a failover to a replica that
+    /// lacked the last `INCR`s: the fenced resource refuses such a token (README).
+    pub sentinels: Vec<String>,
+    /// The name the Sentinels monitor the primary under (their `sentinel monitor NAME ...`);
+    /// required with `sentinels`.
+    pub master_name: Option<String>,
 }
 
 impl Default for RedisConfig {
@@ -658,7 +779,49 @@ impl Default for RedisConfig {
             key: "baton:leader".into(),
             request_timeout_ms: 1000,
             tls_ca_file: None,
+            sentinels: Vec::new(),
+            master_name: None,
         }
+    }
+}
+
+impl RedisConfig {
+    /// The Sentinel options: every address a `host:port` with a port, a master name with them
+    /// (and only with them), a `url` that still parses (it carries the primary's scheme and
+    /// credentials).
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(format!("[redis] {m}")));
+        match (&self.master_name, self.sentinels.is_empty()) {
+            (None, false) => {
+                return bad(
+                    "sentinels needs master_name: the name the Sentinels monitor the primary under (their `sentinel monitor NAME host port quorum`)".into(),
+                )
+            }
+            (Some(_), true) => {
+                return bad(
+                    "master_name is set but sentinels is empty: list the Sentinels' host:port addresses, or remove master_name for a single Redis at url".into(),
+                )
+            }
+            (Some(name), false) if name.is_empty() || name.chars().any(char::is_whitespace) => {
+                return bad(format!(
+                    "master_name {name:?} must be non-empty, without whitespace"
+                ))
+            }
+            _ => {}
+        }
+        for s in &self.sentinels {
+            let port = s
+                .rsplit_once(':')
+                .filter(|(host, _)| !host.is_empty() && !host.contains('/'))
+                .and_then(|(_, port)| port.parse::<u16>().ok())
+                .filter(|&p| p > 0);
+            if port.is_none() {
+                return bad(format!(
+                    "sentinels entry {s:?} is not host:port (e.g. \"127.0.0.1:26379\")"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -817,6 +980,7 @@ impl Default for NodeConfig {
             shards: ShardsConfig::default(),
             term_backoff: TermBackoffConfig::default(),
             failure_budget: FailureBudgetConfig::default(),
+            detector: DetectorConfig::default(),
         }
     }
 }
@@ -912,6 +1076,7 @@ impl NodeConfig {
                 ("pg_lease", "database_url"),
                 ("etcd", "endpoints"),
                 ("redis", "url"),
+                ("redis", "sentinels"),
                 ("raft", "peers"),
                 ("raft", "peer_listen"),
                 ("raft", "cluster_secret"),
@@ -1221,6 +1386,7 @@ impl NodeConfig {
             )));
         }
         self.failure_budget.validate()?;
+        self.detector.validate(&self.node_id)?;
         // `POST /stepdown` must outlive the demotion it waits for.
         let stepdown_bound_ms = self.work_stop_timeout_ms.saturating_mul(3) + 2000;
         if self.http.request_timeout_ms <= stepdown_bound_ms {
@@ -1229,6 +1395,7 @@ impl NodeConfig {
                 self.http.request_timeout_ms
             )));
         }
+        self.redis.validate()?;
         self.validate_tls()?;
         self.validate_shards()?;
         self.check_admin_surface(self.http_listen.ip())
@@ -1406,6 +1573,37 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_detector_is_off_by_default_and_swim_is_checked() {
+        let base = NodeConfig::default();
+        assert_eq!(base.detector.kind, DetectorKind::Lease);
+        base.validate().unwrap();
+        let mut cfg = base.clone();
+        cfg.detector.kind = DetectorKind::Swim;
+        // No peers and no bind: refused (with or without the feature, for its own reason).
+        assert!(cfg.validate().is_err());
+        cfg.detector.peers = vec![DetectorPeer {
+            id: "n1".into(),
+            addr: "127.0.0.1:7946".into(),
+        }];
+        assert_eq!(cfg.validate().is_ok(), cfg!(feature = "swim"));
+        if cfg!(feature = "swim") {
+            let mut bad = cfg.clone();
+            bad.detector.peers[0].addr = "somewhere".into();
+            assert!(bad.validate().is_err());
+            let mut bad = cfg.clone();
+            bad.detector.probe_rtt_ms = bad.detector.probe_period_ms;
+            assert!(bad.validate().is_err());
+            let mut bad = cfg.clone();
+            bad.detector.window_ms = 10;
+            assert!(bad.validate().is_err());
+        }
+        let text = "[detector]\nkind = \"swim\"\nbind = \"127.0.0.1:0\"\n";
+        let parsed: NodeConfig = toml::from_str(text).unwrap();
+        assert_eq!(parsed.detector.kind, DetectorKind::Swim);
+        assert!(toml::from_str::<NodeConfig>("[detector]\nkind = \"gossip\"\n").is_err());
+    }
 
     #[test]
     fn default_timing_is_valid() {
@@ -1971,5 +2169,55 @@ mod secret_tests {
             ..NodeConfig::default()
         };
         off.validate().unwrap();
+    }
+}
+
+#[cfg(test)]
+mod sentinel_tests {
+    use super::*;
+
+    fn with(sentinels: &[&str], master_name: Option<&str>) -> Result<(), ConfigError> {
+        let mut c = NodeConfig::for_backend(BackendKind::Redis);
+        c.redis.sentinels = sentinels.iter().map(|s| s.to_string()).collect();
+        c.redis.master_name = master_name.map(str::to_owned);
+        c.validate()
+    }
+
+    fn refused(sentinels: &[&str], master_name: Option<&str>) -> String {
+        with(sentinels, master_name).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn sentinels_need_a_master_name_and_host_port_addresses() {
+        with(&[], None).unwrap();
+        with(
+            &["127.0.0.1:26379", "sentinel-2.example:26379"],
+            Some("baton"),
+        )
+        .unwrap();
+        assert!(refused(&["127.0.0.1:26379"], None).contains("sentinels needs master_name"));
+        assert!(refused(&[], Some("baton")).contains("sentinels is empty"));
+        assert!(refused(&["127.0.0.1:26379"], Some("")).contains("master_name"));
+        assert!(refused(&["127.0.0.1:26379"], Some("a b")).contains("whitespace"));
+        for bad in [
+            "127.0.0.1",
+            ":26379",
+            "127.0.0.1:0",
+            "127.0.0.1:port",
+            "redis://h:1/",
+        ] {
+            let e = refused(&[bad], Some("baton"));
+            assert!(e.contains("is not host:port"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_sentinel_addresses_stay_out_of_reports() {
+        let mut c = NodeConfig::for_backend(BackendKind::Redis);
+        c.redis.sentinels = vec!["10.1.2.3:26379".into()];
+        c.redis.master_name = Some("baton".into());
+        let v = c.redacted_json().to_string();
+        assert!(!v.contains("10.1.2.3"), "{v}");
+        assert!(v.contains("\"master_name\":\"baton\""), "{v}");
     }
 }

@@ -259,6 +259,18 @@ pub trait Elector: Send + Sync + 'static {
         }
     }
 
+    /// A failure detector confirmed node `dead` (a node id) dead: end its lease now, so that a
+    /// follower need not wait it out. A compare-and-delete, atomic in the backend: the lease is
+    /// ended only if, at that moment, it still names `dead` as its holder, and only that term
+    /// (the holder and token the backend holds for it then); a lease someone else took meanwhile
+    /// is left alone. `Ok(true)` when a lease was ended. The fence is untouched: whoever wins
+    /// next gets a higher token, so the dead holder's late writes (if it was only paused) are
+    /// refused. The default does nothing (`Ok(false)`): the lease runs out as before.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+        let _ = dead;
+        Ok(false)
+    }
+
     /// End the session: revoke the lease, withdraw any candidacy. Idempotent.
     async fn close(&self) -> ElectorResult<()>;
 }

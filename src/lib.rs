@@ -61,6 +61,9 @@
 //! actors/            the supervision tree: per shard a NodeSupervisor, Elector loop and
 //!                    LeaseWatchdog; the Placement task that says which shards this node seeks
 //! backends/          the `Elector` seam, one module per backend, the conformance suite
+//! detector/          (feature `swim`) the SWIM failure detector: member identity, its view, the
+//!                    MACed datagram format; its actor is actors/detector.rs
+//! peer_auth.rs       HMAC-SHA256 with the cluster secret: raft peer requests, detector datagrams
 //! work/              leader-only work: the fence client + SQL, closure jobs, Sequencer, Scheduler
 //! http/              hyper 1 server: /status /next /read /metrics /stepdown /healthz
 //! metrics.rs         metric names and the Prometheus recorder
@@ -92,12 +95,16 @@ pub mod actors;
 pub mod backends;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "swim")]
+pub mod detector;
 pub mod elector;
 #[cfg(feature = "http")]
 pub mod http;
 pub mod leadership;
 pub mod metrics;
 pub mod node;
+#[cfg(any(feature = "raft", feature = "swim"))]
+pub mod peer_auth;
 mod pg;
 pub mod rlimit;
 pub mod shard;

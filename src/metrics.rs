@@ -112,6 +112,19 @@ pub const READ_LEASE_FALLBACKS: &str = "baton_read_lease_fallbacks_total";
 /// `quorum` reads answered by a leadership confirmation another read started after they
 /// arrived, instead of one of their own.
 pub const READ_CONFIRMS_SHARED_TOTAL: &str = "baton_read_confirms_shared_total";
+/// Detector datagrams dropped before the SWIM member saw them (label `reason`: `malformed`,
+/// `unknown_sender`, `bad_mac`, `stale`, `replay`, `overload`).
+pub const DETECTOR_DROPPED: &str = "baton_detector_dropped_total";
+/// Detector datagrams this node could not send (the socket's buffer was full).
+pub const DETECTOR_SEND_FAILURES: &str = "baton_detector_send_failures_total";
+/// Members of the detector's group by state (label `state`: `alive`, `suspect`, `down`).
+pub const DETECTOR_MEMBERS: &str = "baton_detector_members";
+/// Members the detector confirmed dead (suspected, unrefuted for the suspicion timeout).
+pub const DETECTOR_CONFIRMED_DEAD: &str = "baton_detector_confirmed_dead_total";
+/// Times this node learnt that the others had declared it dead (and rejoined).
+pub const DETECTOR_DECLARED_DEAD: &str = "baton_detector_declared_self_dead_total";
+/// A dead holder's lease ended in the backend by this node on the detector's word.
+pub const DETECTOR_TAKEOVERS: &str = "baton_detector_lease_takeovers_total";
 
 #[cfg(feature = "prometheus")]
 pub use prom::install;
@@ -175,6 +188,30 @@ mod prom {
 
 /// Describes baton's metrics (help text, units) to whatever recorder is installed.
 pub fn describe() {
+    describe_counter!(
+        DETECTOR_DROPPED,
+        "detector datagrams dropped unread, by reason (malformed, unknown_sender, bad_mac, stale, replay, overload)"
+    );
+    describe_counter!(
+        DETECTOR_SEND_FAILURES,
+        "detector datagrams not sent: the socket buffer was full"
+    );
+    describe_gauge!(
+        DETECTOR_MEMBERS,
+        "members of the detector's group as this node sees them, by state"
+    );
+    describe_counter!(
+        DETECTOR_CONFIRMED_DEAD,
+        "members the failure detector confirmed dead"
+    );
+    describe_counter!(
+        DETECTOR_DECLARED_DEAD,
+        "times the others declared this node dead (it rejoined under a new identity)"
+    );
+    describe_counter!(
+        DETECTOR_TAKEOVERS,
+        "dead holders' leases this node ended in the backend on the detector's word"
+    );
     describe_counter!(
         READS,
         "GET /read answers, by the mode actually used and the outcome"

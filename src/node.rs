@@ -245,6 +245,20 @@ impl NodeBuilder {
 
         let fence = Fence::new(&cfg.resource, &cfg.node_id)?;
         check_fencing_mode(&fence, cfg.fencing).await?;
+        // Started before the electors, so they subscribe before anything can be confirmed dead.
+        #[cfg(feature = "swim")]
+        let detector = match cfg.detector.kind {
+            crate::config::DetectorKind::Swim => Some(
+                crate::detector::start(&cfg)
+                    .await
+                    .context("starting the failure detector")?,
+            ),
+            crate::config::DetectorKind::Lease => None,
+        };
+        #[cfg(feature = "swim")]
+        let peer_events = detector.as_ref().map(|d| d.events());
+        #[cfg(not(feature = "swim"))]
+        let peer_events: Option<crate::actors::PeerEvents> = None;
         let placement = Arc::new(PlacementState::default());
         let members = MemberClient::for_config(&cfg.http).context("[http] member_ca_file")?;
         let mut shards: Vec<ShardTree> = Vec::with_capacity(shard_count as usize);
@@ -288,6 +302,7 @@ impl NodeBuilder {
                 // At K = 1 every member seeks the one term, as before shards; at K > 1
                 // placement says which (after its first round of probes).
                 wanted: shard_count == 1,
+                peer_events: peer_events.clone(),
             };
             let (supervisor, join) = match Actor::spawn(None, NodeSupervisor, args).await {
                 Ok(x) => x,
@@ -358,6 +373,8 @@ impl NodeBuilder {
                 ui: http::UiState::new(http_addr.clone(), cfg.shard_members(), members),
                 #[cfg(feature = "tls")]
                 tls: http_tls,
+                #[cfg(feature = "swim")]
+                detector: detector.as_ref().map(|d| d.shared_view()),
             });
             tracing::info!(
                 max_connections = app.max_connections,
@@ -406,6 +423,8 @@ impl NodeBuilder {
                 server,
                 http_stop: Some(http_stop_tx),
                 placement: placement_task,
+                #[cfg(feature = "swim")]
+                detector,
             })),
             trace,
             stop_bound: cfg.work_stop_timeout() * 3 + Duration::from_secs(2),
@@ -476,6 +495,9 @@ struct NodeTasks {
     http_stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// The placement task (K > 1); aborted when dropped.
     placement: Option<AbortOnDrop>,
+    /// The failure detector (`[detector] kind = "swim"`); stopped after the terms are released.
+    #[cfg(feature = "swim")]
+    detector: Option<crate::detector::Detector>,
 }
 
 /// Refuses a config whose supervisor would give up on a registered work before that work can
@@ -653,6 +675,10 @@ impl NodeHandle {
             for tree in tasks.trees.iter_mut() {
                 let _ = tree.await;
             }
+        }
+        #[cfg(feature = "swim")]
+        if let Some(d) = tasks.detector.take() {
+            d.stop();
         }
         if let Some(tx) = tasks.http_stop.take() {
             let _ = tx.send(());

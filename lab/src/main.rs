@@ -211,6 +211,10 @@ enum FleetCmd {
         /// server accepts writes. `async` warns: its promotion can lose acknowledged IDs.
         #[arg(long, value_enum)]
         resource_standby: Option<fleet::StandbyMode>,
+        /// The redis backends' Redis: `single`, or `sentinel` (a primary, one replica, three
+        /// Sentinels; the nodes follow the primary the Sentinels name).
+        #[arg(long, value_enum, default_value = "single")]
+        redis_topology: fleet::RedisTopology,
     },
     /// Print each node's id, pid, HTTP address, role and token.
     Status {
@@ -455,6 +459,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
             netns,
             shards,
             resource_standby,
+            redis_topology,
         } => {
             let base_config = config.or_else(|| fleet::default_base_config_for(backend, shards));
             let spec = FleetSpec {
@@ -467,6 +472,7 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 node_args: Vec::new(),
                 shards,
                 resource_standby,
+                redis_topology,
             };
             let state = if netns {
                 baton_lab::chaos::netns::up_interruptible(&spec).await?
@@ -480,6 +486,15 @@ async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {
                 backend,
                 state.postgres.port
             );
+            if let Some(set) = &state.redis_sentinel {
+                println!(
+                    "Redis primary on 127.0.0.1:{}, replica on 127.0.0.1:{}, Sentinels ({}) on {}",
+                    state.redis.as_ref().map_or(0, |r| r.port),
+                    set.replica.port,
+                    set.master_name,
+                    set.addrs().join(", ")
+                );
+            }
             if let Some(n) = &state.netns {
                 println!(
                     "network namespaces {}-n1..n{} on bridge {} ({}): PostgreSQL via {}, election backend via {}",

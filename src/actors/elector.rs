@@ -7,6 +7,11 @@
 //!   *send* time. A failed renewal does not demote by itself: the watchdog does, when the last good
 //!   grant runs out. A renewal that says the lease is gone demotes at once.
 //! * Releases (resign / transfer) only when the supervisor says the work has stopped.
+//! * With a failure detector (`[detector] kind = "swim"`): when it confirms a peer dead, a
+//!   follower asks the backend to end that peer's lease ([`Elector::expire_dead_holder`], a
+//!   compare-and-delete on the lease still naming it) and, if it did, campaigns at once instead
+//!   of polling until the lease runs out. A leader told that it was itself declared dead demotes
+//!   (its lease is about to be ended by the others), in the usual order.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +56,13 @@ pub enum ElectorMsg {
     SetCandidate(bool),
     /// A withdrawn candidacy's session is closed: a campaign may start again.
     Withdrawn,
+    /// From the node's failure detector (see [`crate::actors::PeerEvent`]).
+    Peer(crate::actors::PeerEvent),
+    /// The backend answered an [`Elector::expire_dead_holder`] for `dead`.
+    DeadHolderExpired {
+        dead: String,
+        result: Result<bool, ElectorError>,
+    },
 }
 
 pub struct ElectorArgs {
@@ -64,6 +76,8 @@ pub struct ElectorArgs {
     pub candidate: bool,
     /// The fleet-wide failure budget each campaign waits for (`None`: off).
     pub budget: Option<Arc<FailureBudget>>,
+    /// The failure detector's events (`None`: no detector, leases alone decide).
+    pub peer_events: Option<crate::actors::PeerEvents>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -81,6 +95,8 @@ pub struct ElectorState {
     mode: Mode,
     campaign_task: Option<JoinHandle<()>>,
     observe_task: JoinHandle<()>,
+    /// Forwards the detector's events into the mailbox (`None`: no detector).
+    peer_task: Option<JoinHandle<()>>,
     renew_in_flight: bool,
     last_renew_ok: Option<Instant>,
     last_renew_attempt: Option<Instant>,
@@ -111,6 +127,24 @@ impl Actor for ElectorActor {
             args.cfg.retry_interval(),
         );
         let observe_task = tokio::spawn(async move { backend.observe(tx, every).await });
+        let peer_task = args.peer_events.as_ref().map(|events| {
+            let (mut rx, me) = (events.subscribe(), myself.clone());
+            tokio::spawn(async move {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match rx.recv().await {
+                        Ok(ev) => {
+                            if me.cast(ElectorMsg::Peer(ev)).is_err() {
+                                return;
+                            }
+                        }
+                        // Missed events are also learnt the slow way: the lease runs out.
+                        Err(RecvError::Lagged(_)) => continue,
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            })
+        });
         myself.send_interval(args.cfg.retry_interval(), || ElectorMsg::RenewTick);
         let _ = myself.cast(ElectorMsg::Campaign);
         let clock = NodeClock {
@@ -126,6 +160,7 @@ impl Actor for ElectorActor {
             mode: Mode::Idle,
             campaign_task: None,
             observe_task,
+            peer_task,
             renew_in_flight: false,
             last_renew_ok: None,
             last_renew_attempt: None,
@@ -142,6 +177,9 @@ impl Actor for ElectorActor {
             t.abort();
         }
         state.observe_task.abort();
+        if let Some(t) = state.peer_task.take() {
+            t.abort();
+        }
         // Withdraw any candidacy; bounded so a dead backend cannot hold shutdown hostage.
         let backend = state.args.backend.clone();
         let _ = tokio::time::timeout(Duration::from_secs(2), backend.close()).await;
@@ -163,6 +201,10 @@ impl Actor for ElectorActor {
             }
             ElectorMsg::CampaignDone { result, started } => {
                 state.on_campaign_done(&myself, result, started)
+            }
+            ElectorMsg::Peer(ev) => state.on_peer_event(&myself, ev),
+            ElectorMsg::DeadHolderExpired { dead, result } => {
+                state.on_dead_holder_expired(&myself, dead, result)
             }
             ElectorMsg::RenewTick => state.maybe_renew(&myself),
             ElectorMsg::RenewDone(result) => state.on_renew_done(&myself, result),
@@ -201,7 +243,93 @@ impl Actor for ElectorActor {
     }
 }
 
+/// Whether `kind`'s campaign polls for a free seat (and so is restarted when the detector ends a
+/// dead holder's lease) rather than being woken by the seat's release.
+fn campaign_polls(kind: crate::backends::BackendKind) -> bool {
+    use crate::backends::BackendKind as K;
+    matches!(kind, K::PgLease | K::Redis | K::RedisNaive | K::Custom)
+}
+
 impl ElectorState {
+    fn on_peer_event(&mut self, myself: &ActorRef<ElectorMsg>, ev: crate::actors::PeerEvent) {
+        use crate::actors::PeerEvent;
+        match ev {
+            PeerEvent::DeclaredMeDead => {
+                self.args
+                    .trace
+                    .step("elector", "declared-dead", None, "by the failure detector");
+                if let Mode::Leading(token) = self.mode {
+                    // The others are ending our lease now; the fence refuses whatever we write
+                    // after their term begins, so stop first (checkpoint -> stop -> release).
+                    self.mode = Mode::Demoting;
+                    let _ = self.args.supervisor.cast(SupervisorMsg::Demoted {
+                        token: Some(token),
+                        reason: DemotionReason::LeaseLost(
+                            "the failure detector declared this node dead".into(),
+                        ),
+                    });
+                }
+            }
+            PeerEvent::ConfirmedDead(dead) => {
+                if dead == self.args.cfg.node_id
+                    || !self.candidate
+                    || matches!(self.mode, Mode::Leading(_) | Mode::Demoting)
+                {
+                    return;
+                }
+                // Only the holder's death frees the seat: skip the round trip when the backend
+                // last showed someone else leading (a compare-and-delete would find nothing).
+                let known = self.args.leader_tx.borrow().clone();
+                if known.is_some_and(|l| l.node_id != dead) {
+                    return;
+                }
+                self.args.trace.step("elector", "peer-dead", None, &dead);
+                let (backend, me) = (self.args.backend.clone(), myself.clone());
+                tokio::spawn(async move {
+                    let result = backend.expire_dead_holder(&dead).await;
+                    let _ = me.cast(ElectorMsg::DeadHolderExpired { dead, result });
+                });
+            }
+        }
+    }
+
+    fn on_dead_holder_expired(
+        &mut self,
+        myself: &ActorRef<ElectorMsg>,
+        dead: String,
+        result: Result<bool, ElectorError>,
+    ) {
+        match result {
+            Ok(true) => {
+                metrics::counter!(m::DETECTOR_TAKEOVERS).increment(1);
+                self.args
+                    .trace
+                    .step("elector", "dead-holder-expired", None, &dead);
+                tracing::info!(dead = %dead, "the failure detector confirmed the leader dead; its lease is ended, campaigning now");
+                if self.mode == Mode::Campaigning && campaign_polls(self.args.backend.kind()) {
+                    // A polling campaign would find the seat free only at its next poll: start
+                    // over now. Cancel-safe by the Elector contract (drop, then close). (etcd and
+                    // zk campaigns wait on the holder's key, whose deletion wakes them: theirs
+                    // goes on, keeping its place in the queue.)
+                    if let Some(t) = self.campaign_task.take() {
+                        t.abort();
+                    }
+                    self.mode = Mode::Idle;
+                    self.withdrawing = true;
+                    let (backend, me) = (self.args.backend.clone(), myself.clone());
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(Duration::from_secs(5), backend.close()).await;
+                        let _ = me.cast(ElectorMsg::Withdrawn);
+                    });
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(dead = %dead, error = %e, "could not end a dead holder's lease; waiting for it to run out");
+            }
+        }
+    }
+
     fn set_candidate(&mut self, myself: &ActorRef<ElectorMsg>, on: bool) {
         if self.candidate == on {
             return;

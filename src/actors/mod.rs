@@ -18,6 +18,8 @@
 
 pub(crate) mod backoff;
 pub(crate) mod budget;
+#[cfg(feature = "swim")]
+pub(crate) mod detector;
 pub(crate) mod elector;
 pub mod placement;
 pub(crate) mod supervisor;
@@ -28,6 +30,21 @@ pub use supervisor::{StepDownError, StepDownReport};
 use std::fmt;
 
 use serde::Serialize;
+
+/// What a failure detector tells every shard's elector (`[detector] kind = "swim"`). Published on
+/// a broadcast channel: each elector subscribes, and one that lags only misses events it would
+/// also learn from its backend when the lease runs out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerEvent {
+    /// The detector confirmed this node dead (suspected, unrefuted for the suspicion timeout).
+    ConfirmedDead(String),
+    /// This node learnt that the others declared *it* dead (it has rejoined under a new
+    /// identity): a leader demotes, since its lease is about to be ended by the others.
+    DeclaredMeDead,
+}
+
+/// The sending side of a node's [`PeerEvent`]s.
+pub type PeerEvents = tokio::sync::broadcast::Sender<PeerEvent>;
 
 /// Why a node stops leading.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

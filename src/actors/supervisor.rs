@@ -128,6 +128,8 @@ pub struct SupervisorArgs {
     pub shard: ShardId,
     /// Whether placement wants this node to campaign from the start.
     pub wanted: bool,
+    /// The node's failure detector's events (`None`: `[detector] kind = "lease"`).
+    pub peer_events: Option<crate::actors::PeerEvents>,
 }
 
 enum Phase {
@@ -217,6 +219,7 @@ impl Actor for NodeSupervisor {
             leader_tx: args.leader_tx.clone(),
             candidate: args.wanted,
             budget: budget.clone(),
+            peer_events: args.peer_events.clone(),
         };
         let (elector, _) = Actor::spawn_linked(None, ElectorActor, elector_args, cell).await?;
         args.trace

@@ -460,6 +460,34 @@ impl Elector for EtcdElector {
         }
     }
 
+    /// Revokes the lease of the election's leader key if that key names `dead`: the key (and
+    /// every other key of the dead node's session) goes with it, and the next candidacy in line,
+    /// watching that key, wins at once. The lease id is the dead session's own: a restarted node
+    /// has a new one, so this never ends a live session of the same node.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+        if LeaderInfo::decode(&self.value).node_id == dead {
+            return Ok(false);
+        }
+        let mut c = self.client.clone();
+        count_request(BackendKind::Etcd, "leader");
+        let kv = match self.bounded(c.leader(self.name.as_str())).await {
+            Ok(resp) => resp.kv().cloned(),
+            Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => None,
+            Err(e) => return Err(e),
+        };
+        let Some(kv) = kv else {
+            return Ok(false);
+        };
+        if kv.lease() == 0 || LeaderInfo::decode(kv.value()).node_id != dead {
+            return Ok(false);
+        }
+        let revoked = revoke_lease(&self.client, kv.lease(), self.timeout, "expire_dead").await?;
+        if revoked {
+            tracing::info!(election = %self.name, dead, lease = kv.lease(), "revoked a dead holder's lease");
+        }
+        Ok(revoked)
+    }
+
     /// etcd's observe stream: one event per leader change, no polling. Falls back to a single
     /// `leader()` read whenever the stream has to be reopened (so a leader that vanished without a
     /// successor is noticed too).

@@ -87,6 +87,18 @@ const RELEASE_SQL: &str = "
 UPDATE baton_lease.leases SET valid_until = '-infinity'
  WHERE name = $1 AND holder = $2 AND ($3::bigint IS NULL OR epoch = $3)";
 
+/// Ends the lease of a node the failure detector confirmed dead (`$2`, a node id): only while
+/// the row still names a candidacy of that node (holder ids are `<node id>-<16 hex digits>`) and
+/// has not run out. One statement: PostgreSQL re-checks the `WHERE` against a row another
+/// transaction changed meanwhile, so a lease re-taken (a new holder, or a new epoch) between the
+/// detector's verdict and this update is never ended. The epoch is kept: the next acquisition
+/// bumps it, so the next holder's token is higher.
+const EXPIRE_DEAD_SQL: &str = "
+UPDATE baton_lease.leases SET valid_until = '-infinity'
+ WHERE name = $1 AND valid_until >= clock_timestamp()
+   AND length(holder) > 17 AND left(holder, length(holder) - 17) = $2
+RETURNING epoch";
+
 const CONFIRM_SQL: &str = "
 SELECT 1 FROM baton_lease.leases
  WHERE name = $1 AND holder = $2 AND epoch = $3 AND valid_until >= clock_timestamp()";
@@ -433,6 +445,25 @@ impl Elector for PgLeaseElector {
                 client.query_opt(CONFIRM_SQL, &[&self.name, &holder, &token.0]),
             )
             .await?;
+        Ok(row.is_some())
+    }
+
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+        if dead == self.node_id {
+            return Ok(false);
+        }
+        let client = self.client().await?;
+        count_request(BackendKind::PgLease, "expire_dead");
+        let row = self
+            .bounded(
+                &client,
+                client.query_opt(EXPIRE_DEAD_SQL, &[&self.name, &dead]),
+            )
+            .await?;
+        if let Some(row) = &row {
+            let epoch: i64 = row.get(0);
+            tracing::info!(lease = %self.name, dead, epoch, "ended a dead holder's lease");
+        }
         Ok(row.is_some())
     }
 

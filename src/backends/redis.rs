@@ -32,6 +32,12 @@
 //!   <max_token>`). Run Redis with AOF `appendfsync always` if that matters; it is the price of a
 //!   token kept in a cache.
 //!
+//! **Behind Sentinel** (`[redis] sentinels`, `master_name`) both variants talk to whichever
+//! server the Sentinels name as the primary, and ask them again after any failed request (see
+//! `Link::failed`): a failover needs no restart. Sentinel replication is asynchronous, so a
+//! promoted replica can lack the last `INCR`s: the token regresses exactly as after a restart
+//! without persistence, and the fence refuses it the same way (`lab/tests/redis_sentinel.rs`).
+//!
 //! Neither variant queues waiters: they poll with a jittered `retry_interval`, so a release is seen
 //! within about one retry interval, and a lapsed lock by whoever polls first.
 //!
@@ -43,7 +49,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::Script;
+use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use ::redis::{IntoConnectionInfo, Script};
 use async_trait::async_trait;
 use rand::Rng;
 use serde::Serialize;
@@ -74,6 +81,23 @@ return out
 /// Deletes the key only if it still holds our candidacy value.
 const RELEASE_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Ends the lock of a node the failure detector confirmed dead (`ARGV[1]`, a node id): deletes
+/// the key only if, at that moment, its value is a candidacy of that node. Atomic (one script),
+/// so a lock another node took meanwhile is never touched. The token counter is left alone: the
+/// next acquisition's `INCR` gives the next holder a higher token. A value that is not our JSON
+/// (a foreign holder) is never deleted.
+const EXPIRE_DEAD_LUA: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  return 0
+end
+local ok, v = pcall(cjson.decode, cur)
+if ok and type(v) == 'table' and v['node_id'] == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
@@ -115,7 +139,8 @@ struct State {
 /// [`RedisElector::connect`].
 pub struct RedisElector {
     kind: BackendKind,
-    conn: ConnectionManager,
+    /// The way to the server (shared by the node's shards): one address, or through Sentinel.
+    link: Arc<Link>,
     /// This elector's shard: its slot in the node's renewal batch.
     shard: u32,
     /// The node's coalesced renewals, shared by its shards: `(key, candidacy value)` per lock.
@@ -132,6 +157,7 @@ pub struct RedisElector {
     clock: NodeClock,
     renew_script: Script,
     release_script: Script,
+    expire_dead_script: Script,
     acquire_script: Script,
     state: StdMutex<State>,
 }
@@ -140,13 +166,34 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(format!("redis: {e}"))
 }
 
-/// The client for `cfg.url`: over TLS verified against exactly `cfg.tls_ca_file` when set (the
-/// URL is then `rediss://`, checked by the config), as the URL says otherwise.
-fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Client> {
-    let bad_url =
-        |e: ::redis::RedisError| ElectorError::Config(format!("redis url {:?}: {e}", cfg.url));
+/// `url` with its user and password (if any) replaced: what an error message may show.
+fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://<credentials>@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+fn bad_url(cfg: &crate::config::RedisConfig) -> impl Fn(::redis::RedisError) -> ElectorError {
+    let url = redacted_url(&cfg.url);
+    move |e| ElectorError::Config(format!("redis url {url:?}: {e}"))
+}
+
+/// The redis client's CA bundle type; none exists in a build without TLS.
+#[cfg(feature = "tls")]
+type Certificates = ::redis::TlsCertificates;
+#[cfg(not(feature = "tls"))]
+type Certificates = std::convert::Infallible;
+
+/// The CA bundle of `cfg.tls_ca_file` as the redis client takes it; `None` without one. The URL
+/// is then `rediss://` (checked by the config).
+fn tls_certificates(cfg: &crate::config::RedisConfig) -> ElectorResult<Option<Certificates>> {
     let Some(ca) = &cfg.tls_ca_file else {
-        return ::redis::Client::open(cfg.url.as_str()).map_err(bad_url);
+        return Ok(None);
     };
     #[cfg(feature = "tls")]
     {
@@ -154,17 +201,161 @@ fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Clien
         crate::tls::install_default_provider();
         let ca = crate::tls::CaBundle::read(ca)
             .map_err(|e| ElectorError::Config(format!("redis: {e}")))?;
-        let certs = ::redis::TlsCertificates {
+        Ok(Some(::redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(ca.pem().to_vec()),
-        };
-        ::redis::Client::build_with_tls(cfg.url.as_str(), certs).map_err(bad_url)
+        }))
     }
     #[cfg(not(feature = "tls"))]
     Err(ElectorError::Config(format!(
         "redis: tls_ca_file {} is set, but this build of baton has no TLS (cargo feature `tls`)",
         ca.display()
     )))
+}
+
+/// The client for `cfg.url`: over TLS verified against exactly `cfg.tls_ca_file` when set, as
+/// the URL says otherwise.
+fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Client> {
+    match tls_certificates(cfg)? {
+        None => ::redis::Client::open(cfg.url.as_str()).map_err(bad_url(cfg)),
+        #[cfg(feature = "tls")]
+        Some(certs) => {
+            ::redis::Client::build_with_tls(cfg.url.as_str(), certs).map_err(bad_url(cfg))
+        }
+        #[cfg(not(feature = "tls"))]
+        Some(never) => match never {},
+    }
+}
+
+/// The Sentinel client of `cfg.sentinels` for `cfg.master_name`'s primary: the primary's user,
+/// password, database and TLS come from `cfg.url` (its host and port are not used), and with
+/// `rediss://` the Sentinels are spoken to over TLS too, against the same CA.
+fn open_sentinel(cfg: &crate::config::RedisConfig) -> ElectorResult<SentinelClient> {
+    let master = cfg
+        .master_name
+        .as_deref()
+        .ok_or_else(|| ElectorError::Config("redis: sentinels need master_name".into()))?;
+    let primary = cfg
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(bad_url(cfg))?;
+    let tls = cfg.url.starts_with("rediss://");
+    let scheme = if tls { "rediss" } else { "redis" };
+    let sentinels = cfg
+        .sentinels
+        .iter()
+        .map(|s| {
+            format!("{scheme}://{s}/")
+                .into_connection_info()
+                .map(|i| i.addr().clone())
+                .map_err(|e| ElectorError::Config(format!("redis: sentinel {s:?}: {e}")))
+        })
+        .collect::<ElectorResult<Vec<_>>>()?;
+    let failed = |e: ::redis::RedisError| ElectorError::Config(format!("redis sentinel: {e}"));
+    let mut b = SentinelClientBuilder::new(sentinels, master, SentinelServerType::Master)
+        .map_err(failed)?;
+    let settings = primary.redis_settings();
+    if let Some(user) = settings.username() {
+        b = b.set_client_to_redis_username(user);
+    }
+    if let Some(password) = settings.password() {
+        b = b.set_client_to_redis_password(password);
+    }
+    if settings.db() != 0 {
+        b = b.set_client_to_redis_db(settings.db());
+    }
+    if tls {
+        b = b
+            .set_client_to_redis_tls_mode(::redis::TlsMode::Secure)
+            .set_client_to_sentinel_tls_mode(::redis::TlsMode::Secure);
+    }
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls_certificates(cfg)? {
+        b = b
+            .set_client_to_redis_certificates(certs.clone())
+            .set_client_to_sentinel_certificates(certs);
+    }
+    #[cfg(not(feature = "tls"))]
+    if tls {
+        return Err(ElectorError::Config(
+            "redis: a rediss:// url, but this build of baton has no TLS (cargo feature `tls`)"
+                .into(),
+        ));
+    }
+    b.build().map_err(failed)
+}
+
+/// How the electors of one node reach Redis.
+enum Link {
+    /// One server at `url`: the connection manager reconnects to it by itself.
+    Direct(ConnectionManager),
+    /// Whichever primary the Sentinels name, asked again after any failure.
+    Sentinel(Box<SentinelLink>),
+}
+
+struct SentinelLink {
+    master_name: String,
+    /// Asks the Sentinels (one lookup at a time: the client keeps its Sentinel connections).
+    resolver: tokio::sync::Mutex<SentinelClient>,
+    mcfg: ConnectionManagerConfig,
+    /// The primary in use: a generation, bumped by each lookup, and its connection; `None` after
+    /// a failure, until the next request asks the Sentinels again.
+    current: StdMutex<(u64, Option<ConnectionManager>)>,
+    /// The primary last named (`host:port`), to log a change once.
+    named: StdMutex<Option<String>>,
+}
+
+impl Link {
+    /// The connection to use now, and its generation (for [`Link::failed`]).
+    async fn get(&self) -> ::redis::RedisResult<(u64, ConnectionManager)> {
+        let s = match self {
+            Link::Direct(c) => return Ok((0, c.clone())),
+            Link::Sentinel(s) => s,
+        };
+        let cached = || {
+            let cur = s.current.lock().unwrap_or_else(|p| p.into_inner());
+            cur.1.clone().map(|c| (cur.0, c))
+        };
+        if let Some(c) = cached() {
+            return Ok(c);
+        }
+        let mut resolver = s.resolver.lock().await;
+        // Another request may have asked while this one waited for the resolver.
+        if let Some(c) = cached() {
+            return Ok(c);
+        }
+        // Asks the Sentinels for the primary, then that server whether it is one (`ROLE`): a
+        // demoted old primary that a Sentinel has not yet forgotten is not taken.
+        let client = resolver.async_get_client().await?;
+        let addr = client.get_connection_info().addr().to_string();
+        let conn = ConnectionManager::new_lazy_with_config(client, s.mcfg.clone())?;
+        {
+            let mut named = s.named.lock().unwrap_or_else(|p| p.into_inner());
+            if named.as_deref() != Some(addr.as_str()) {
+                tracing::info!(master = %s.master_name, primary = %addr, previous = ?*named, "redis: the Sentinels name a primary");
+                *named = Some(addr);
+            }
+        }
+        let mut cur = s.current.lock().unwrap_or_else(|p| p.into_inner());
+        cur.0 += 1;
+        cur.1 = Some(conn.clone());
+        Ok((cur.0, conn))
+    }
+
+    /// A request on generation `generation`'s connection failed. Through Sentinel the next
+    /// request asks the Sentinels again: a refused or dropped connection, a timeout, or a
+    /// `READONLY` answer (the server was demoted to a replica) all may mean a failover, and one
+    /// lookup per failed request is cheap next to a term lost to a dead primary. A direct
+    /// connection reconnects by itself.
+    fn failed(&self, generation: u64) {
+        if let Link::Sentinel(s) = self {
+            let mut cur = s.current.lock().unwrap_or_else(|p| p.into_inner());
+            if cur.0 == generation {
+                cur.1 = None;
+            }
+        }
+    }
 }
 
 impl RedisElector {
@@ -183,14 +374,26 @@ impl RedisElector {
     ) -> ElectorResult<Vec<RedisElector>> {
         let cfg = super::session_config(cfgs)?;
         let timeout = Duration::from_millis(cfg.redis.request_timeout_ms.max(1));
-        let client = open_client(&cfg.redis)?;
         let mcfg = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(timeout);
-        let conn = ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?;
+        let link = Arc::new(if cfg.redis.sentinels.is_empty() {
+            let client = open_client(&cfg.redis)?;
+            Link::Direct(
+                ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?,
+            )
+        } else {
+            Link::Sentinel(Box::new(SentinelLink {
+                master_name: cfg.redis.master_name.clone().unwrap_or_default(),
+                resolver: tokio::sync::Mutex::new(open_sentinel(&cfg.redis)?),
+                mcfg,
+                current: StdMutex::new((0, None)),
+                named: StdMutex::new(None),
+            }))
+        });
         if cfgs.iter().any(|c| c.redis.key.is_empty()) {
             return Err(ElectorError::Config("redis.key is empty".into()));
         }
@@ -207,7 +410,7 @@ impl RedisElector {
                 } else {
                     BackendKind::RedisNaive
                 },
-                conn: conn.clone(),
+                link: link.clone(),
                 shard,
                 batch: batch.clone(),
                 leaders: leaders.clone(),
@@ -224,6 +427,7 @@ impl RedisElector {
                 },
                 renew_script: Script::new(RENEW_LUA),
                 release_script: Script::new(RELEASE_LUA),
+                expire_dead_script: Script::new(EXPIRE_DEAD_LUA),
                 acquire_script: Script::new(ACQUIRE_FENCED_LUA),
                 state: StdMutex::new(State::default()),
             })
@@ -233,9 +437,10 @@ impl RedisElector {
     /// One round trip (`MGET`): who holds each of the node's shards' locks.
     async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
         count_request(self.kind, "leader");
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.conn().await?;
         let values: Vec<Option<Vec<u8>>> = self
             .bounded(
+                generation,
                 ::redis::cmd("MGET")
                     .arg(&self.leaders.names)
                     .query_async(&mut conn),
@@ -253,7 +458,7 @@ impl RedisElector {
     /// One round trip: extends every lock of `locks` that still holds its candidacy; says
     /// which did.
     async fn renew_locks(&self, locks: Vec<(String, String)>) -> ElectorResult<Vec<bool>> {
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.conn().await?;
         let mut inv = self.renew_script.prepare_invoke();
         for (key, _) in &locks {
             inv.key(key);
@@ -263,7 +468,9 @@ impl RedisElector {
         }
         inv.arg(self.ttl_ms());
         count_request(self.kind, "renew");
-        let answers: Vec<i64> = self.bounded(inv.invoke_async(&mut conn)).await?;
+        let answers: Vec<i64> = self
+            .bounded(generation, inv.invoke_async(&mut conn))
+            .await?;
         Ok(answers.into_iter().map(|n| n == 1).collect())
     }
 
@@ -280,17 +487,36 @@ impl RedisElector {
         serde_json::to_string(&c).expect("candidacy serializes")
     }
 
+    /// The connection to send on (through Sentinel: asking the Sentinels first if the last
+    /// request failed), within the request timeout.
+    async fn conn(&self) -> ElectorResult<(u64, ConnectionManager)> {
+        match tokio::time::timeout(self.timeout, self.link.get()).await {
+            Ok(r) => r.map_err(unavailable),
+            Err(_) => Err(ElectorError::Unavailable(format!(
+                "redis: no primary reached within {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    /// Runs one request on generation `generation`'s connection within the request timeout; a
+    /// failure tells the link (see [`Link::failed`]).
     async fn bounded<T>(
         &self,
+        generation: u64,
         f: impl std::future::Future<Output = ::redis::RedisResult<T>>,
     ) -> ElectorResult<T> {
-        match tokio::time::timeout(self.timeout, f).await {
+        let r = match tokio::time::timeout(self.timeout, f).await {
             Ok(r) => r.map_err(unavailable),
             Err(_) => Err(ElectorError::Unavailable(format!(
                 "redis did not answer within {:?}",
                 self.timeout
             ))),
+        };
+        if r.is_err() {
+            self.link.failed(generation);
         }
+        r
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -300,7 +526,7 @@ impl RedisElector {
     /// One acquisition attempt: the token when the lock is ours now, `None` when it is taken.
     async fn try_acquire(&self, value: &str) -> ElectorResult<Option<FenceToken>> {
         count_request(self.kind, "acquire");
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.conn().await?;
         match self.kind {
             BackendKind::Redis => {
                 let mut inv = self.acquire_script.prepare_invoke();
@@ -308,7 +534,9 @@ impl RedisElector {
                     .key(&self.token_key)
                     .arg(value)
                     .arg(self.ttl_ms());
-                let token: Option<i64> = self.bounded(inv.invoke_async(&mut conn)).await?;
+                let token: Option<i64> = self
+                    .bounded(generation, inv.invoke_async(&mut conn))
+                    .await?;
                 token
                     .map(|t| FenceToken::checked("redis token counter", t))
                     .transpose()
@@ -316,6 +544,7 @@ impl RedisElector {
             _ => {
                 let set: Option<String> = self
                     .bounded(
+                        generation,
                         ::redis::cmd("SET")
                             .arg(&self.key)
                             .arg(value)
@@ -335,10 +564,12 @@ impl RedisElector {
     /// Compare-and-delete of `value`; true when the lock was ours and is now gone.
     async fn release(&self, value: &str) -> ElectorResult<bool> {
         count_request(self.kind, "release");
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.conn().await?;
         let mut inv = self.release_script.prepare_invoke();
         inv.key(&self.key).arg(value);
-        let n: i64 = self.bounded(inv.invoke_async(&mut conn)).await?;
+        let n: i64 = self
+            .bounded(generation, inv.invoke_async(&mut conn))
+            .await?;
         Ok(n == 1)
     }
 
@@ -476,11 +707,31 @@ impl Elector for RedisElector {
         };
         let Some(value) = value else { return Ok(false) };
         count_request(self.kind, "confirm");
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.conn().await?;
         let v: Option<Vec<u8>> = self
-            .bounded(::redis::cmd("GET").arg(&self.key).query_async(&mut conn))
+            .bounded(
+                generation,
+                ::redis::cmd("GET").arg(&self.key).query_async(&mut conn),
+            )
             .await?;
         Ok(v.as_deref() == Some(value.as_bytes()))
+    }
+
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+        if dead == self.node_id {
+            return Ok(false);
+        }
+        count_request(self.kind, "expire_dead");
+        let (generation, mut conn) = self.conn().await?;
+        let mut inv = self.expire_dead_script.prepare_invoke();
+        inv.key(&self.key).arg(dead);
+        let n: i64 = self
+            .bounded(generation, inv.invoke_async(&mut conn))
+            .await?;
+        if n == 1 {
+            tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
+        }
+        Ok(n == 1)
     }
 
     async fn close(&self) -> ElectorResult<()> {
@@ -494,5 +745,24 @@ impl Elector for RedisElector {
             Some(v) => self.release(&v).await.map(drop),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted_url;
+
+    #[test]
+    fn a_url_in_an_error_shows_no_password() {
+        assert_eq!(
+            redacted_url("redis://user:hunter2@10.0.0.1:6379/0"),
+            "redis://<credentials>@10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redacted_url("rediss://:p@ss@h:1/"),
+            "rediss://<credentials>@h:1/"
+        );
+        assert_eq!(redacted_url("redis://h:1/x@y"), "redis://h:1/x@y");
+        assert_eq!(redacted_url("not a url"), "not a url");
     }
 }

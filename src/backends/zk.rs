@@ -929,6 +929,46 @@ impl Elector for ZkElector {
         }
     }
 
+    /// Deletes the election's lowest znode (the leader's candidacy) if its data names `dead`:
+    /// a version-checked delete of that one sequential node, so a candidacy created since (a new
+    /// name) is never touched. The next candidate, watching it, wins at once. The dead session
+    /// itself is left to expire; its ephemeral node no longer holds the seat.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+        if LeaderInfo::decode(&self.value).node_id == dead {
+            return Ok(false);
+        }
+        let hub = &self.hub;
+        let client = hub.reader().await?;
+        count("expire-list");
+        let children = match hub.bounded(client.list_children(&self.path)).await {
+            Ok(c) => c,
+            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(false),
+            Err(e) => return Err(e.into_err()),
+        };
+        let Some((_, first)) = queue(children).into_iter().next() else {
+            return Ok(false);
+        };
+        let path = self.child(&first);
+        count("expire-get");
+        let (data, stat) = match hub.bounded(client.get_data(&path)).await {
+            Ok(got) => got,
+            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(false),
+            Err(e) => return Err(e.into_err()),
+        };
+        if LeaderInfo::decode(&data).node_id != dead {
+            return Ok(false);
+        }
+        count("expire-delete");
+        match hub.bounded(client.delete(&path, Some(stat.version))).await {
+            Ok(()) => {
+                tracing::info!(znode = %path, dead, "deleted a dead holder's candidacy");
+                Ok(true)
+            }
+            Err(ZkFailure::Other(zkc::Error::NoNode | zkc::Error::BadVersion)) => Ok(false),
+            Err(e) => Err(e.into_err()),
+        }
+    }
+
     /// `sync` (the session's server catches up with the leader's commits), then a read of the
     /// election's children on the candidacy session: ours while our znode, created at `token`'s
     /// zxid, is still the lowest. A lost session is `Ok(false)` (its ephemeral node is gone).

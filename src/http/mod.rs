@@ -117,6 +117,10 @@ pub(crate) struct HttpApp {
     /// Set when the server speaks HTTPS only (`[http] tls_cert_file`).
     #[cfg(feature = "tls")]
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The failure detector's view (`[detector] kind = "swim"`), shown under `detector` in
+    /// `/status`.
+    #[cfg(feature = "swim")]
+    pub detector: Option<crate::detector::SharedView>,
 }
 
 impl HttpApp {

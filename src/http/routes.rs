@@ -157,6 +157,11 @@ pub(super) fn status_body(app: &HttpApp) -> serde_json::Value {
         body["shards"] = serde_json::Value::Array(shards);
         body["placement"] = serde_json::to_value(app.placement.view()).unwrap_or_default();
     }
+    #[cfg(feature = "swim")]
+    if let Some(view) = &app.detector {
+        let view = view.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        body["detector"] = serde_json::to_value(view).unwrap_or_default();
+    }
     body
 }
 

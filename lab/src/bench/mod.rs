@@ -45,6 +45,7 @@ pub(crate) fn bench_fleet_spec(
         node_args: Vec::new(),
         shards: 1,
         resource_standby: None,
+        redis_topology: Default::default(),
     })
 }
 

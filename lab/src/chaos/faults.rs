@@ -106,6 +106,105 @@ pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
     })
 }
 
+// ---------------------------------------------------------------- sentinel-failover
+
+/// How long the Sentinels get to name a new primary (down-after 1 s, then the vote and the
+/// promotion; a failover of the same master within twice the failover timeout waits that out).
+const SENTINEL_NAMES_WITHIN: Duration = Duration::from_secs(30);
+
+/// `kill -9` of the fleet's Redis primary (`fleet up --redis-topology sentinel`); returns when
+/// the Sentinels name the replica as the new primary. The old primary is then started again,
+/// empty, as the new primary's replica, and the two swap places in the state file, so the fault
+/// can be repeated. The replica is whatever it had received: replication is asynchronous, so
+/// the last writes (the token counter's `INCR`s among them) may be lost.
+pub async fn sentinel_failover(state: &mut FleetState) -> anyhow::Result<FaultReport> {
+    let (Some(mut set), Some(mut primary)) = (state.redis_sentinel.clone(), state.redis.clone())
+    else {
+        bail!("sentinel-failover needs a fleet started with --redis-topology sentinel");
+    };
+    // The Sentinels may have failed over on their own since the state file was written (a
+    // primary that did not answer them within down-after: 1 s, which a loaded 2-core machine
+    // can miss). Their word is what the nodes follow: the state takes it first, and the report
+    // says so.
+    let named = {
+        let set = set.clone();
+        tokio::task::spawn_blocking(move || set.named_primary()).await?
+    };
+    let mut before = String::new();
+    if named == Some(set.replica.port) {
+        before = format!(
+            "the Sentinels had already failed over on their own ({} -> {}); ",
+            primary.port, set.replica.port
+        );
+        std::mem::swap(&mut primary, &mut set.replica);
+        primary.replica_of = None;
+        set.replica.replica_of = Some(primary.port);
+        state.redis = Some(primary.clone());
+        state.redis_sentinel = Some(set.clone());
+        state.save()?;
+    } else if named != Some(primary.port) {
+        bail!(
+            "the Sentinels name {named:?} as the primary, the fleet's state file says {} (replica {}): run `baton fleet status` and look at the Redis logs under the fleet's directory",
+            primary.port,
+            set.replica.port
+        );
+    }
+    let (named, applied, named_at, mut old, new, in_sync) =
+        tokio::task::spawn_blocking(move || {
+            let named = Some(primary.port);
+            stop_pid(primary.pid, libc::SIGKILL, Duration::from_secs(5));
+            if pid_alive(primary.pid) {
+                bail!("the Redis primary (pid {}) survived SIGKILL", primary.pid);
+            }
+            let applied = monotonic_ns();
+            let until = std::time::Instant::now() + SENTINEL_NAMES_WITHIN;
+            while set.named_primary() != Some(set.replica.port) {
+                if std::time::Instant::now() > until {
+                    bail!(
+                        "the Sentinels did not name the replica (port {}) within {SENTINEL_NAMES_WITHIN:?} of the primary's kill; the first Sentinel's log: {}",
+                        set.replica.port,
+                        set.sentinels[0].log().display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let named_at = monotonic_ns();
+            // Until every Sentinel names it (they converge through each other's hellos): the
+            // next fault, or a node's next lookup, then hears the same answer from any of them.
+            let agreed_by = std::time::Instant::now() + Duration::from_secs(10);
+            while !set.all_name(set.replica.port) && std::time::Instant::now() < agreed_by {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let mut new = set.replica.clone();
+            new.replica_of = None;
+            let mut old = primary;
+            old.restart_as_replica_of(new.port)?;
+            // Ready for the next failover (a replica that never synced could not take over).
+            let in_sync = old.wait_replica_in_sync(Duration::from_secs(15)).is_ok();
+            anyhow::Ok((named, applied, named_at, old, new, in_sync))
+        })
+        .await??;
+    let (old_port, new_port) = (old.port, new.port);
+    old.replica_of = Some(new_port);
+    state.redis = Some(new);
+    if let Some(set) = &mut state.redis_sentinel {
+        set.replica = old;
+    }
+    state.save()?;
+    Ok(FaultReport {
+        fault: "sentinel-failover".into(),
+        node: format!("redis:{}", named.unwrap_or(old_port)),
+        applied_at_mono_ns: applied,
+        healed_at_mono_ns: named_at,
+        verified: true,
+        detail: format!(
+            "{before}SIGKILL of the Redis primary on port {old_port}; the Sentinels named the replica on port {new_port} after {:.0} ms; the old primary runs again as its replica ({})",
+            (named_at - applied) as f64 / 1e6,
+            if in_sync { "in sync" } else { "not yet in sync after 15 s" }
+        ),
+    })
+}
+
 // ---------------------------------------------------------------- partition
 
 /// One DROP target: a host, or only one TCP port of it (PostgreSQL shares the gateway address

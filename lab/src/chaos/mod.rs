@@ -7,6 +7,7 @@
 //! | [`partition_leader`] | DROP to/from the election address (raft: the peers' addresses) in the leader's namespace | TCP connects from its namespace to the backend time out, to PostgreSQL connect; clients still reach it | rules removed; the backend connects again |
 //! | [`pause_leader`] | SIGSTOP / SIGCONT of the leader's pid | `/proc/<pid>/stat` state `T` | SIGCONT; state no longer `T` |
 //! | [`skew_node`] | `clock_skew_ms` / `clock_drift` in its `config.toml`, restart | its `/status` answers | (set it back with another `skew`) |
+//! | [`sentinel_failover`] | `kill -9` of the Redis primary (`fleet up --redis-topology sentinel`) | the Sentinels name the replica as primary | the old primary runs again, as the new one's replica |
 //! | [`pg_promote`] | `kill -9` of the resource's PostgreSQL primary, `pg_ctl promote` of its standby (`fleet up --resource-standby`) | the primary's processes are gone; promote returned | (not undone: the promoted standby is the fleet's `postgres` from then on) |
 //!
 //! Partition and pause are undone by guards, also on error, panic or a dropped future (Ctrl-C in
@@ -32,8 +33,8 @@ use clap::{Args, Subcommand};
 
 pub use faults::{
     heal_all, kill_leader, kill_leader_report, partition_leader, partition_leader_from,
-    partition_node, pause_leader, pause_node, pg_promote, skew_node, skew_node_report, CutTarget,
-    FaultReport,
+    partition_node, pause_leader, pause_node, pg_promote, sentinel_failover, skew_node,
+    skew_node_report, CutTarget, FaultReport,
 };
 pub use netns::NetnsFleet;
 
@@ -89,6 +90,13 @@ pub enum ChaosCmd {
     /// kill -9 the fenced resource's PostgreSQL primary and promote its standby (a fleet
     /// started with `--resource-standby`); the promoted standby is the fleet's from then on.
     PgPromote {
+        #[arg(long, default_value = "state/fleet")]
+        dir: PathBuf,
+    },
+    /// kill -9 the Redis primary of a fleet started with `--redis-topology sentinel`; report
+    /// when the Sentinels named the replica as primary. The old primary then runs again as the
+    /// new one's replica.
+    SentinelFailover {
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -186,6 +194,12 @@ pub async fn cli_main(args: ChaosArgs) -> anyhow::Result<()> {
             let mut state = FleetState::load(&dir)?;
             let r = pg_promote(&mut state).await?;
             println!("pg-promote: {}", r.detail);
+            print_report(&r)
+        }
+        ChaosCmd::SentinelFailover { dir } => {
+            let mut state = FleetState::load(&dir)?;
+            let r = sentinel_failover(&mut state).await?;
+            println!("sentinel-failover: {}", r.detail);
             print_report(&r)
         }
         ChaosCmd::Heal { dir } => {

@@ -92,6 +92,10 @@ pub fn applies(kind: FaultKind, backend: BackendKind, netns: bool) -> bool {
     match kind {
         FaultKind::BackendRestart => !matches!(backend, BackendKind::Raft | BackendKind::Custom),
         FaultKind::Transfer => backend == BackendKind::Raft,
+        // Needs the fleet behind Sentinel too: `sentinel_failover` says so if it is not.
+        FaultKind::SentinelFailover => {
+            matches!(backend, BackendKind::Redis | BackendKind::RedisNaive)
+        }
         k if k.needs_netns() => netns,
         _ => true,
     }
@@ -658,6 +662,86 @@ fn backend_restart_blocking(
     Ok(r)
 }
 
+/// [`crate::chaos::sentinel_failover`] on the run's fleet: the primary killed, the replica named,
+/// the old primary back as its replica; the fleet's state takes the swapped servers.
+async fn sentinel_failover(
+    state: &Arc<Mutex<FleetState>>,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let mut snap = snapshot(state);
+    let token = fleet::current_leader(&snap, Duration::from_secs(15))
+        .await
+        .ok()
+        .map(|(_, t)| t);
+    let report = crate::chaos::sentinel_failover(&mut snap).await?;
+    {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.redis = snap.redis;
+        st.redis_sentinel = snap.redis_sentinel;
+    }
+    Ok(FaultRecord {
+        kind: FaultKind::SentinelFailover,
+        node: report.node,
+        token_before: token,
+        scheduled_ms,
+        applied_at_mono_ns: report.applied_at_mono_ns,
+        healed_at_mono_ns: Some(report.healed_at_mono_ns),
+        verified: report.verified,
+        detail: report.detail,
+    })
+}
+
+/// [`crate::chaos::pg_promote`] on the run's fleet, then a new standby where the old primary
+/// was: its directory wiped, a base backup of the new primary on the same port, in the same mode
+/// (sync when the old primary asked for a synchronous standby), so every node's multi-host URL
+/// still names both servers and the fault can repeat.
+async fn pg_promote(
+    state: &Arc<Mutex<FleetState>>,
+    scheduled_ms: f64,
+) -> anyhow::Result<FaultRecord> {
+    let mut snap = snapshot(state);
+    let token = fleet::current_leader(&snap, Duration::from_secs(15))
+        .await
+        .ok()
+        .map(|(_, t)| t);
+    let old = snap.postgres.clone();
+    // `start_standby(sync)` set this on the primary with ALTER SYSTEM.
+    let sync = std::fs::read_to_string(old.data_dir().join("postgresql.auto.conf"))
+        .is_ok_and(|c| c.contains("synchronous_standby_names"));
+    let report = crate::chaos::pg_promote(&mut snap).await?;
+    let primary = snap.postgres.clone();
+    let (root, port) = (old.root.clone(), old.port);
+    let standby = tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_dir_all(&root);
+        primary.start_standby(&root, port, sync)
+    })
+    .await?
+    .context("rebuilding the standby after the promotion")?;
+    let rebuilt = monotonic_ns();
+    snap.postgres_standby = Some(standby);
+    snap.save()?;
+    {
+        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+        st.postgres = snap.postgres;
+        st.postgres_standby = snap.postgres_standby;
+    }
+    Ok(FaultRecord {
+        kind: FaultKind::PgPromote,
+        node: report.node,
+        token_before: token,
+        scheduled_ms,
+        applied_at_mono_ns: report.applied_at_mono_ns,
+        healed_at_mono_ns: Some(report.healed_at_mono_ns),
+        verified: report.verified,
+        detail: format!(
+            "{}; a new {} standby on port {port} after {:.0} ms more",
+            report.detail,
+            if sync { "sync" } else { "async" },
+            (rebuilt - report.healed_at_mono_ns) as f64 / 1e6
+        ),
+    })
+}
+
 /// Applies one step.
 pub async fn apply(
     state: &Arc<Mutex<FleetState>>,
@@ -680,6 +764,8 @@ pub async fn apply(
         FaultKind::Transfer => {
             faults::stepdown_leader_to(state, scheduled_ms, Some(step.pick)).await
         }
+        FaultKind::SentinelFailover => sentinel_failover(state, scheduled_ms).await,
+        FaultKind::PgPromote => pg_promote(state, scheduled_ms).await,
         k => bail!("{} is not a nemesis fault", k.as_str()),
     }
 }
@@ -814,6 +900,53 @@ pub fn report(
 
 #[cfg(test)]
 mod tests {
+    /// The store-failover specs ask for the fleets their faults need, and each fault kind goes
+    /// only where it can act: `sentinel-failover` to the redis backends, `pg-promote` anywhere
+    /// (the run leaves it out of the mix without a standby).
+    #[test]
+    fn the_store_failover_specs_and_their_fault_kinds() {
+        use crate::fleet::{RedisTopology, StandbyMode};
+        for (name, kind) in [
+            ("store-failover", FaultKind::SentinelFailover),
+            ("store-failover-pg", FaultKind::PgPromote),
+        ] {
+            let path = crate::repo_path(format!("experiments/{name}.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let spec: super::super::spec::ExpSpec = toml::from_str(&text).unwrap();
+            spec.validate().unwrap();
+            let n = spec.nemesis.as_ref().expect("a nemesis schedule");
+            assert!(n.mix.get(&kind).is_some_and(|w| *w > 0.0), "{name}");
+            match kind {
+                FaultKind::SentinelFailover => {
+                    assert_eq!(spec.redis_topology, RedisTopology::Sentinel)
+                }
+                _ => assert_eq!(spec.resource_standby, Some(StandbyMode::Sync)),
+            }
+        }
+        assert!(applies(
+            FaultKind::SentinelFailover,
+            BackendKind::Redis,
+            false
+        ));
+        assert!(applies(
+            FaultKind::SentinelFailover,
+            BackendKind::RedisNaive,
+            false
+        ));
+        assert!(!applies(
+            FaultKind::SentinelFailover,
+            BackendKind::Raft,
+            false
+        ));
+        assert!(!applies(
+            FaultKind::SentinelFailover,
+            BackendKind::PgLease,
+            false
+        ));
+        assert!(applies(FaultKind::PgPromote, BackendKind::Raft, false));
+        assert_eq!(FaultKind::SentinelFailover.as_str(), "sentinel-failover");
+        assert_eq!(FaultKind::PgPromote.as_str(), "pg-promote");
+    }
     use super::*;
     use rand::SeedableRng;
 

@@ -383,6 +383,15 @@ async fn seed_workset(state: &FleetState, rows: u64) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64() * 1000.0)
 }
 
+/// The Redis layout a run's fleet gets: the spec's for the redis backends, none otherwise.
+fn fspec_topology(spec: &ExpSpec, backend: BackendKind) -> crate::fleet::RedisTopology {
+    if matches!(backend, BackendKind::Redis | BackendKind::RedisNaive) {
+        spec.redis_topology
+    } else {
+        Default::default()
+    }
+}
+
 /// Runs one plan end to end. The fleet is stopped and (without `keep`) removed whatever happens.
 pub async fn run_one(
     spec: &ExpSpec,
@@ -406,7 +415,8 @@ pub async fn run_one(
         lease_ttl_ms: Some(cfg.lease_ttl_ms),
         node_args: Vec::new(),
         shards: 1,
-        resource_standby: None,
+        resource_standby: spec.resource_standby,
+        redis_topology: fspec_topology(spec, plan.backend),
     };
     let up = if spec.netns {
         fleet::up_netns(&fspec).await
@@ -469,7 +479,16 @@ async fn drive(
         Some(n) => {
             let seed = nemesis::seed_for(spec.seed, plan.backend);
             let mut nrng = StdRng::seed_from_u64(seed);
-            Some(nemesis::draw(n, plan.backend, spec.netns, ttl, &mut nrng)?)
+            // A Sentinel failover needs the fleet behind Sentinel: off the mix otherwise (a
+            // spec that sweeps backends keeps one mix for all).
+            let mut n = n.clone();
+            if fspec_topology(spec, plan.backend) != crate::fleet::RedisTopology::Sentinel {
+                n.mix.remove(&FaultKind::SentinelFailover);
+            }
+            if spec.resource_standby.is_none() {
+                n.mix.remove(&FaultKind::PgPromote);
+            }
+            Some(nemesis::draw(&n, plan.backend, spec.netns, ttl, &mut nrng)?)
         }
         None => None,
     };

@@ -122,10 +122,16 @@ pub enum FaultKind {
     ResourceKill,
     /// `POST /stepdown?to=<a follower>`: a leadership transfer (raft).
     Transfer,
+    /// `kill -9` of the Redis primary of a fleet behind Sentinel (`redis_topology = "sentinel"`);
+    /// the Sentinels promote the replica, the old primary comes back as its replica.
+    SentinelFailover,
+    /// `kill -9` of the fenced resource's PostgreSQL primary and promotion of its standby
+    /// (`resource_standby`); a new standby is then built where the old primary was.
+    PgPromote,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillLeader,
         FaultKind::KillFollower,
         FaultKind::KillSteppingDown,
@@ -138,6 +144,8 @@ impl FaultKind {
         FaultKind::ResourceKill,
         FaultKind::Stepdown,
         FaultKind::Transfer,
+        FaultKind::SentinelFailover,
+        FaultKind::PgPromote,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -154,6 +162,8 @@ impl FaultKind {
             FaultKind::BackendRestart => "backend-restart",
             FaultKind::ResourceKill => "resource-kill",
             FaultKind::Transfer => "transfer",
+            FaultKind::SentinelFailover => "sentinel-failover",
+            FaultKind::PgPromote => "pg-promote",
         }
     }
 
@@ -354,6 +364,14 @@ pub struct ExpSpec {
     /// Whether the fleet must run in network namespaces (partitions).
     #[serde(default)]
     pub netns: bool,
+    /// The redis backends' Redis (`single`, or `sentinel`: a primary, a replica, three
+    /// Sentinels), as `baton fleet up --redis-topology`; `sentinel-failover` needs `sentinel`.
+    #[serde(default)]
+    pub redis_topology: crate::fleet::RedisTopology,
+    /// A streaming standby of the fenced resource (`sync` or `async`), as `baton fleet up
+    /// --resource-standby`; `pg-promote` needs one.
+    #[serde(default)]
+    pub resource_standby: Option<crate::fleet::StandbyMode>,
     /// Rate error of every node's clock (`clock_drift`, e.g. -0.45 = 45% slow): breaks the
     /// watchdog's bounded-drift assumption on purpose, so only the fence is left.
     #[serde(default)]

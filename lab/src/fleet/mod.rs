@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use baton::backends::BackendKind;
 use baton::config::{Fencing, NodeConfig};
-use redis_server::RedisServer;
+use redis_server::{RedisSentinelSet, RedisServer};
 use servers::{free_ports, pid_alive, spawn_detached, stop_pid, EtcdCluster, PgServer};
 use zk_server::ZkEnsemble;
 
@@ -53,6 +53,13 @@ fn forget_reused_pids(state: &mut FleetState) {
         m.pid = servers::ours(m.pid, m.started_ticks);
     }
     if let Some(r) = &mut state.redis {
+        r.pid = servers::ours(r.pid, r.started_ticks);
+    }
+    for r in state
+        .redis_sentinel
+        .iter_mut()
+        .flat_map(|s| std::iter::once(&mut s.replica).chain(s.sentinels.iter_mut()))
+    {
         r.pid = servers::ours(r.pid, r.started_ticks);
     }
     if let Some(net) = &mut state.netns {
@@ -104,6 +111,10 @@ pub struct FleetState {
     /// The private Redis of the `redis` / `redis-naive` backends (no persistence).
     #[serde(default)]
     pub redis: Option<RedisServer>,
+    /// `--redis-topology sentinel`: the primary's replica and three Sentinels; the nodes ask
+    /// the Sentinels for the primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_sentinel: Option<RedisSentinelSet>,
     /// The private 3-server ZooKeeper ensemble of the `zk` backend.
     #[serde(default)]
     pub zk: Option<ZkEnsemble>,
@@ -133,10 +144,27 @@ pub struct FleetSpec {
     /// A streaming standby of the fenced resource's PostgreSQL (`--resource-standby`); the
     /// nodes' resource and pg-lease URLs name both servers and ask for the writable one.
     pub resource_standby: Option<StandbyMode>,
+    /// The redis backends' servers (`--redis-topology`): one Redis, or a primary, a replica and
+    /// three Sentinels that the nodes ask for the primary.
+    pub redis_topology: RedisTopology,
+}
+
+/// How a redis fleet's Redis is laid out (`baton fleet up --redis-topology`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RedisTopology {
+    /// One Redis at the nodes' `[redis] url`.
+    #[default]
+    Single,
+    /// A primary, one replica and three Sentinels (`[redis] sentinels`, `master_name`); a
+    /// failover promotes the replica (`baton chaos sentinel-failover`). Replication is
+    /// asynchronous: the promoted replica may lack the last `INCR`s of the token counter.
+    Sentinel,
 }
 
 /// How the fenced resource's standby replicates (`baton fleet up --resource-standby`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
 pub enum StandbyMode {
     /// A commit is acknowledged before the standby has it: a promotion can lose acknowledged
     /// IDs and the fence's own `max_token` (FINDINGS §15).
@@ -312,6 +340,9 @@ impl FleetState {
         if let Some(etcd) = &self.etcd {
             etcd.stop();
         }
+        if let Some(set) = &self.redis_sentinel {
+            set.stop();
+        }
         if let Some(redis) = &self.redis {
             redis.stop();
         }
@@ -484,6 +515,14 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             addr: check.http_listen.to_string(),
         }];
     }
+    let swim = base.detector.kind == baton::config::DetectorKind::Swim;
+    if swim {
+        // Filled in per node below; a placeholder so the shared settings are checked now.
+        check.detector.bind = Some("127.0.0.1:0".parse()?);
+        if netns {
+            anyhow::bail!("[detector] kind = \"swim\" is not offered with --netns yet");
+        }
+    }
     check.validate().context("fleet node config")?;
     // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
     let mut net = crate::chaos::netns::NetnsGuard::new(
@@ -500,6 +539,17 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     let pg_listen = net.pg_listen();
     if netns && spec.resource_standby.is_some() {
         anyhow::bail!("--resource-standby is not offered with --netns yet");
+    }
+    if spec.redis_topology == RedisTopology::Sentinel {
+        if !matches!(spec.backend, BackendKind::Redis | BackendKind::RedisNaive) {
+            anyhow::bail!(
+                "--redis-topology sentinel is for the redis and redis-naive backends, not {}",
+                spec.backend
+            );
+        }
+        if netns {
+            anyhow::bail!("--redis-topology sentinel is not offered with --netns yet");
+        }
     }
     let postgres =
         tokio::task::spawn_blocking(move || PgServer::start_on(&pg_root, pg_port, &pg_listen))
@@ -524,6 +574,22 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
             return Err(e);
         }
     };
+    let redis_sentinel = match (&redis, spec.redis_topology) {
+        (Some(primary), RedisTopology::Sentinel) => {
+            let (root, primary) = (dir.clone(), primary.clone());
+            let set = tokio::task::spawn_blocking(move || RedisSentinelSet::start(&root, &primary))
+                .await?;
+            match set {
+                Ok(set) => Some(set),
+                Err(e) => {
+                    redis.iter().for_each(RedisServer::stop);
+                    stop_pg();
+                    return Err(e.into());
+                }
+            }
+        }
+        _ => None,
+    };
     if let Err(e) = net.attach_servers(redis.as_ref(), zk.as_ref()) {
         redis.iter().for_each(RedisServer::stop);
         zk.iter().for_each(ZkEnsemble::stop);
@@ -536,6 +602,13 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     let ports = free_ports(spec.nodes)?;
     // Raft peer RPC has its own listener per node, never the client port.
     let peer_ports = if spec.backend == BackendKind::Raft {
+        free_ports(spec.nodes)?
+    } else {
+        Vec::new()
+    };
+    // The SWIM detector's UDP sockets, one per node (the ports were free for TCP a moment ago;
+    // a clash shows up as a node that does not start, with the bind error in its log).
+    let detector_ports = if swim {
         free_ports(spec.nodes)?
     } else {
         Vec::new()
@@ -566,6 +639,12 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         if let Some(r) = &redis {
             cfg.redis.url = r.url();
         }
+        if let Some(set) = &redis_sentinel {
+            // The url keeps the scheme (and would keep the credentials); the Sentinels name
+            // the server.
+            cfg.redis.sentinels = set.addrs();
+            cfg.redis.master_name = Some(set.master_name.clone());
+        }
         if let Some(z) = &zk {
             cfg.zk.connect = z.connect_string();
         }
@@ -583,6 +662,22 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
                 .collect();
             cfg.raft.peer_listen = Some(format!("127.0.0.1:{}", peer_ports[i]).parse()?);
             cfg.raft.cluster_secret = Some(cluster_secret.clone());
+        }
+        if swim {
+            cfg.detector.bind = None;
+            cfg.detector.peers = detector_ports
+                .iter()
+                .enumerate()
+                .map(|(j, p)| baton::config::DetectorPeer {
+                    id: format!("n{}", j + 1),
+                    addr: format!("127.0.0.1:{p}"),
+                })
+                .collect();
+            // The detector authenticates its datagrams with the cluster secret, whatever the
+            // backend.
+            if cfg.raft.cluster_secret.is_none() && cfg.raft.cluster_secret_file.is_none() {
+                cfg.raft.cluster_secret = Some(cluster_secret.clone());
+            }
         }
         if spec.shards > 1 {
             cfg.shards.count = spec.shards;
@@ -636,6 +731,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
         postgres_standby: standby,
         etcd,
         redis,
+        redis_sentinel,
         zk,
         nodes,
         netns: net.get().cloned(),

@@ -25,6 +25,149 @@ pub struct RedisServer {
     /// Set when `port` speaks TLS only (see [`RedisServer::start_tls`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ServerTls>,
+    /// A replica: the port of the primary it replicates (`--replicaof 127.0.0.1 PORT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_of: Option<u16>,
+    /// A Sentinel (`redis-server sentinel.conf --sentinel`), not a data server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel: Option<SentinelOf>,
+}
+
+/// What a Sentinel monitors: the master name the fleet's nodes ask for, the primary it starts
+/// from, and timings short enough for tests (a primary is down after `down_after_ms` without an
+/// answer; a failover that has not finished within `failover_timeout_ms` is abandoned, and the
+/// same master is not failed over again within twice that).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SentinelOf {
+    pub master_name: String,
+    pub primary_port: u16,
+    pub quorum: u32,
+    pub down_after_ms: u64,
+    pub failover_timeout_ms: u64,
+}
+
+/// `--redis-topology sentinel`: beside the fleet's primary ([`super::FleetState::redis`]), one
+/// replica and three Sentinels, each its own process on a loopback port with its own directory.
+/// After a failover (`baton chaos sentinel-failover`) the primary and the replica swap places.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RedisSentinelSet {
+    pub master_name: String,
+    pub replica: RedisServer,
+    pub sentinels: Vec<RedisServer>,
+}
+
+/// The master name a fleet's Sentinels monitor.
+pub const FLEET_MASTER_NAME: &str = "baton";
+
+impl RedisSentinelSet {
+    /// Starts a replica of `primary` and three Sentinels monitoring it (quorum 2), under
+    /// `root`; returns once the replica is in sync and the Sentinels know each other and the
+    /// replica (a failover needs both). Stops what it started on failure.
+    pub fn start(root: &Path, primary: &RedisServer) -> Result<RedisSentinelSet, ServerError> {
+        let ports =
+            super::servers::free_ports(4).map_err(|e| ServerError::Io("free ports".into(), e))?;
+        let replica = RedisServer::start_replica(&root.join("redis-replica"), ports[0], primary)?;
+        let mut set = RedisSentinelSet {
+            master_name: FLEET_MASTER_NAME.into(),
+            replica,
+            sentinels: Vec::new(),
+        };
+        let of = SentinelOf {
+            master_name: FLEET_MASTER_NAME.into(),
+            primary_port: primary.port,
+            quorum: 2,
+            down_after_ms: 1000,
+            failover_timeout_ms: 2000,
+        };
+        let started = (|| {
+            set.replica.wait_replica_in_sync(Duration::from_secs(20))?;
+            for (i, port) in ports[1..].iter().enumerate() {
+                let dir = root.join(format!("redis-sentinel-{}", i + 1));
+                set.sentinels
+                    .push(RedisServer::start_sentinel(&dir, *port, of.clone())?);
+            }
+            set.wait_ready(Duration::from_secs(30))
+        })();
+        match started {
+            Ok(()) => Ok(set),
+            Err(e) => {
+                set.stop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Every Sentinel's `host:port`, for the nodes' `[redis] sentinels`.
+    pub fn addrs(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// The primary's port as the first Sentinel that answers names it.
+    pub fn named_primary(&self) -> Option<u16> {
+        self.sentinels.iter().find_map(|s| self.named_by(s))
+    }
+
+    /// Whether every Sentinel names `port` as the primary.
+    pub fn all_name(&self, port: u16) -> bool {
+        self.sentinels
+            .iter()
+            .all(|s| self.named_by(s) == Some(port))
+    }
+
+    /// The primary's port as Sentinel `s` names it.
+    fn named_by(&self, s: &RedisServer) -> Option<u16> {
+        let reply = s.ask(
+            &format!("SENTINEL get-master-addr-by-name {}", self.master_name),
+            |r| r.lines().count() >= 4 || r.starts_with('-') || r.starts_with("*-1"),
+        )?;
+        reply.lines().nth(4)?.trim().parse().ok()
+    }
+
+    /// Until every Sentinel reaches quorum and failover authorization (`SENTINEL ckquorum`:
+    /// they found each other) and knows the replica.
+    fn wait_ready(&self, within: Duration) -> Result<(), ServerError> {
+        let until = Instant::now() + within;
+        let replica_port = self.replica.port.to_string();
+        loop {
+            let ready = self.sentinels.iter().all(|s| {
+                let quorum = s
+                    .ask(&format!("SENTINEL ckquorum {}", self.master_name), |r| {
+                        r.ends_with("\r\n")
+                    })
+                    .is_some_and(|r| {
+                        r.starts_with(&format!("+OK {} usable", self.sentinels.len()))
+                    });
+                quorum
+                    && s.ask(&format!("SENTINEL replicas {}", self.master_name), |r| {
+                        r.contains(&replica_port)
+                    })
+                    .is_some_and(|r| r.contains(&replica_port))
+            });
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > until {
+                return Err(ServerError::NotReady(
+                    format!(
+                        "Sentinels {:?} (quorum and the replica on {replica_port})",
+                        self.addrs()
+                    ),
+                    self.sentinels[0].log(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn stop(&self) {
+        for s in &self.sentinels {
+            s.stop();
+        }
+        self.replica.stop();
+    }
 }
 
 fn redis_binary() -> Result<PathBuf, ServerError> {
@@ -83,13 +226,88 @@ impl RedisServer {
             pid: 0,
             started_ticks: None,
             tls,
+            replica_of: None,
+            sentinel: None,
         };
         server.spawn()?;
         Ok(server)
     }
 
+    /// A replica of `primary` on `port` (plain, no persistence, like the primary).
+    pub fn start_replica(
+        root: &Path,
+        port: u16,
+        primary: &RedisServer,
+    ) -> Result<RedisServer, ServerError> {
+        fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
+        let mut server = RedisServer {
+            port,
+            root: root.to_owned(),
+            pid: 0,
+            started_ticks: None,
+            tls: None,
+            replica_of: Some(primary.port),
+            sentinel: None,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// A Sentinel on `port` monitoring `of`.
+    pub fn start_sentinel(
+        root: &Path,
+        port: u16,
+        of: SentinelOf,
+    ) -> Result<RedisServer, ServerError> {
+        fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
+        let mut server = RedisServer {
+            port,
+            root: root.to_owned(),
+            pid: 0,
+            started_ticks: None,
+            tls: None,
+            replica_of: None,
+            sentinel: Some(of),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// Until this replica reports its link to the primary up (the initial sync done).
+    pub fn wait_replica_in_sync(&self, within: Duration) -> Result<(), ServerError> {
+        let until = Instant::now() + within;
+        while !self.replica_link_up() {
+            if !pid_alive(self.pid) || Instant::now() > until {
+                return Err(ServerError::NotReady(
+                    format!(
+                        "redis replica on port {} (link to its primary not up)",
+                        self.port
+                    ),
+                    self.log(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    /// Whether `INFO replication` says `master_link_status:up`.
+    pub fn replica_link_up(&self) -> bool {
+        self.ask("INFO replication", |r| r.contains("master_link_status:"))
+            .is_some_and(|r| r.contains("master_link_status:up"))
+    }
+
     fn spawn(&mut self) -> Result<(), ServerError> {
+        if let Some(of) = &self.sentinel {
+            return self.spawn_sentinel(of.clone());
+        }
         let mut cmd = Command::new(redis_binary()?);
+        if let Some(primary) = self.replica_of {
+            cmd.args(["--replicaof", "127.0.0.1"])
+                .arg(primary.to_string());
+        }
+        // A replica's first sync starts at once (the default waits 5 s for more replicas).
+        cmd.args(["--repl-diskless-sync-delay", "0"]);
         match &self.tls {
             None => {
                 cmd.arg("--port").arg(self.port.to_string());
@@ -117,6 +335,58 @@ impl RedisServer {
         self.pid = spawn_detached(&mut cmd, &self.log())?;
         self.started_ticks = super::servers::spawned_ticks(self.pid);
         self.wait_ready(Duration::from_secs(10))
+    }
+
+    /// A Sentinel reads, and rewrites, its own config file: written here, in its directory.
+    fn spawn_sentinel(&mut self, of: SentinelOf) -> Result<(), ServerError> {
+        let conf = self.root.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile \"\"\nloglevel notice\n\
+             sentinel monitor {name} 127.0.0.1 {primary} {quorum}\n\
+             sentinel down-after-milliseconds {name} {down}\n\
+             sentinel failover-timeout {name} {failover}\n\
+             sentinel parallel-syncs {name} 1\n",
+            port = self.port,
+            dir = self.root.display(),
+            name = of.master_name,
+            primary = of.primary_port,
+            quorum = of.quorum,
+            down = of.down_after_ms,
+            failover = of.failover_timeout_ms,
+        );
+        fs::write(&conf, text).map_err(|e| ServerError::Io(conf.display().to_string(), e))?;
+        let mut cmd = Command::new(redis_binary()?);
+        cmd.arg(&conf).arg("--sentinel");
+        self.pid = spawn_detached(&mut cmd, &self.log())?;
+        self.started_ticks = super::servers::spawned_ticks(self.pid);
+        self.wait_ready(Duration::from_secs(10))
+    }
+
+    /// Sends one inline command and reads the reply until `complete` says it is whole (or 2 s
+    /// pass, or the server closes): the raw RESP text, `None` when nothing came back.
+    pub fn ask(&self, cmd: &str, complete: impl Fn(&str) -> bool) -> Option<String> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
+        let until = Instant::now() + Duration::from_secs(2);
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        s.write_all(format!("{cmd}\r\n").as_bytes()).ok()?;
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 4096];
+        while Instant::now() < until && reply.len() < 1 << 16 {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    reply.extend_from_slice(&buf[..n]);
+                    if complete(&String::from_utf8_lossy(&reply)) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => continue,
+                Err(_) => break,
+            }
+        }
+        (!reply.is_empty()).then(|| String::from_utf8_lossy(&reply).into_owned())
     }
 
     /// True when the server answers `PING` with `+PONG`.
@@ -193,6 +463,15 @@ impl RedisServer {
         }
         let mut buf = [0u8; 64];
         matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(want))
+    }
+
+    /// Starts this (stopped or killed) data server again as a replica of `primary_port`, from
+    /// nothing (its old snapshot removed: the primary's full sync replaces it anyway).
+    pub fn restart_as_replica_of(&mut self, primary_port: u16) -> Result<(), ServerError> {
+        stop_pid(self.pid, libc::SIGKILL, Duration::from_secs(5));
+        let _ = fs::remove_file(self.root.join("dump.rdb"));
+        self.replica_of = Some(primary_port);
+        self.spawn()
     }
 
     /// Stop and start again on the same port. Without persistence every key is gone afterwards:

@@ -121,7 +121,7 @@
 //! wiped is a *new* voter with amnesia; raft's safety does not cover that (don't do it to a
 //! majority).
 
-pub mod auth;
+pub use crate::peer_auth as auth;
 mod client;
 pub mod faults;
 pub mod network;

@@ -1,4 +1,6 @@
-//! Peer-request authentication: HMAC-SHA256 with the cluster secret.
+//! Peer-request authentication: HMAC-SHA256 with the cluster secret. Raft's peer requests use
+//! it as below; the SWIM detector's datagrams (`crate::detector::wire`) use the same MAC over a
+//! method and path of their own, with a replay check on top.
 //!
 //! Every peer request carries three headers: [`FROM_HEADER`] (the sender's node id),
 //! [`TS_HEADER`] (the sender's wall clock, Unix ms) and [`MAC_HEADER`] (lower-case hex of

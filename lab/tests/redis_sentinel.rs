@@ -1,0 +1,462 @@
+//! Redis behind Sentinel (issue 32): `baton fleet up --backend redis --redis-topology sentinel`
+//! (a primary, one replica, three Sentinels, all ours on loopback) under open-loop `POST /next`
+//! load, then `baton chaos sentinel-failover` (`kill -9` of the primary; the Sentinels promote
+//! the replica). The nodes follow the new primary without a restart.
+//!
+//! **A repeated token refused.** Replication is asynchronous, so the promoted replica can lack
+//! the last `INCR`s of the token counter, and the next acquisition is handed a token that an
+//! earlier term already claimed the resource with. The test makes that happen on purpose rather
+//! than by luck: it cuts the replica off its primary first (a wrong `masterauth` on the replica,
+//! then `CLIENT KILL TYPE master`: it keeps failing to reconnect, while it still answers the
+//! Sentinels, so it stays eligible), hands leadership over twice (two `INCR`s and two claims
+//! the replica never sees), then kills the primary. The fenced resource must refuse the reused
+//! token (`fence_rejections`), the fleet must serve again under a token the fence accepts, and
+//! the history checker must pass over the ledger and the load's history with 0 violations.
+//!
+//! The control, with the fence off: the same reused token is accepted and issues IDs again, and
+//! the checker fails (the token goes back in the ledger, or two holders write under it).
+//!
+//! The same fault under `redis-naive` (no token, only the lock): the fleet serves again after the
+//! failover, and the checker passes (its "tokens" are wall-clock times, which the fence orders).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_lab::check::{self, load::acks_from_ops};
+use baton_lab::fleet::redis_server::RedisServer;
+use baton_lab::load::{self, LoadSpec, Outcome};
+
+mod common;
+use common::Fleet;
+
+const SETTLE: Duration = Duration::from_secs(40);
+
+/// Two fleets with five Redis processes each, on 2 cores: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn sentinel_fleet(backend: &str) -> Fleet {
+    Fleet::up_with(backend, 3, &["--redis-topology", "sentinel"])
+}
+
+/// Open-loop `POST /next` at 100/s over 4 connections against every node (the generator follows
+/// the leader), until `stop` is set.
+fn start_load(
+    fleet: &Fleet,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<anyhow::Result<load::LoadReport>> {
+    let targets = fleet
+        .state()
+        .nodes
+        .iter()
+        .map(|n| n.http_addr.clone())
+        .collect();
+    let mut spec = LoadSpec::new(targets, 100.0, Duration::from_secs(180));
+    spec.connections = 4;
+    spec.stop = Some(stop);
+    tokio::spawn(load::run(spec))
+}
+
+/// The checker over the fleet's ledger, refusals and the load's acknowledged IDs.
+async fn check_history(fleet: &Fleet, report: &load::LoadReport) -> check::Verdict {
+    let admin = fleet.admin_db().await;
+    let mut input = check::load::read(&admin, None).await.unwrap();
+    input.acks = acks_from_ops("load", &report.ops);
+    check::run(&input)
+}
+
+/// The accepted token of the leadership resource.
+async fn max_token(db: &tokio_postgres::Client) -> i64 {
+    db.query_one(
+        "SELECT max_token FROM baton.fenced_resource WHERE name = 'leadership'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Cuts `replica` off its primary and keeps it off: a `masterauth` the primary (which has no
+/// password) refuses makes every reconnection fail at AUTH, and `CLIENT KILL TYPE master` drops
+/// the live link. The replica keeps answering the Sentinels, so it stays a failover candidate
+/// (Sentinel accepts a replica whose link has been down for up to ~10 x down-after). The value
+/// is not a credential: any string the primary refuses will do.
+fn cut_replication(replica: &RedisServer) {
+    let set = replica
+        .ask("CONFIG SET masterauth not-the-primarys-password", |r| {
+            r.ends_with("\r\n")
+        })
+        .unwrap_or_default();
+    assert!(set.starts_with("+OK"), "CONFIG SET masterauth: {set:?}");
+    let killed = replica
+        .ask("CLIENT KILL TYPE master", |r| r.ends_with("\r\n"))
+        .unwrap_or_default();
+    assert!(
+        killed.starts_with(':'),
+        "CLIENT KILL TYPE master: {killed:?}"
+    );
+    let until = Instant::now() + Duration::from_secs(5);
+    while replica.replica_link_up() {
+        assert!(
+            Instant::now() < until,
+            "the replica's link to its primary is still up 5 s after the cut"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The token counter as `server` has it.
+fn counter_on(server: &RedisServer) -> i64 {
+    let reply = server
+        .ask("GET baton:leader:token", |r| {
+            r.lines().count() >= 2 || r.starts_with("$-1")
+        })
+        .unwrap_or_default();
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no token counter on port {}: {reply:?}", server.port))
+}
+
+/// What [`cut_hand_over_twice_fail_over`] leaves behind: a `redis` fleet whose Sentinels just
+/// promoted a replica that lacks the last two `INCR`s, under load.
+struct AfterFailover {
+    fleet: Fleet,
+    stop: Arc<AtomicBool>,
+    run: tokio::task::JoinHandle<anyhow::Result<load::LoadReport>>,
+    db: tokio_postgres::Client,
+    /// The counter on the replica when it was cut off (the token of the leader then).
+    replica_counter: i64,
+    /// Tokens claimed at the resource from the cut on, in order (the first is the cut's).
+    claimed: Vec<i64>,
+    /// The resource's `max_token` when the primary died.
+    fence_max: i64,
+    rejections_before: i64,
+    ledger_before: i64,
+    named_at: Instant,
+}
+
+/// The scenario of the module doc, up to the Sentinels naming the replica: a `redis` fleet
+/// behind Sentinel (`fencing` on or off), load, the replica cut off, two hand-overs it never
+/// sees, the primary killed.
+async fn cut_hand_over_twice_fail_over(fencing: &str) -> AfterFailover {
+    let fleet = Fleet::up_with(
+        "redis",
+        3,
+        &["--redis-topology", "sentinel", "--fencing", fencing],
+    );
+    let (mut leader, mut addr, mut token) =
+        fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let run = start_load(&fleet, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The replica stops receiving: from here on the primary's INCRs are the primary's alone.
+    let state = fleet.state();
+    let replica = state.redis_sentinel.as_ref().unwrap().replica.clone();
+    let cut = replica.clone();
+    tokio::task::spawn_blocking(move || cut_replication(&cut))
+        .await
+        .unwrap();
+    let replica_counter = {
+        let r = replica.clone();
+        tokio::task::spawn_blocking(move || counter_on(&r))
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        replica_counter, token,
+        "before the hand-overs the replica has the leader's token"
+    );
+
+    // Two hand-overs the replica never sees: two INCRs, two claims the fence records.
+    let db = fleet.admin_db().await;
+    let mut claimed = vec![token];
+    for _ in 0..2 {
+        let r = fleet.client.post(&addr, "/stepdown").await.unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        (leader, addr, token) = fleet.new_leader(&leader, token, SETTLE).await;
+        claimed.push(token);
+    }
+    // The new leader's claim commits before it answers as leader, but give it a moment.
+    let until = Instant::now() + Duration::from_secs(10);
+    while max_token(&db).await != token {
+        assert!(
+            Instant::now() < until,
+            "the fence never accepted token {token}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fence_max = token;
+    let lost = fence_max - replica_counter;
+    assert_eq!(
+        lost, 2,
+        "claimed {claimed:?}; the replica stopped at {replica_counter}"
+    );
+    let rejections_before: i64 = db
+        .query_one(
+            "SELECT coalesce(max(id), 0) FROM baton.fence_rejections",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let ledger_before: i64 = db
+        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    // The primary dies; the Sentinels promote the replica, which lacks the last two INCRs.
+    let mut state = fleet.state();
+    let report = baton_lab::chaos::sentinel_failover(&mut state)
+        .await
+        .expect("sentinel-failover");
+    let named_at = Instant::now();
+    eprintln!("{}", report.detail);
+    assert!(report.verified, "{report:?}");
+    assert_eq!(
+        fleet.state().redis.as_ref().unwrap().port,
+        replica.port,
+        "fleet.json names the promoted replica as the primary"
+    );
+    AfterFailover {
+        fleet,
+        stop,
+        run,
+        db,
+        replica_counter,
+        claimed,
+        fence_max,
+        rejections_before,
+        ledger_before,
+        named_at,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_under_a_redis_fleet_with_a_repeated_token_refused() {
+    let _serial = SERIAL.lock().await;
+    let AfterFailover {
+        fleet,
+        stop,
+        run,
+        db,
+        replica_counter,
+        claimed,
+        fence_max,
+        rejections_before,
+        ledger_before,
+        named_at,
+    } = cut_hand_over_twice_fail_over("on").await;
+    // The first acquisition on the new primary gets replica_counter + 1: the token the first
+    // hand-over's leader claimed with. The fence refuses it (below max_token).
+    let reused = replica_counter + 1;
+    assert!(claimed.contains(&reused), "{claimed:?}");
+    let until = Instant::now() + Duration::from_secs(60);
+    let (rej_token, rej_max, rej_holder, reason) = loop {
+        let rows = db
+            .query(
+                "SELECT token, max_token, holder, reason FROM baton.fence_rejections
+                  WHERE id > $1 AND op = 'claim' ORDER BY id LIMIT 1",
+                &[&rejections_before],
+            )
+            .await
+            .unwrap();
+        if let Some(r) = rows.first() {
+            break (
+                r.get::<_, i64>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, String>(2),
+                r.get::<_, String>(3),
+            );
+        }
+        assert!(
+            Instant::now() < until,
+            "no refused claim within 60 s of the failover\n{}",
+            fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "{:.1?} after the Sentinels named the new primary: {rej_holder}'s claim with token {rej_token} refused (resource at {rej_max}): {reason}",
+        named_at.elapsed()
+    );
+    assert_eq!(
+        rej_token, reused,
+        "the first token after the failover is a reused one"
+    );
+    assert_eq!(rej_max, fence_max);
+    assert_eq!(reason, "stale-token");
+    // "Reused": the fence had already accepted a claim under exactly this token.
+    let seen: i64 = db
+        .query_one(
+            "SELECT count(*) FROM baton.fence_log WHERE op = 'claim' AND token = $1 AND pos <= $2",
+            &[&rej_token, &ledger_before],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        seen >= 1,
+        "token {rej_token} was never claimed before the failover"
+    );
+
+    // The counter climbs back (one refused term per token); then a term the fence accepts
+    // serves again, under the new primary.
+    let until = Instant::now() + Duration::from_secs(60);
+    let (served_token, served_by) = loop {
+        let rows = db
+            .query(
+                "SELECT c.token, c.holder FROM baton.fence_log c
+                  WHERE c.op = 'claim' AND c.pos > $1 AND c.token >= $2
+                    AND EXISTS (SELECT 1 FROM baton.fence_log n WHERE n.op = 'next' AND n.pos > c.pos
+                                   AND n.token = c.token AND n.holder = c.holder)
+                  ORDER BY c.pos LIMIT 1",
+                &[&ledger_before, &fence_max],
+            )
+            .await
+            .unwrap();
+        if let Some(r) = rows.first() {
+            break (r.get::<_, i64>(0), r.get::<_, String>(1));
+        }
+        assert!(
+            Instant::now() < until,
+            "no term claimed and served within 60 s of the failover\n{}",
+            fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "serving again {:.1?} after the failover: {served_by} at token {served_token}",
+        named_at.elapsed()
+    );
+    // A little load under the new term, then the whole history is checked.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let report = run.await.unwrap().unwrap();
+    let summary = report.summary();
+    let after: Vec<i64> = report
+        .ops
+        .iter()
+        .filter(|o| o.outcome == Outcome::Ok && o.token.is_some_and(|t| t >= served_token))
+        .filter_map(|o| o.token)
+        .collect();
+    assert!(
+        !after.is_empty(),
+        "no ID acknowledged under the new primary: {summary:?}"
+    );
+    let verdict = check_history(&fleet, &report).await;
+    eprintln!("{}", verdict.line());
+    assert!(verdict.pass, "{}", verdict.render());
+    assert!(verdict.acked > 0);
+    // Nothing was ever written under the reused token after the failover.
+    let written: i64 = db
+        .query_one(
+            "SELECT count(*) FROM baton.fence_log WHERE token = $1 AND pos > $2",
+            &[&rej_token, &ledger_before],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        written, 0,
+        "the reused token {rej_token} wrote after the failover"
+    );
+}
+
+/// The control: the same scenario with the fence off (`--fencing off`). The reused token is
+/// accepted, so two holders write under one token and the token goes back in the ledger: the
+/// checker fails. This is what the fence prevents above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_fence_off_the_reused_token_is_served_twice_and_the_checker_fails() {
+    let _serial = SERIAL.lock().await;
+    let s = cut_hand_over_twice_fail_over("off").await;
+    let reused = s.replica_counter + 1;
+    // A claim under the reused token after the failover, and IDs issued under it.
+    let until = Instant::now() + Duration::from_secs(60);
+    let holders = loop {
+        let rows =
+            s.db.query(
+                "SELECT DISTINCT holder FROM baton.fence_log WHERE token = $1 AND op = 'next'",
+                &[&reused],
+            )
+            .await
+            .unwrap();
+        let after: i64 = s
+            .db
+            .query_one(
+                "SELECT count(*) FROM baton.fence_log WHERE token = $1 AND op = 'next' AND pos > $2",
+                &[&reused, &s.ledger_before],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if after > 0 {
+            break rows
+                .iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            Instant::now() < until,
+            "no ID issued under the reused token {reused} within 60 s of the failover (claimed {:?})\n{}",
+            s.claimed,
+            s.fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "{:.1?} after the failover: token {reused} (claimed before it; the resource was at {}) issues IDs again; holders under it: {holders:?}",
+        s.named_at.elapsed(),
+        s.fence_max
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.stop.store(true, Ordering::Relaxed);
+    let report = s.run.await.unwrap().unwrap();
+    let verdict = check_history(&s.fleet, &report).await;
+    eprintln!("{}", verdict.render());
+    assert!(
+        !verdict.pass,
+        "the fence was off and the token was reused: the checker must fail"
+    );
+    assert!(
+        verdict.failed("token_order").is_some() || verdict.failed("one_holder_per_token").is_some(),
+        "{}",
+        verdict.render()
+    );
+}
+
+/// `redis-naive` behind Sentinel, the same fault without the deliberate cut: the nodes find the
+/// new primary and the fleet serves again; the checker passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_naive_fleet_serves_again_after_a_sentinel_failover() {
+    let _serial = SERIAL.lock().await;
+    let fleet = sentinel_fleet("redis-naive");
+    fleet.settled_leader(SETTLE, Duration::from_secs(1)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let run = start_load(&fleet, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut state = fleet.state();
+    let old_primary = state.redis.as_ref().unwrap().port;
+    let fault = baton_lab::chaos::sentinel_failover(&mut state)
+        .await
+        .expect("sentinel-failover");
+    eprintln!("{}", fault.detail);
+    assert_ne!(fleet.state().redis.as_ref().unwrap().port, old_primary);
+    // A leader again, serving, after the failover.
+    fleet.leader(SETTLE).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let report = run.await.unwrap().unwrap();
+    let acked_after = report
+        .ops
+        .iter()
+        .filter(|o| o.outcome == Outcome::Ok && o.invoke_ns > fault.healed_at_mono_ns)
+        .count();
+    assert!(acked_after > 0, "{:?}", report.summary());
+    let verdict = check_history(&fleet, &report).await;
+    eprintln!("{}", verdict.line());
+    assert!(verdict.pass, "{}", verdict.render());
+}
