@@ -308,19 +308,9 @@ impl ElectorState {
                 tracing::info!(dead = %dead, "the failure detector confirmed the leader dead; its lease is ended, campaigning now");
                 if self.mode == Mode::Campaigning && campaign_polls(self.args.backend.kind()) {
                     // A polling campaign would find the seat free only at its next poll: start
-                    // over now. Cancel-safe by the Elector contract (drop, then close). (etcd and
-                    // zk campaigns wait on the holder's key, whose deletion wakes them: theirs
-                    // goes on, keeping its place in the queue.)
-                    if let Some(t) = self.campaign_task.take() {
-                        t.abort();
-                    }
-                    self.mode = Mode::Idle;
-                    self.withdrawing = true;
-                    let (backend, me) = (self.args.backend.clone(), myself.clone());
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), backend.close()).await;
-                        let _ = me.cast(ElectorMsg::Withdrawn);
-                    });
+                    // over now. (etcd and zk campaigns wait on the holder's key, whose deletion
+                    // wakes them: theirs goes on, keeping its place in the queue.)
+                    self.withdraw_campaign(myself);
                 }
             }
             Ok(false) => {}
@@ -328,6 +318,23 @@ impl ElectorState {
                 tracing::warn!(dead = %dead, error = %e, "could not end a dead holder's lease; waiting for it to run out");
             }
         }
+    }
+
+    /// Drops the campaign in flight, then closes the session so no candidacy stays queued
+    /// (cancel-safe by the Elector contract). A win that raced with this arrives as a
+    /// CampaignDone in mode Idle and is ignored (no work starts without the supervisor's
+    /// Elected), and close() gives that seat up too. `Withdrawn` follows.
+    fn withdraw_campaign(&mut self, myself: &ActorRef<ElectorMsg>) {
+        if let Some(t) = self.campaign_task.take() {
+            t.abort();
+        }
+        self.mode = Mode::Idle;
+        self.withdrawing = true;
+        let (backend, me) = (self.args.backend.clone(), myself.clone());
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), backend.close()).await;
+            let _ = me.cast(ElectorMsg::Withdrawn);
+        });
     }
 
     fn set_candidate(&mut self, myself: &ActorRef<ElectorMsg>, on: bool) {
@@ -343,22 +350,7 @@ impl ElectorState {
         );
         match (on, &self.mode) {
             (true, Mode::Idle) => self.start_campaign(myself),
-            (false, Mode::Campaigning) => {
-                // Cancel-safe by the Elector contract: drop the campaign, then close the session
-                // so no candidacy stays queued. A win that raced with this arrives as a
-                // CampaignDone in mode Idle and is ignored (no work starts without the
-                // supervisor's Elected), and close() gives that seat up too.
-                if let Some(t) = self.campaign_task.take() {
-                    t.abort();
-                }
-                self.mode = Mode::Idle;
-                self.withdrawing = true;
-                let (backend, me) = (self.args.backend.clone(), myself.clone());
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), backend.close()).await;
-                    let _ = me.cast(ElectorMsg::Withdrawn);
-                });
-            }
+            (false, Mode::Campaigning) => self.withdraw_campaign(myself),
             _ => {}
         }
     }
