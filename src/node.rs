@@ -249,7 +249,7 @@ impl NodeBuilder {
         #[cfg(feature = "swim")]
         let detector = match cfg.detector.kind {
             crate::config::DetectorKind::Swim => Some(
-                crate::detector::start(&cfg)
+                crate::actors::detector::start(&cfg)
                     .await
                     .context("starting the failure detector")?,
             ),
@@ -497,7 +497,7 @@ struct NodeTasks {
     placement: Option<AbortOnDrop>,
     /// The failure detector (`[detector] kind = "swim"`); stopped after the terms are released.
     #[cfg(feature = "swim")]
-    detector: Option<crate::detector::Detector>,
+    detector: Option<crate::actors::detector::Detector>,
 }
 
 /// Refuses a config whose supervisor would give up on a registered work before that work can

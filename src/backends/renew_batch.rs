@@ -21,11 +21,9 @@
 //! cannot be taken as the answer for its current one.
 
 // etcd shares only the leader reads (its renewals ride on one lease, see `etcd.rs`); sharded
-// raft only the renewals (its leader reads are one request for all shards, `raft/shards.rs`).
-#![cfg_attr(
-    not(any(feature = "pg-lease", feature = "redis", feature = "zk")),
-    allow(dead_code)
-)]
+// raft and zk only the renewals (raft's leader reads are one request for all shards,
+// `raft/shards.rs`; zk's are watches per shard).
+#![cfg_attr(not(any(feature = "pg-lease", feature = "redis")), allow(dead_code))]
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -28,8 +28,6 @@ use std::sync::{Arc, Mutex as StdMutex};
 
 use serde::Serialize;
 
-pub use crate::actors::detector::{start, Detector};
-
 /// A member's identity in the SWIM group: its node id and the boot it belongs to. A node that
 /// restarts (or learns it was declared dead) comes back with a later `boot`, which wins over
 /// the old identity, so it need not wait for the old one to be forgotten.
