@@ -316,29 +316,18 @@ async fn read_loop(
     }
 }
 
-/// A running detector: the actor, its socket address, its events and view.
+/// A running detector: the actor, its events and view (its address is in the view's `listen`).
 #[derive(Clone)]
 pub struct Detector {
     actor: ActorRef<DetectorMsg>,
-    local_addr: SocketAddr,
     events: PeerEvents,
     view: SharedView,
 }
 
 impl Detector {
-    /// The UDP address the detector listens on.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
-    }
-
     /// The events every elector of this node subscribes to.
     pub fn events(&self) -> PeerEvents {
         self.events.clone()
-    }
-
-    /// What the detector knows now.
-    pub fn view(&self) -> DetectorView {
-        self.view.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The shared view (for the HTTP server).
@@ -433,7 +422,6 @@ pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
     tracing::info!(listen = %local_addr, "SWIM failure detector started");
     Ok(Detector {
         actor,
-        local_addr,
         events,
         view,
     })
