@@ -408,19 +408,8 @@ async fn redis_restart_without_persistence_regressed_token_is_refused_and_record
     // A claim, not just a write: the old leader may write on under its own term for a moment.
     let until = Instant::now() + Duration::from_secs(60);
     let (recovered_token, recovered) = loop {
-        let rows = db
-            .query(
-                "SELECT c.token, c.holder FROM baton.fence_log c
-                  WHERE c.op = 'claim' AND c.pos > $1 AND c.token >= $2
-                    AND EXISTS (SELECT 1 FROM baton.fence_log n WHERE n.op = 'next' AND n.pos > c.pos
-                                   AND n.token = c.token AND n.holder = c.holder)
-                  ORDER BY c.pos LIMIT 1",
-                &[&pos_at_restart, &before],
-            )
-            .await
-            .unwrap();
-        if let Some(r) = rows.first() {
-            break (r.get::<_, i64>(0), r.get::<_, String>(1));
+        if let Some(found) = common::serving_claim(&db, pos_at_restart, before).await {
+            break found;
         }
         if Instant::now() >= until {
             // What each node answers now, to tell a node that never got a request from one

@@ -307,19 +307,8 @@ async fn sentinel_failover_under_a_redis_fleet_with_a_repeated_token_refused() {
     // serves again, under the new primary.
     let until = Instant::now() + Duration::from_secs(60);
     let (served_token, served_by) = loop {
-        let rows = db
-            .query(
-                "SELECT c.token, c.holder FROM baton.fence_log c
-                  WHERE c.op = 'claim' AND c.pos > $1 AND c.token >= $2
-                    AND EXISTS (SELECT 1 FROM baton.fence_log n WHERE n.op = 'next' AND n.pos > c.pos
-                                   AND n.token = c.token AND n.holder = c.holder)
-                  ORDER BY c.pos LIMIT 1",
-                &[&ledger_before, &fence_max],
-            )
-            .await
-            .unwrap();
-        if let Some(r) = rows.first() {
-            break (r.get::<_, i64>(0), r.get::<_, String>(1));
+        if let Some(found) = common::serving_claim(&db, ledger_before, fence_max).await {
+            break found;
         }
         assert!(
             Instant::now() < until,

@@ -546,3 +546,26 @@ pub fn raft_member_configs(
         })
         .unzip()
 }
+
+/// The first term claimed after ledger position `after_pos` at a token ≥ `min_token` that then
+/// served (a `next` under the same token and holder): its token and holder. A claim alone is not
+/// enough: the old leader may write on under its own term for a moment.
+pub async fn serving_claim(
+    db: &tokio_postgres::Client,
+    after_pos: i64,
+    min_token: i64,
+) -> Option<(i64, String)> {
+    let rows = db
+        .query(
+            "SELECT c.token, c.holder FROM baton.fence_log c
+              WHERE c.op = 'claim' AND c.pos > $1 AND c.token >= $2
+                AND EXISTS (SELECT 1 FROM baton.fence_log n WHERE n.op = 'next' AND n.pos > c.pos
+                               AND n.token = c.token AND n.holder = c.holder)
+              ORDER BY c.pos LIMIT 1",
+            &[&after_pos, &min_token],
+        )
+        .await
+        .unwrap();
+    rows.first()
+        .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1)))
+}
