@@ -15,6 +15,17 @@
 //! each shard's next `renew` answers `LeaseLost`. With one shard this is exactly the unshared
 //! session (one elector, one lease, revoked on close).
 //!
+//! **The election runs on the client, over plain KV requests** (as etcd's own Go `concurrency`
+//! package does), not through the server's `v3election` service: a candidacy is the key
+//! `NAME/<lease in hex>` put if absent on the node's lease, and it wins once no key under `NAME/`
+//! is older. With 64 shards on 9 nodes (hundreds of candidacies and observers) etcd 3.4's
+//! `Campaign` and `Observe` calls were seen to hang: a candidacy whose key was already the oldest
+//! stayed unanswered for minutes while its node kept the lease alive, so no other node could win
+//! that shard either, and observers opened before a shard had a leader never heard of it
+//! (FINDINGS §13.5). Here every wait is our own watch *and* a periodic re-read, so a missed event
+//! costs at most one re-read interval. The keys are the ones `etcdctl elect NAME` makes, so it
+//! still queues with us.
+//!
 //! While a campaign waits, two helpers run beside it: `etcd_vacancy` notes when the seat fell
 //! free (for the election-latency figure), and `etcd_expiry` revokes the leader's lease once it
 //! has provably expired, so a dead leader is not waited on for etcd 3.4's 500 ms lease sweep.
@@ -25,8 +36,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, ConnectOptions, GetOptions, LeaderKey, LeaseKeepAliveStream, LeaseKeeper,
-    ResignOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaderKey,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use tokio::sync::Mutex;
 
@@ -81,7 +93,18 @@ pub struct EtcdElector {
     /// The lease this elector's candidacy or term rides on, while it has one.
     riding: Mutex<Option<i64>>,
     leader_key: Mutex<Option<LeaderKey>>,
+    /// Held while a candidacy's put is in flight (the put runs in a task of its own, so an
+    /// aborted campaign cannot leave it half done): `close` takes it first, so the withdrawal's
+    /// delete never overtakes the put it withdraws.
+    putting: Arc<Mutex<()>>,
+    /// A waiting campaign or a quiet observer re-reads the election this often, whatever its
+    /// watch says: a watch event that never comes costs at most this long.
+    recheck: Duration,
 }
+
+/// How often the client pings an idle connection: above etcd's default
+/// `--grpc-keepalive-min-time` (5 s), with room for timer slack.
+const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(6);
 
 /// The most gets one leader-read transaction carries (etcd refuses more than `--max-txn-ops`,
 /// 128 by default).
@@ -161,9 +184,13 @@ impl EtcdElector {
             )));
         }
         let timeout = Duration::from_millis(cfg.etcd.request_timeout_ms);
+        // HTTP/2 pings no more often than etcd allows (`--grpc-keepalive-min-time`, 5 s by
+        // default): a client that pings faster is sent GOAWAY ("too many pings"), which broke
+        // every campaign and watch of the connection at once every few seconds on a quiet
+        // connection.
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_keep_alive(Duration::from_secs(2), timeout);
+            .with_keep_alive(KEEPALIVE_PING_INTERVAL, timeout);
         if let Some(ca) = &cfg.etcd.tls_ca_file {
             opts = with_tls(opts, ca)?;
         }
@@ -202,6 +229,8 @@ impl EtcdElector {
                 clock_rate_error: cfg.clock_rate_error,
                 riding: Mutex::new(None),
                 leader_key: Mutex::new(None),
+                putting: Arc::new(Mutex::new(())),
+                recheck: cfg.retry_interval() * 8,
             })
             .collect())
     }
@@ -277,6 +306,140 @@ impl EtcdElector {
         Ok(out)
     }
 
+    /// Who leads this elector's election: the key under `NAME/` with the lowest create revision
+    /// (what etcd's election `Leader` call answers), read afresh for this election alone.
+    async fn head(&self) -> ElectorResult<Option<etcd_client::KeyValue>> {
+        let mut c = self.client.clone();
+        let first_created = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        count_request(BackendKind::Etcd, "head");
+        let resp = self
+            .bounded(c.get(format!("{}/", self.name), Some(first_created)))
+            .await?;
+        Ok(resp.kvs().first().cloned())
+    }
+
+    /// Puts our candidacy `key` on `lease_id` unless it exists, and answers its create revision
+    /// (an existing one is ours already: same key, same lease, so it keeps its place). The put
+    /// runs in a task of its own holding `putting`, so a campaign aborted meanwhile cannot strand
+    /// it: `close` waits for it before deleting the key.
+    async fn put_candidacy(&self, key: &str, lease_id: i64) -> ElectorResult<i64> {
+        let held = self.putting.clone().lock_owned().await;
+        let (mut c, timeout) = (self.client.clone(), self.timeout);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                self.value.clone(),
+                Some(PutOptions::new().with_lease(lease_id)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let put = tokio::spawn(async move {
+            let _held = held;
+            count_request(BackendKind::Etcd, "campaign");
+            bounded(timeout, c.txn(txn)).await
+        });
+        let resp = put.await.map_err(unavailable)??;
+        if resp.succeeded() {
+            // The put's revision is the key's create revision.
+            return resp
+                .header()
+                .map(|h| h.revision())
+                .ok_or_else(|| unavailable("the candidacy put answered without a header"));
+        }
+        match resp.op_responses().first() {
+            Some(TxnOpResponse::Get(got)) => got
+                .kvs()
+                .first()
+                .map(|kv| kv.create_revision())
+                // Gone between the compare and the get: our lease lapsed under it.
+                .ok_or_else(|| ElectorError::LeaseLost(format!("candidacy {key} vanished"))),
+            _ => Err(unavailable("the candidacy put answered without its key")),
+        }
+    }
+
+    /// Waits until no candidacy under `prefix` is older than ours (`my_rev`): then we lead.
+    /// Woken by `deletions` (the vacancy watch), and re-reads every `recheck` whatever it says.
+    /// `LeaseLost` if our own key is gone (its lease lapsed, or the failure detector ended it).
+    async fn wait_until_oldest(
+        &self,
+        prefix: &str,
+        key: &str,
+        my_rev: i64,
+        deletions: Option<Arc<tokio::sync::Notify>>,
+    ) -> ElectorResult<()> {
+        loop {
+            // Registered before the read, so a deletion in between wakes the wait below.
+            let notified = deletions.as_deref().map(tokio::sync::Notify::notified);
+            let mut notified = std::pin::pin!(notified);
+            if let Some(n) = notified.as_mut().as_pin_mut() {
+                n.enable();
+            }
+            let older = GetOptions::new()
+                .with_prefix()
+                .with_keys_only()
+                .with_max_create_revision(my_rev - 1)
+                .with_limit(1);
+            let read = Txn::new().and_then([
+                TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+                TxnOp::get(prefix, Some(older)),
+            ]);
+            let mut c = self.client.clone();
+            count_request(BackendKind::Etcd, "campaign-check");
+            let resp = self.bounded(c.txn(read)).await?;
+            let count = |i: usize| match resp.op_responses().get(i) {
+                Some(TxnOpResponse::Get(got)) => got.kvs().len(),
+                _ => 0,
+            };
+            if count(0) == 0 {
+                return Err(ElectorError::LeaseLost(format!(
+                    "candidacy {key} is gone (its lease ended)"
+                )));
+            }
+            if count(1) == 0 {
+                return Ok(());
+            }
+            let woken = async {
+                match notified.as_mut().as_pin_mut() {
+                    Some(n) => n.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(self.recheck) => {}
+            }
+        }
+    }
+
+    /// Deletes our term's key if it is still the one we won with (compared by create revision,
+    /// so a later candidacy under the same lease is never touched). Retried: a key left behind
+    /// rides on a lease the node's other shards keep alive, and would hold the seat.
+    async fn delete_term_key(&self, key: &LeaderKey) -> ElectorResult<()> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                key.key(),
+                CompareOp::Equal,
+                key.rev(),
+            )])
+            .and_then([TxnOp::delete(key.key(), None)]);
+        let mut last = Ok(());
+        for attempt in 0..3u32 {
+            if attempt > 0 {
+                tokio::time::sleep(self.timeout / 2).await;
+            }
+            let mut c = self.client.clone();
+            count_request(BackendKind::Etcd, "resign");
+            last = self.bounded(c.txn(txn.clone())).await.map(drop);
+            if last.is_ok() {
+                break;
+            }
+        }
+        last
+    }
+
     /// The session's lease is gone (expired, or another shard found it so): every rider's
     /// candidacy and term ended with it.
     async fn lease_lost(&self, guard: &mut Option<Session>, id: i64) -> ElectorError {
@@ -304,7 +467,7 @@ impl Elector for EtcdElector {
             ExpiryReaper {
                 client: self.client.clone(),
                 ttl_reads: self.ttl_reads.clone(),
-                prefix,
+                prefix: prefix.clone(),
                 our_lease: lease_id,
                 clock_rate_error: self.clock_rate_error,
                 timeout: self.timeout,
@@ -313,17 +476,22 @@ impl Elector for EtcdElector {
             }
             .run(),
         ));
-        let mut c = self.client.clone();
-        // Unbounded by design: campaign returns when every older candidacy is gone.
-        count_request(BackendKind::Etcd, "campaign");
-        let mut resp = c
-            .campaign(self.name.as_str(), self.value.clone(), lease_id)
-            .await
-            .map_err(unavailable)?;
+        let key = format!("{}/{lease_id:x}", self.name);
+        let waited = async {
+            let my_rev = self.put_candidacy(&key, lease_id).await?;
+            let deletions = vacancy.as_ref().map(|v| v.deletions());
+            self.wait_until_oldest(&prefix, &key, my_rev, deletions)
+                .await
+                .map(|()| my_rev)
+        };
+        // Unbounded by design: a campaign returns when every older candidacy is gone.
+        let my_rev = waited.await?;
         drop(reaper);
-        let key = resp
-            .take_leader()
-            .ok_or_else(|| unavailable("campaign answered without a leader key"))?;
+        let key = LeaderKey::new()
+            .with_name(self.name.clone())
+            .with_key(key)
+            .with_rev(my_rev)
+            .with_lease(lease_id);
         let token = FenceToken::checked("etcd revision", key.rev())?;
         let vacant_since = match vacancy {
             Some(v) => v.vacant_since(key.rev(), started).await,
@@ -430,11 +598,7 @@ impl Elector for EtcdElector {
         let Some(key) = self.leader_key.lock().await.take() else {
             return Ok(());
         };
-        let mut c = self.client.clone();
-        count_request(BackendKind::Etcd, "resign");
-        self.bounded(c.resign(Some(ResignOptions::new().with_leader(key))))
-            .await
-            .map(drop)
+        self.delete_term_key(&key).await
     }
 
     async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
@@ -449,15 +613,10 @@ impl Elector for EtcdElector {
         let Some(ours) = self.leader_key.lock().await.clone() else {
             return Ok(false);
         };
-        let mut c = self.client.clone();
         count_request(BackendKind::Etcd, "confirm");
-        match self.bounded(c.leader(self.name.as_str())).await {
-            Ok(resp) => Ok(resp.kv().is_some_and(|kv| {
-                kv.key() == ours.key() && kv.create_revision() == token.0 && ours.rev() == token.0
-            })),
-            Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => Ok(false),
-            Err(e) => Err(e),
-        }
+        Ok(self.head().await?.is_some_and(|kv| {
+            kv.key() == ours.key() && kv.create_revision() == token.0 && ours.rev() == token.0
+        }))
     }
 
     /// Revokes the lease of the election's leader key if that key names `dead`: the key (and
@@ -488,34 +647,52 @@ impl Elector for EtcdElector {
         Ok(revoked)
     }
 
-    /// etcd's observe stream: one event per leader change, no polling. Falls back to a single
-    /// `leader()` read whenever the stream has to be reopened (so a leader that vanished without a
-    /// successor is noticed too).
+    /// A watch on the election's keys: a deletion (or the first candidacy) re-reads the head at
+    /// once; a quiet watch is re-checked every `recheck` through the node's shared leader read,
+    /// so a leader that vanished without an event, or a watch that stopped delivering, is
+    /// noticed within that.
     async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
+        let publish = |info: Option<LeaderInfo>| {
+            tx.send_if_modified(|cur| {
+                let changed = *cur != info;
+                *cur = info;
+                changed
+            });
+        };
+        let prefix = format!("{}/", self.name);
         while !tx.is_closed() {
-            if let Ok(info) = self.leader().await {
-                tx.send_replace(info);
-            }
+            // Watched before the first read, so a change in between is not missed.
             let mut c = self.client.clone();
             count_request(BackendKind::Etcd, "observe");
-            if let Ok(mut stream) = c.observe(self.name.as_str()).await {
+            let watch = self
+                .bounded(c.watch(prefix.as_str(), Some(WatchOptions::new().with_prefix())))
+                .await;
+            if let Ok(head) = self.head().await {
+                publish(head.map(|kv| LeaderInfo::decode(kv.value())));
+            }
+            if let Ok(mut stream) = watch {
                 loop {
-                    match tokio::time::timeout(every * 8, stream.message()).await {
+                    let fresh = match tokio::time::timeout(self.recheck, stream.message()).await {
+                        Ok(Ok(Some(resp))) if resp.canceled() => break,
                         Ok(Ok(Some(resp))) => {
-                            tx.send_replace(resp.kv().map(|kv| LeaderInfo::decode(kv.value())));
+                            let unknown = tx.borrow().is_none();
+                            let moved = resp.events().iter().any(|e| {
+                                e.event_type() == EventType::Delete || unknown
+                            });
+                            if !moved {
+                                continue;
+                            }
+                            self.head()
+                                .await
+                                .map(|h| h.map(|kv| LeaderInfo::decode(kv.value())))
                         }
                         Ok(_) => break,
-                        // Quiet for a while: re-check (the leader may have gone with no successor).
-                        Err(_) => match self.leader().await {
-                            Ok(info) => {
-                                tx.send_if_modified(|cur| {
-                                    let changed = *cur != info;
-                                    *cur = info.clone();
-                                    changed
-                                });
-                            }
-                            Err(_) => break,
-                        },
+                        // Quiet: re-check (the leader may have gone with no event seen).
+                        Err(_) => self.leader().await,
+                    };
+                    match fresh {
+                        Ok(info) => publish(info),
+                        Err(_) => break,
                     }
                     if tx.is_closed() {
                         return;
@@ -531,6 +708,8 @@ impl Elector for EtcdElector {
     /// deleted (`NAME/<lease in hex>`, the key etcd's election API made for the candidacy), so the
     /// other shards keep theirs.
     async fn close(&self) -> ElectorResult<()> {
+        // A put still in flight (an aborted campaign's) lands first, then is withdrawn below.
+        let _put_done = self.putting.lock().await;
         *self.leader_key.lock().await = None;
         let mut guard = self.shared.state.lock().await;
         let Some(id) = self.riding.lock().await.take() else {
