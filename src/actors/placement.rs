@@ -12,8 +12,10 @@
 //! can at worst both campaign for a shard: one wins, the other waits in line.
 //!
 //! * **Live**: a member that answered `200` within `down_after_ms`, and has done so for at
-//!   least two probe intervals (a member that just came up is given time to see itself as an
-//!   owner and start campaigning before anyone hands it a shard). A member that answers `503`
+//!   least `down_after_ms` (and two probe intervals): a member that just came up seeks no shard
+//!   for its own warm-up (below), which is that long from its start, so a holder that handed it
+//!   a shard any sooner would leave the shard dark until the warm-up ended. Counted this way, the
+//!   new owner is already campaigning when the holder hands over, and claims at once. A member that answers `503`
 //!   (draining: shutting down) is not live at once, so a planned stop moves its shards before
 //!   it releases them. This node counts itself live until it drains.
 //! * **Warm-up**: for its first `down_after_ms` a node seeks no shard (it has not heard from
@@ -101,6 +103,8 @@ struct MemberHealth {
 pub(crate) async fn run(args: PlacementArgs) {
     let every = Duration::from_millis(args.cfg.probe_interval_ms);
     let down_after = Duration::from_millis(args.cfg.down_after_ms);
+    // How long a member must have answered before it is handed shards (see "Live" above).
+    let live_after = down_after.max(2 * every);
     let orphan_grace = Duration::from_millis(args.cfg.orphan_grace_ms);
     let k = args.supervisors.len() as u32;
     let mut health: HashMap<String, MemberHealth> = HashMap::new();
@@ -125,8 +129,11 @@ pub(crate) async fn run(args: PlacementArgs) {
             let h = health.entry(m.id.clone()).or_default();
             if p == Probe::Up {
                 // A member already up when this node started is not "just joined".
-                h.up_since
-                    .get_or_insert(if first_round { now - 2 * every } else { now });
+                h.up_since.get_or_insert(if first_round {
+                    now.checked_sub(live_after).unwrap_or(now)
+                } else {
+                    now
+                });
                 h.last_up = Some(now);
             } else if p == Probe::Draining {
                 h.up_since = None;
@@ -156,7 +163,7 @@ pub(crate) async fn run(args: PlacementArgs) {
                     h.last_up
                         .is_some_and(|t| now.duration_since(t) < down_after)
                         && h.up_since
-                            .is_some_and(|t| now.duration_since(t) >= 2 * every)
+                            .is_some_and(|t| now.duration_since(t) >= live_after)
                 })
             })
             .map(|m| m.id.as_str())

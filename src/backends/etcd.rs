@@ -676,9 +676,10 @@ impl Elector for EtcdElector {
                         Ok(Ok(Some(resp))) if resp.canceled() => break,
                         Ok(Ok(Some(resp))) => {
                             let unknown = tx.borrow().is_none();
-                            let moved = resp.events().iter().any(|e| {
-                                e.event_type() == EventType::Delete || unknown
-                            });
+                            let moved = resp
+                                .events()
+                                .iter()
+                                .any(|e| e.event_type() == EventType::Delete || unknown);
                             if !moved {
                                 continue;
                             }
