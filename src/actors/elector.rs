@@ -106,6 +106,10 @@ pub struct ElectorState {
     /// A withdrawal's `close()` is in flight: no campaign may start until it is done, or the
     /// close could end the new campaign's session.
     withdrawing: bool,
+    /// The last campaign failed, and its candidacy may still be queued in the backend (a
+    /// request that timed out may have been applied): a withdrawal while idle must still close
+    /// it, or it would hold its place on a session the node keeps alive for its other shards.
+    failed_campaign_may_linger: bool,
 }
 
 pub struct ElectorActor;
@@ -156,6 +160,7 @@ impl Actor for ElectorActor {
             args,
             candidate,
             withdrawing: false,
+            failed_campaign_may_linger: false,
             clock,
             mode: Mode::Idle,
             campaign_task: None,
@@ -328,6 +333,7 @@ impl ElectorState {
         if let Some(t) = self.campaign_task.take() {
             t.abort();
         }
+        self.failed_campaign_may_linger = false;
         self.mode = Mode::Idle;
         self.withdrawing = true;
         let (backend, me) = (self.args.backend.clone(), myself.clone());
@@ -351,6 +357,9 @@ impl ElectorState {
         match (on, &self.mode) {
             (true, Mode::Idle) => self.start_campaign(myself),
             (false, Mode::Campaigning) => self.withdraw_campaign(myself),
+            (false, Mode::Idle) if self.failed_campaign_may_linger => {
+                self.withdraw_campaign(myself)
+            }
             _ => {}
         }
     }
@@ -390,6 +399,7 @@ impl ElectorState {
         }
         match result {
             Ok(win) => {
+                self.failed_campaign_may_linger = false;
                 metrics::histogram!(m::CAMPAIGN_SECONDS).record(started.elapsed().as_secs_f64());
                 // The election proper: from the vacancy this node saw to now (never before
                 // this campaign began).
@@ -413,6 +423,7 @@ impl ElectorState {
             }
             Err(e) => {
                 self.mode = Mode::Idle;
+                self.failed_campaign_may_linger = true;
                 tracing::warn!(error = %e, "campaign failed; retrying");
                 let jitter = rand::thread_rng().gen_range(0..=self.args.cfg.retry_interval_ms);
                 myself.send_after(

@@ -415,8 +415,7 @@ impl EtcdElector {
     }
 
     /// Deletes our term's key if it is still the one we won with (compared by create revision,
-    /// so a later candidacy under the same lease is never touched). Retried: a key left behind
-    /// rides on a lease the node's other shards keep alive, and would hold the seat.
+    /// so a later candidacy under the same lease is never touched).
     async fn delete_term_key(&self, key: &LeaderKey) -> ElectorResult<()> {
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -425,13 +424,19 @@ impl EtcdElector {
                 key.rev(),
             )])
             .and_then([TxnOp::delete(key.key(), None)]);
+        self.delete_retried(txn, "resign").await
+    }
+
+    /// Sends a deleting `txn` (counted as `op`), retried: a key left behind rides on a lease the
+    /// node's other shards keep alive, and would hold its election's seat until the node stops.
+    async fn delete_retried(&self, txn: Txn, op: &'static str) -> ElectorResult<()> {
         let mut last = Ok(());
         for attempt in 0..3u32 {
             if attempt > 0 {
                 tokio::time::sleep(self.timeout / 2).await;
             }
             let mut c = self.client.clone();
-            count_request(BackendKind::Etcd, "resign");
+            count_request(BackendKind::Etcd, op);
             last = self.bounded(c.txn(txn.clone())).await.map(drop);
             if last.is_ok() {
                 break;
@@ -729,10 +734,11 @@ impl Elector for EtcdElector {
                 .map(drop);
         }
         drop(guard);
-        let mut c = self.client.clone();
-        count_request(BackendKind::Etcd, "withdraw");
-        self.bounded(c.delete(format!("{}/{id:x}", self.name), None))
-            .await
-            .map(drop)
+        let candidacy = format!("{}/{id:x}", self.name);
+        self.delete_retried(
+            Txn::new().and_then([TxnOp::delete(candidacy, None)]),
+            "withdraw",
+        )
+        .await
     }
 }
