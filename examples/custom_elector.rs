@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use baton::elector::{
-    BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant, LeaderInfo, Win,
+    BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    LeaderInfo, Win,
 };
 
 /// One lease per election name: who holds it, until when, and the last token handed out.
@@ -105,6 +106,19 @@ impl Elector for InProcessElector {
                 node_id,
                 http_addr: None,
             }))
+    }
+
+    /// A failure detector confirmed `dead` dead: end its lease if it still holds it (checked
+    /// and ended under one lock, so a lease someone else took meanwhile is left alone).
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
+        let mut t = self.table.lock().unwrap();
+        let (holder, _) = t.leases.entry(self.election.clone()).or_default();
+        if dead == self.node_id || holder.as_ref().is_none_or(|(who, _)| who != dead) {
+            return Ok(DeadHolderExpiry::NotEnded);
+        }
+        *holder = None;
+        // Our campaign polls every 10 ms: it sees the free seat by itself, no restart needed.
+        Ok(DeadHolderExpiry::EndedCampaignWakes)
     }
 
     async fn close(&self) -> ElectorResult<()> {

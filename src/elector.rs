@@ -174,6 +174,29 @@ pub struct Win {
     pub vacant_since: Option<Instant>,
 }
 
+/// What [`Elector::expire_dead_holder`] did, and what a campaign of the caller's that is
+/// already waiting must do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadHolderExpiry {
+    /// Nothing was ended: the lease names another holder or nobody, or the backend does not end
+    /// leases early (the trait's default).
+    NotEnded,
+    /// The dead holder's lease is ended, and a waiting campaign learns it by itself at once: it
+    /// waits on the holder's key, whose deletion wakes it (etcd, zk), or polls often enough. It
+    /// goes on, keeping its place in the queue.
+    EndedCampaignWakes,
+    /// The dead holder's lease is ended, but a waiting campaign polls for a free seat and would
+    /// see it only at its next poll (pg-lease, redis): the caller restarts the campaign now.
+    EndedCampaignMustRestart,
+}
+
+impl DeadHolderExpiry {
+    /// Whether a lease was ended.
+    pub fn ended(self) -> bool {
+        self != DeadHolderExpiry::NotEnded
+    }
+}
+
 /// Why an [`Elector`] call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ElectorError {
@@ -265,10 +288,13 @@ pub trait Elector: Send + Sync + 'static {
     /// (the holder and token the backend holds for it then); a lease someone else took meanwhile
     /// is left alone. `Ok(true)` when a lease was ended. The fence is untouched: whoever wins
     /// next gets a higher token, so the dead holder's late writes (if it was only paused) are
-    /// refused. The default does nothing (`Ok(false)`): the lease runs out as before.
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+    /// refused. The answer also says whether this candidate's campaign in flight, if any, must be
+    /// restarted to see the seat free now (see [`DeadHolderExpiry`]): the caller acts on it, so
+    /// that no caller needs to know how a backend's campaign waits. The default does nothing
+    /// ([`DeadHolderExpiry::NotEnded`]): the lease runs out as before.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         let _ = dead;
-        Ok(false)
+        Ok(DeadHolderExpiry::NotEnded)
     }
 
     /// End the session: revoke the lease, withdraw any candidacy. Idempotent.

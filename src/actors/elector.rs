@@ -61,7 +61,7 @@ pub enum ElectorMsg {
     /// The backend answered an [`Elector::expire_dead_holder`] for `dead`.
     DeadHolderExpired {
         dead: String,
-        result: Result<bool, ElectorError>,
+        result: Result<crate::backends::DeadHolderExpiry, ElectorError>,
     },
 }
 
@@ -248,13 +248,6 @@ impl Actor for ElectorActor {
     }
 }
 
-/// Whether `kind`'s campaign polls for a free seat (and so is restarted when the detector ends a
-/// dead holder's lease) rather than being woken by the seat's release.
-fn campaign_polls(kind: crate::backends::BackendKind) -> bool {
-    use crate::backends::BackendKind as K;
-    matches!(kind, K::PgLease | K::Redis | K::RedisNaive | K::Custom)
-}
-
 impl ElectorState {
     fn on_peer_event(&mut self, myself: &ActorRef<ElectorMsg>, ev: crate::actors::PeerEvent) {
         use crate::actors::PeerEvent;
@@ -302,23 +295,26 @@ impl ElectorState {
         &mut self,
         myself: &ActorRef<ElectorMsg>,
         dead: String,
-        result: Result<bool, ElectorError>,
+        result: Result<crate::backends::DeadHolderExpiry, ElectorError>,
     ) {
+        use crate::backends::DeadHolderExpiry;
         match result {
-            Ok(true) => {
+            Ok(expiry) if expiry.ended() => {
                 metrics::counter!(m::DETECTOR_TAKEOVERS).increment(1);
                 self.args
                     .trace
                     .step("elector", "dead-holder-expired", None, &dead);
                 tracing::info!(dead = %dead, "the failure detector confirmed the leader dead; its lease is ended, campaigning now");
-                if self.mode == Mode::Campaigning && campaign_polls(self.args.backend.kind()) {
-                    // A polling campaign would find the seat free only at its next poll: start
-                    // over now. (etcd and zk campaigns wait on the holder's key, whose deletion
-                    // wakes them: theirs goes on, keeping its place in the queue.)
+                // The backend says how its waiting campaign learns of the free seat: a polling
+                // one would see it only at its next poll, so it starts over now; one woken by
+                // the holder key's deletion goes on, keeping its place in the queue.
+                if self.mode == Mode::Campaigning
+                    && expiry == DeadHolderExpiry::EndedCampaignMustRestart
+                {
                     self.withdraw_campaign(myself);
                 }
             }
-            Ok(false) => {}
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(dead = %dead, error = %e, "could not end a dead holder's lease; waiting for it to run out");
             }

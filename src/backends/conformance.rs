@@ -18,6 +18,7 @@
 //! | [`tokens_strictly_increase_across_holders`] | over 6 hand-overs (resign, lease expiry, re-candidacy of the old leader) the tokens strictly increase and no win completes before the previous leader let go |
 //! | [`lease_loss_surfaces_as_event`] | a holder that stopped renewing past its TTL gets `Err(LeaseLost)` from `renew`, whether or not someone else took over |
 //! | [`campaign_is_cancellable`] | a waiting campaign dropped and followed by `close()` leaves no candidacy: it never becomes leader, the next candidate does |
+//! | [`expiring_a_dead_holder_ends_only_its_lease`] | [`Elector::expire_dead_holder`] naming a node that does not hold the lease changes nothing (the holder keeps its term, its renewals succeed); naming the (silent) holder ends its lease: a waiter wins before that lease would have run out, with a higher token, and the old holder's renew says `LeaseLost` |
 //!
 //! With [`Options::ordered_tokens`] off (`redis-naive`, which has no fencing token) the token
 //! comparisons are not made and the token check is skipped; everything else still applies.
@@ -30,7 +31,7 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{Elector, ElectorError, ElectorResult, FenceToken, Grant, Win};
+use super::{DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant, Win};
 
 /// How a backend is expected to behave.
 #[derive(Clone, Copy, Debug)]
@@ -66,17 +67,20 @@ pub enum Check {
     LeaseLossSurfacesAsEvent,
     /// See [`campaign_is_cancellable`].
     CampaignIsCancellable,
+    /// See [`expiring_a_dead_holder_ends_only_its_lease`].
+    ExpiringADeadHolderEndsOnlyItsLease,
 }
 
 impl Check {
     /// Every check, in the order [`run_all`] runs them.
-    pub const ALL: [Check; 6] = [
+    pub const ALL: [Check; 7] = [
         Check::SingleWinner,
         Check::WaitersTakeOverAfterLeaseEnds,
         Check::ResignHandsOver,
         Check::TokensStrictlyIncreaseAcrossHolders,
         Check::LeaseLossSurfacesAsEvent,
         Check::CampaignIsCancellable,
+        Check::ExpiringADeadHolderEndsOnlyItsLease,
     ];
 
     /// The snake_case name of the check's function, as printed in reports.
@@ -88,6 +92,9 @@ impl Check {
             Check::TokensStrictlyIncreaseAcrossHolders => "tokens_strictly_increase_across_holders",
             Check::LeaseLossSurfacesAsEvent => "lease_loss_surfaces_as_event",
             Check::CampaignIsCancellable => "campaign_is_cancellable",
+            Check::ExpiringADeadHolderEndsOnlyItsLease => {
+                "expiring_a_dead_holder_ends_only_its_lease"
+            }
         }
     }
 }
@@ -129,6 +136,9 @@ where
             }
             Check::LeaseLossSurfacesAsEvent => lease_loss_surfaces_as_event(make, opts).await,
             Check::CampaignIsCancellable => campaign_is_cancellable(make, opts).await,
+            Check::ExpiringADeadHolderEndsOnlyItsLease => {
+                expiring_a_dead_holder_ends_only_its_lease(make, opts).await
+            }
         };
         let took = t0.elapsed();
         match r {
@@ -817,6 +827,116 @@ where
                 ));
             }
             Ok(())
+        })
+    })
+    .await
+}
+
+/// A failure detector's call ([`Elector::expire_dead_holder`]) is a compare-and-delete on the
+/// lease still naming the dead node. Naming a node that does not hold it (a waiter, a stranger)
+/// ends nothing: the holder keeps its term (its leadership confirmed at its token) and its
+/// renewals go on succeeding, nobody else wins. Naming the holder, once it has gone silent,
+/// ends its lease: a waiter wins before that lease would have run out (so not by expiry), with
+/// a higher token, and the old holder's next renew says `LeaseLost`. The waiters restart their
+/// campaigns when the backend says a waiting campaign must be restarted, as the elector actor does.
+pub async fn expiring_a_dead_holder_ends_only_its_lease<F, Fut>(
+    make: &F,
+    opts: Options,
+) -> Result<(), String>
+where
+    F: Fn(&str, &str) -> Fut,
+    Fut: Future<Output = ElectorResult<Arc<dyn Elector>>>,
+{
+    with_field(make, "expiring_a_dead_holder_ends_only_its_lease", 3, opts, |f| {
+        Box::pin(async move {
+            for i in 0..3 {
+                f.campaign(i);
+            }
+            let (w, win, _) = f.next_win(first_win_within(opts), "first election").await?;
+            let waiters: Vec<usize> = (0..3).filter(|&i| i != w).collect();
+            let (asker, other) = (waiters[0], waiters[1]);
+            tokio::time::sleep(opts.ttl / 4).await; // the waiters are surely queued / polling
+
+            // 1. Naming nodes that do not hold the lease changes nothing.
+            let asked_at = Instant::now();
+            let other_id = f.id(other).to_owned();
+            for named in [other_id.as_str(), "no-such-node"] {
+                match bounded(f.cands[asker].e.expire_dead_holder(named)).await {
+                    Ok(DeadHolderExpiry::NotEnded) => {}
+                    Ok(ended) => {
+                        return Err(format!(
+                            "{} holds the lease, yet expiring {named:?} (not the holder) answered {ended:?}",
+                            f.id(w)
+                        ))
+                    }
+                    Err(e) => return Err(format!("expiring {named:?} (not the holder) failed: {e}")),
+                }
+            }
+            f.no_win(f.renew_every() * 2, "after expiring non-holders").await?;
+            match bounded(f.cands[w].e.confirm_leadership(f.id(w), win.token)).await {
+                Ok(true) => {}
+                other => {
+                    return Err(format!(
+                        "after expiring non-holders, {} no longer leads at token {}: {other:?}",
+                        f.id(w),
+                        win.token
+                    ))
+                }
+            }
+            let errs = f.renew_errors(w);
+            if !errs.is_empty() {
+                return Err(format!(
+                    "after expiring non-holders, the holder {}'s renewals failed: {errs:?}",
+                    f.id(w)
+                ));
+            }
+            let g = match f.last_grant(w) {
+                Some(g) if g.sent_at > asked_at => g,
+                _ => {
+                    return Err(format!(
+                        "after expiring non-holders, the holder {} got no renewal grant",
+                        f.id(w)
+                    ))
+                }
+            };
+
+            // 2. The holder goes silent (dead, or paused); naming it ends its lease now.
+            f.stop_renewing(w);
+            let expires = g.sent_at + g.ttl;
+            let expiry = bounded(f.cands[asker].e.expire_dead_holder(f.id(w)))
+                .await
+                .map_err(|e| format!("expiring the holder {} failed: {e}", f.id(w)))?;
+            if !expiry.ended() {
+                return Err(format!(
+                    "expiring the holder {} ended nothing ({expiry:?}): its lease would be waited out",
+                    f.id(w)
+                ));
+            }
+            if expiry == DeadHolderExpiry::EndedCampaignMustRestart {
+                for &i in &waiters {
+                    f.cancel_campaign(i);
+                    bounded(f.cands[i].e.close())
+                        .await
+                        .map_err(|e| format!("closing {} to restart its campaign: {e}", f.id(i)))?;
+                    f.campaign(i);
+                }
+            }
+            let within = expires.saturating_duration_since(Instant::now());
+            let (n, next, at) = f
+                .next_win(within, "takeover after the holder's lease was ended")
+                .await
+                .map_err(|e| format!("{e} — the holder's lease was not ended early"))?;
+            if n == w {
+                return Err(format!("{} won again although it was not campaigning", f.id(w)));
+            }
+            if at + EARLY_TOLERANCE >= expires {
+                return Err(format!(
+                    "{} won only when the ended holder's lease would have run out anyway",
+                    f.id(n)
+                ));
+            }
+            f.check_higher(next.token, win.token, "takeover after expiring the holder")?;
+            expect_lease_lost(&*f.cands[w].e, f.id(w), "after its lease was ended as dead").await
         })
     })
     .await

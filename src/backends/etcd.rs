@@ -46,7 +46,7 @@ use super::etcd_expiry::{ExpiryReaper, LeaseTtlReader};
 use super::etcd_vacancy::VacancyWatch;
 use super::renew_batch::SharedLeaderRead;
 use super::{
-    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
@@ -627,10 +627,11 @@ impl Elector for EtcdElector {
     /// Revokes the lease of the election's leader key if that key names `dead`: the key (and
     /// every other key of the dead node's session) goes with it, and the next candidacy in line,
     /// watching that key, wins at once. The lease id is the dead session's own: a restarted node
-    /// has a new one, so this never ends a live session of the same node.
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+    /// has a new one, so this never ends a live session of the same node. A waiting campaign
+    /// watches the key ahead of it and is woken by the deletion.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if LeaderInfo::decode(&self.value).node_id == dead {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         }
         let mut c = self.client.clone();
         count_request(BackendKind::Etcd, "leader");
@@ -640,16 +641,17 @@ impl Elector for EtcdElector {
             Err(e) => return Err(e),
         };
         let Some(kv) = kv else {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         };
         if kv.lease() == 0 || LeaderInfo::decode(kv.value()).node_id != dead {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         }
         let revoked = revoke_lease(&self.client, kv.lease(), self.timeout, "expire_dead").await?;
         if revoked {
             tracing::info!(election = %self.name, dead, lease = kv.lease(), "revoked a dead holder's lease");
+            return Ok(DeadHolderExpiry::EndedCampaignWakes);
         }
-        Ok(revoked)
+        Ok(DeadHolderExpiry::NotEnded)
     }
 
     /// A watch on the election's keys: a deletion (or the first candidacy) re-reads the head at

@@ -38,7 +38,7 @@ use tokio::sync::OnceCell;
 use super::epoch_lease::EpochLease;
 use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
-    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
@@ -448,9 +448,10 @@ impl Elector for PgLeaseElector {
         Ok(row.is_some())
     }
 
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+    /// A waiting campaign polls the row: it is restarted to see the seat free now.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if dead == self.node_id {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         }
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "expire_dead");
@@ -464,7 +465,10 @@ impl Elector for PgLeaseElector {
             let epoch: i64 = row.get(0);
             tracing::info!(lease = %self.name, dead, epoch, "ended a dead holder's lease");
         }
-        Ok(row.is_some())
+        Ok(match row {
+            Some(_) => DeadHolderExpiry::EndedCampaignMustRestart,
+            None => DeadHolderExpiry::NotEnded,
+        })
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -57,7 +57,7 @@ use serde::Serialize;
 
 use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
-    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
 };
 use crate::clock::NodeClock;
@@ -717,9 +717,10 @@ impl Elector for RedisElector {
         Ok(v.as_deref() == Some(value.as_bytes()))
     }
 
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+    /// A waiting campaign polls the key: it is restarted to see the seat free now.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if dead == self.node_id {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         }
         count_request(self.kind, "expire_dead");
         let (generation, mut conn) = self.conn().await?;
@@ -730,8 +731,9 @@ impl Elector for RedisElector {
             .await?;
         if n == 1 {
             tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
+            return Ok(DeadHolderExpiry::EndedCampaignMustRestart);
         }
-        Ok(n == 1)
+        Ok(DeadHolderExpiry::NotEnded)
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -55,7 +55,7 @@ use zookeeper_client::{Acls, CreateMode, SessionState};
 
 use super::renew_batch::{RenewBatch, Renewed};
 use super::{
-    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
@@ -932,39 +932,40 @@ impl Elector for ZkElector {
     /// Deletes the election's lowest znode (the leader's candidacy) if its data names `dead`:
     /// a version-checked delete of that one sequential node, so a candidacy created since (a new
     /// name) is never touched. The next candidate, watching it, wins at once. The dead session
-    /// itself is left to expire; its ephemeral node no longer holds the seat.
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<bool> {
+    /// itself is left to expire; its ephemeral node no longer holds the seat. A waiting campaign
+    /// watches the znode ahead of it and is woken by the deletion.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if LeaderInfo::decode(&self.value).node_id == dead {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         }
         let hub = &self.hub;
         let client = hub.reader().await?;
         count("expire-list");
         let children = match hub.bounded(client.list_children(&self.path)).await {
             Ok(c) => c,
-            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(false),
+            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(DeadHolderExpiry::NotEnded),
             Err(e) => return Err(e.into_err()),
         };
         let Some((_, first)) = queue(children).into_iter().next() else {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         };
         let path = self.child(&first);
         count("expire-get");
         let (data, stat) = match hub.bounded(client.get_data(&path)).await {
             Ok(got) => got,
-            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(false),
+            Err(ZkFailure::Other(zkc::Error::NoNode)) => return Ok(DeadHolderExpiry::NotEnded),
             Err(e) => return Err(e.into_err()),
         };
         if LeaderInfo::decode(&data).node_id != dead {
-            return Ok(false);
+            return Ok(DeadHolderExpiry::NotEnded);
         }
         count("expire-delete");
         match hub.bounded(client.delete(&path, Some(stat.version))).await {
             Ok(()) => {
                 tracing::info!(znode = %path, dead, "deleted a dead holder's candidacy");
-                Ok(true)
+                Ok(DeadHolderExpiry::EndedCampaignWakes)
             }
-            Err(ZkFailure::Other(zkc::Error::NoNode | zkc::Error::BadVersion)) => Ok(false),
+            Err(ZkFailure::Other(zkc::Error::NoNode | zkc::Error::BadVersion)) => Ok(DeadHolderExpiry::NotEnded),
             Err(e) => Err(e.into_err()),
         }
     }

@@ -97,6 +97,9 @@ pub enum SequencerMsg {
     Arrived,
     /// The claim task finished: the last committed seq, or why not.
     Claimed(Result<i64, FenceError>),
+    /// The group-commit connection opened while the claim was in flight (`None`: it could
+    /// not be; the first commit opens one as before).
+    PipeOpened(Option<Arc<SeqPipe>>),
     /// A group commit finished (the task already answered its clients). `pipe`: the
     /// connection it took from the pool, for the commits after it.
     Committed {
@@ -758,6 +761,17 @@ impl Actor for Sequencer {
             let _ = w.actor.set(myself.clone());
         }
         let (fence, token) = (ctx.fence.clone(), ctx.token);
+        if window.is_none() {
+            // The first group commit's connection, opened beside the claim rather than after
+            // it: on a node that never led, opening it (connect, authenticate, prepare) took
+            // about as long as the claim itself, and a failover waited for both in turn.
+            // Opened from here, its I/O runs where the commits do (see the module doc).
+            let (fence, me) = (fence.clone(), myself.clone());
+            tokio::spawn(async move {
+                let pipe = fence.seq_pipe().await.ok().map(Arc::new);
+                let _ = me.cast(SequencerMsg::PipeOpened(pipe));
+            });
+        }
         tokio::spawn(async move {
             let res = fence.seq_claim(SEQUENCE_RESOURCE, token).await;
             let _ = myself.cast(SequencerMsg::Claimed(res));
@@ -850,6 +864,13 @@ impl Actor for Sequencer {
                     &e.to_string(),
                 );
                 myself.stop(Some(format!("sequence claim failed: {e}")));
+            }
+            SequencerMsg::PipeOpened(pipe) => {
+                // Only onto an idle sequencer: a commit in flight went out on a connection of
+                // its own, and the next must follow it on that one (commits leave in order).
+                if state.pipe.is_none() && state.in_flight == 0 && state.draining.is_none() {
+                    state.pipe = pipe;
+                }
             }
             SequencerMsg::Committed { outcome, pipe } => {
                 state.in_flight -= 1;
