@@ -508,6 +508,98 @@ async fn zk_unreachable_beyond_the_grant_surfaces_as_lease_lost() {
     }
 }
 
+/// A zk observer sees a leader change at its watch's event, also after quiet re-checks: those
+/// are shared per node (one read for all its shards) and keep the watch they found still
+/// current, so they must neither replace the watch nor delay what it reports. The observing
+/// node has 4 shards; with `every` = 250 ms its quiet re-checks come 5 s apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_observer_sees_a_leader_change_at_its_watch_after_quiet_rechecks() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    let base = base_on_own_servers(&mut servers, BackendKind::Zk).await;
+    let one = factory_config(base);
+    let every = Duration::from_millis(250);
+    let quiet_recheck = every * 20;
+    let observer_cfgs: Vec<NodeConfig> =
+        (0..4).map(|s| one(&format!("observed-{s}"), "c")).collect();
+    let observers = build_shards(&observer_cfgs).await.unwrap();
+    let (tx, mut seen) = tokio::sync::watch::channel(None);
+    let observer = observers[0].clone();
+    let observing = tokio::spawn(async move { observer.observe(tx, every).await });
+    let a = build(&one("observed-0", "a")).await.unwrap();
+    let b = build(&one("observed-0", "b")).await.unwrap();
+    // Each candidacy session lives while its node renews it (the local watchdog).
+    let renewing: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|e| {
+            tokio::spawn(async move {
+                loop {
+                    let _ = e.renew().await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            })
+        })
+        .collect();
+    let leader_is = |seen: &tokio::sync::watch::Receiver<Option<LeaderInfo>>, id: &str| {
+        seen.borrow().as_ref().is_some_and(|l| l.node_id == id)
+    };
+    a.campaign().await.expect("a wins");
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        seen.wait_for(|l| l.as_ref().is_some_and(|l| l.node_id == "a")),
+    )
+    .await
+    .expect("the observer sees a lead")
+    .unwrap();
+    let watch_set = Instant::now();
+    let b_campaign = b.clone();
+    let b_wins = tokio::spawn(async move { b_campaign.campaign().await });
+    // Two quiet re-checks find a still lowest (b queued behind it changes nothing observed).
+    tokio::time::sleep(quiet_recheck * 2 + Duration::from_millis(500)).await;
+    assert!(
+        leader_is(&seen, "a"),
+        "the observer lost a: {:?}",
+        seen.borrow()
+    );
+    let resigned = Instant::now();
+    a.resign(None).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), b_wins)
+        .await
+        .expect("b wins once a resigned")
+        .unwrap()
+        .expect("b's campaign");
+    // Well before the next quiet re-check could find b instead of the watch.
+    let next_recheck = watch_set + quiet_recheck * 3;
+    let within = next_recheck.saturating_duration_since(resigned) / 2;
+    tokio::time::timeout_at(
+        (resigned + within).into(),
+        seen.wait_for(|l| l.as_ref().is_some_and(|l| l.node_id == "b")),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the observer did not see b within {within:?} of a's resignation (its next quiet \
+             re-check is {:?} after it): the watch no longer reports the change",
+            next_recheck.saturating_duration_since(resigned)
+        )
+    })
+    .unwrap();
+    eprintln!(
+        "the observer saw b {:.0?} after a resigned",
+        resigned.elapsed()
+    );
+    observing.abort();
+    for t in renewing {
+        t.abort();
+    }
+    for e in [&a, &b] {
+        let _ = e.close().await;
+    }
+    for o in &observers {
+        let _ = o.close().await;
+    }
+}
+
 /// Each ZooKeeper server's own view (`srvr`: its mode and queues, or nothing if it is not
 /// serving) and the last lines of its log.
 fn ensemble_views(zk: &ZkEnsemble) -> String {

@@ -411,6 +411,69 @@ async fn per_shard_fence_failover_and_rebalance_on_zk() {
     per_shard_fence_failover_and_rebalance("zk").await;
 }
 
+/// The leader reads of an idle zk fleet do not grow with K: each shard's observe loop keeps a
+/// watch, and the quiet re-checks behind the watches are one multi-read per node for all its
+/// shards (`zk.rs`, `SharedLeaderRead`). K = 16 on 3 nodes, a 15 s idle window: a node sends at
+/// most about one read per 10 retry intervals (2.5 s), so 7 in the window (3 when its shards'
+/// watches were set together and re-check together); re-checks per shard would be 16 every 20
+/// retry intervals (5 s), 48 or more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_quiet_leader_rechecks_are_one_read_per_node_not_per_shard() {
+    const K: u32 = 16;
+    const WINDOW: Duration = Duration::from_secs(15);
+    /// Every leader-read request of the zk backend, by its counter's `op` label.
+    const READS: [&str; 4] = [
+        "read-list",
+        "read-get",
+        "read-watch-children",
+        "read-recheck",
+    ];
+    /// Per node in the window: twice what shared re-checks send, a quarter of one per shard.
+    const MOST_PER_NODE: f64 = 12.0;
+    let fleet = Fleet::up_with("zk", 3, &["--shards", "16"]);
+    let placed = stable_placement(&fleet, K, SETTLE).await;
+    let reads = |text: &str| -> BTreeMap<&str, f64> {
+        READS
+            .iter()
+            .map(|op| (*op, backend_requests(text, "zk", op)))
+            .collect()
+    };
+    let before: Vec<_> = metrics_texts(&fleet)
+        .await
+        .iter()
+        .map(|t| reads(t))
+        .collect();
+    tokio::time::sleep(WINDOW).await;
+    let after: Vec<_> = metrics_texts(&fleet)
+        .await
+        .iter()
+        .map(|t| reads(t))
+        .collect();
+    // An idle fleet: nothing changed that a watch would report and re-read.
+    let still = settled_placement(&fleet, K, SETTLE).await;
+    assert_eq!(still, placed, "the placement moved in the idle window");
+    let mut rechecks = 0.0;
+    for ((n, b), a) in fleet.state().nodes.iter().zip(&before).zip(&after) {
+        let sent: BTreeMap<&str, f64> = READS.iter().map(|op| (*op, a[op] - b[op])).collect();
+        let total: f64 = sent.values().sum();
+        eprintln!(
+            "{}: {total} leader reads in {WINDOW:?} for {K} shards: {sent:?}",
+            n.id
+        );
+        assert!(
+            total <= MOST_PER_NODE,
+            "{}: {total} zookeeper leader reads in an idle {WINDOW:?} for {K} shards ({sent:?}): \
+             the quiet re-checks are per shard again, not one read per node",
+            n.id
+        );
+        rechecks += sent["read-recheck"];
+    }
+    assert!(
+        rechecks >= 3.0,
+        "{rechecks} shared re-checks in {WINDOW:?}: every node re-checks its quiet watches"
+    );
+}
+
 /// The body of the tests above, on a 3-node fleet of `backend` with K = 6.
 async fn per_shard_fence_failover_and_rebalance(backend: &str) {
     const K: u32 = 6;

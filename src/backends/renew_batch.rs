@@ -14,15 +14,15 @@
 //! counted from a request that really extended its lease. A node sends about one batch per renew
 //! interval, whatever the number of shards.
 //!
-//! [`SharedLeaderRead`] does the same for the observe loops' "who leads?" polls.
+//! [`SharedLeaderRead`] does the same for the observe loops' "who leads?" polls (zk: their quiet
+//! re-checks of the lowest candidacy znode).
 //!
 //! A lease is named by its value (`L`: the row's name, holder and epoch; the key and its
 //! candidacy), never by the shard alone, so a batch that ran with a shard's *previous* lease
 //! cannot be taken as the answer for its current one.
 
 // etcd shares only the leader reads (its renewals ride on one lease, see `etcd.rs`); sharded
-// raft and zk only the renewals (raft's leader reads are one request for all shards,
-// `raft/shards.rs`; zk's are watches per shard).
+// raft only the renewals (its leader reads are one request for all shards, `raft/shards.rs`).
 #![cfg_attr(not(any(feature = "pg-lease", feature = "redis")), allow(dead_code))]
 
 use std::collections::BTreeMap;
@@ -159,23 +159,24 @@ impl<L: Clone + PartialEq + Send> RenewBatch<L> {
     }
 }
 
-/// Who leads each of a node's elections (by election name), as one read saw them.
-pub(crate) type Leaders = std::sync::Arc<BTreeMap<String, LeaderInfo>>;
+/// What one shared read saw of each of a node's elections, by election name: who leads it
+/// (`LeaderInfo`: etcd, pg-lease, redis), or zk's lowest candidacy znode (its name).
+pub(crate) type Leaders<V = LeaderInfo> = std::sync::Arc<BTreeMap<String, V>>;
 
 /// One backend read answers every shard's "who leads?" (the observe loop's polls), the way
 /// [`RenewBatch`] answers their renewals: a shard reuses the newest read if another shard made
-/// it less than `reuse_for` ago, else reads every election's leader in one round trip. A lone
-/// shard reads each time, as before. Leader reads only route clients and feed placement; no
-/// safety decision rests on them (a term is confirmed by `confirm_leadership`, per shard).
-pub(crate) struct SharedLeaderRead {
+/// it less than `reuse_for` ago, else reads every election in one round trip. A lone shard reads
+/// each time, as before. Leader reads only route clients and feed placement; no safety decision
+/// rests on them (a term is confirmed by `confirm_leadership`, per shard).
+pub(crate) struct SharedLeaderRead<V = LeaderInfo> {
     reuse_for: Duration,
     /// Every election name of the node's shards, in shard order.
     pub(crate) names: Vec<String>,
-    newest: Mutex<Option<(u32, Instant, Leaders)>>,
+    newest: Mutex<Option<(u32, Instant, Leaders<V>)>>,
 }
 
-impl SharedLeaderRead {
-    pub(crate) fn new(reuse_for: Duration, names: Vec<String>) -> SharedLeaderRead {
+impl<V: Clone> SharedLeaderRead<V> {
+    pub(crate) fn new(reuse_for: Duration, names: Vec<String>) -> SharedLeaderRead<V> {
         SharedLeaderRead {
             reuse_for,
             names,
@@ -183,17 +184,18 @@ impl SharedLeaderRead {
         }
     }
 
-    /// The leader of `name` (shard `shard`'s election), from a fresh shared read or from
-    /// `fetch`, which reads the leaders of all of [`SharedLeaderRead::names`] at once.
+    /// What a fresh shared read saw of `name` (shard `shard`'s election), or what `fetch` sees:
+    /// it reads all of [`SharedLeaderRead::names`] at once (an election it leaves out has no
+    /// leader).
     pub(crate) async fn leader<F, Fut>(
         &self,
         shard: u32,
         name: &str,
         fetch: F,
-    ) -> ElectorResult<Option<LeaderInfo>>
+    ) -> ElectorResult<Option<V>>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = ElectorResult<BTreeMap<String, LeaderInfo>>>,
+        Fut: Future<Output = ElectorResult<BTreeMap<String, V>>>,
     {
         let mut newest = self.newest.lock().await;
         if let Some((by, at, leaders)) = &*newest {
@@ -202,7 +204,7 @@ impl SharedLeaderRead {
             }
         }
         let at = Instant::now();
-        let leaders: Leaders = std::sync::Arc::new(fetch().await?);
+        let leaders: Leaders<V> = std::sync::Arc::new(fetch().await?);
         let mine = leaders.get(name).cloned();
         *newest = Some((shard, at, leaders));
         Ok(mine)

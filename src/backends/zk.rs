@@ -44,8 +44,19 @@
 //! that ends (expired, or the watchdog gave it up) ends every shard's candidacy in it, and each
 //! shard is told at its next renewal. The last shard to close closes the session. At K = 1 the
 //! lone shard sends exactly what it sent before sharing.
+//!
+//! **Observing the leader.** Each shard's observe loop keeps a watch on its election's lowest
+//! znode (or on the children while there is no candidate), so a leader change is seen at the
+//! watch's event, as with one shard. When a watch has been quiet for a while the loop re-checks
+//! that the lowest znode is still the one it watches (a backstop: nothing else would notice a
+//! watch that never fires). Those quiet re-checks are shared per node (`SharedLeaderRead`, as
+//! etcd, pg-lease and redis share their leader polls): one multi-read of every election's
+//! children answers the re-checks of all the node's shards, and only a shard whose election
+//! changed re-lists and re-watches on its own. The watches are kept across re-checks that find
+//! nothing new, so a quiet node sends about one read per `RECHECK_REUSE_INTERVALS` retry
+//! intervals whatever K.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -53,7 +64,7 @@ use async_trait::async_trait;
 use zookeeper_client as zkc;
 use zookeeper_client::{Acls, CreateMode, SessionState};
 
-use super::renew_batch::{RenewBatch, Renewed};
+use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
     count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -66,6 +77,22 @@ const PREFIX: &str = "c_";
 /// The fraction of the negotiated session timeout a renewal grants (see the module doc).
 const GRANT_NUM: u32 = 2;
 const GRANT_DEN: u32 = 3;
+
+/// An observe loop whose watch has been quiet this many retry intervals re-checks its election's
+/// lowest znode (a backstop for a watch that never fires; a change itself is seen by the watch).
+const QUIET_RECHECK_INTERVALS: u32 = 20;
+
+/// A quiet re-check takes another shard's shared read when it is younger than this many retry
+/// intervals. With [`QUIET_RECHECK_INTERVALS`] a change a watch missed is still seen within 30
+/// retry intervals at worst, as when every shard re-listed its election alone after 30; the node
+/// reads about once per this many intervals, whatever K.
+const RECHECK_REUSE_INTERVALS: u32 = 10;
+
+/// Elections per multi-read of the quiet re-checks: one request up to K = 1024. Both the request
+/// (a path each) and its answer (about 30 bytes per candidate znode name: some 300 KiB at 9
+/// candidates per election) stay well inside ZooKeeper's default 1 MiB packet limit
+/// (`jute.maxbuffer`).
+const RECHECK_READ_OPS: usize = 1024;
 
 #[derive(Clone, Debug)]
 struct Node {
@@ -109,6 +136,9 @@ struct Hub {
     /// session generation and the shard's znode in it (`None`: a candidacy without a znode yet,
     /// which needs only the session kept alive).
     batch: RenewBatch<(u64, Option<String>)>,
+    /// The observe loops' quiet re-checks, shared: the name of each election's lowest znode, by
+    /// election path (every shard's path, in shard order, is its `names`).
+    quiet_rechecks: SharedLeaderRead<String>,
 }
 
 /// One shard's candidacy, tied to the session generation it was made in.
@@ -421,6 +451,53 @@ impl Hub {
     async fn reset_reader(&self) {
         *self.reader.lock().await = None;
     }
+
+    /// The lowest znode of every election of the node's shards (an election with no candidate,
+    /// or no path yet, is left out): one multi-read of their children on the read-only session
+    /// per [`RECHECK_READ_OPS`] elections.
+    async fn read_lowest_children(&self) -> ElectorResult<BTreeMap<String, String>> {
+        let client = self.reader().await?;
+        let mut lowest = BTreeMap::new();
+        for paths in self.quiet_rechecks.names.chunks(RECHECK_READ_OPS) {
+            let mut reader = client.new_multi_reader();
+            for p in paths {
+                if let Err(e) = reader.add_get_children(p) {
+                    return Err(ElectorError::Unavailable(format!("zookeeper: {e}")));
+                }
+            }
+            count("read-recheck");
+            let answers = match self.bounded(reader.commit()).await {
+                Ok(a) => a,
+                Err(e) => {
+                    if matches!(e, ZkFailure::SessionOver(_)) {
+                        self.reset_reader().await;
+                    }
+                    return Err(e.into_err());
+                }
+            };
+            for (path, answer) in paths.iter().zip(answers) {
+                match answer {
+                    zkc::MultiReadResult::Children { children } => {
+                        if let Some((_, first)) = queue(children).into_iter().next() {
+                            lowest.insert(path.clone(), first);
+                        }
+                    }
+                    zkc::MultiReadResult::Error {
+                        err: zkc::Error::NoNode,
+                    } => {}
+                    zkc::MultiReadResult::Error { err } => {
+                        return Err(ElectorError::Unavailable(format!("zookeeper: {err}")))
+                    }
+                    other => {
+                        return Err(ElectorError::Unavailable(format!(
+                            "zookeeper: a children read answered {other:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(lowest)
+    }
 }
 
 /// A failed request, before it becomes an [`ElectorError`].
@@ -505,6 +582,19 @@ impl ZkElector {
             node_id: cfg.node_id.clone(),
             http_addr: cfg.advertise_addr.clone(),
         };
+        let paths: Vec<String> = cfgs
+            .iter()
+            .map(|shard_cfg| {
+                let path = shard_cfg.zk.election_path.trim_end_matches('/').to_owned();
+                if !path.starts_with('/') || path.len() < 2 {
+                    return Err(ElectorError::Config(format!(
+                        "zk.election_path {:?} must be an absolute znode path below /",
+                        shard_cfg.zk.election_path
+                    )));
+                }
+                Ok(path)
+            })
+            .collect::<ElectorResult<_>>()?;
         let hub = Arc::new(Hub {
             connect: cfg.zk.connect.clone(),
             requested_timeout: cfg.lease_ttl(),
@@ -513,26 +603,21 @@ impl ZkElector {
             state: StdMutex::new(HubState::default()),
             reader: tokio::sync::Mutex::new(None),
             batch: RenewBatch::new(cfg.renew_interval()),
+            quiet_rechecks: SharedLeaderRead::new(
+                cfg.retry_interval() * RECHECK_REUSE_INTERVALS,
+                paths.clone(),
+            ),
         });
-        (0u32..)
-            .zip(cfgs)
-            .map(|(shard, shard_cfg)| {
-                let path = shard_cfg.zk.election_path.trim_end_matches('/').to_owned();
-                if !path.starts_with('/') || path.len() < 2 {
-                    return Err(ElectorError::Config(format!(
-                        "zk.election_path {:?} must be an absolute znode path below /",
-                        shard_cfg.zk.election_path
-                    )));
-                }
-                Ok(ZkElector {
-                    hub: hub.clone(),
-                    shard,
-                    path,
-                    value: me.encode(),
-                    mine: StdMutex::new(None),
-                })
+        Ok((0u32..)
+            .zip(paths)
+            .map(|(shard, path)| ZkElector {
+                hub: hub.clone(),
+                shard,
+                path,
+                value: me.encode(),
+                mine: StdMutex::new(None),
             })
-            .collect()
+            .collect())
     }
 
     fn mine(&self) -> MutexGuard<'_, Option<Candidacy>> {
@@ -685,12 +770,12 @@ impl ZkElector {
         }
     }
 
-    /// The lowest child and its data (with a watch on it when `watch`). `None`: no candidate.
+    /// The lowest child's name and data (with a watch on it when `watch`). `None`: no candidate.
     async fn lowest(
         &self,
         client: &zkc::Client,
         watch: bool,
-    ) -> Result<Option<(LeaderInfo, Option<zkc::OneshotWatcher>)>, ZkFailure> {
+    ) -> Result<Option<(String, LeaderInfo, Option<zkc::OneshotWatcher>)>, ZkFailure> {
         let hub = &self.hub;
         for _ in 0..5 {
             count("read-list");
@@ -714,7 +799,7 @@ impl ZkElector {
                     .map(|(d, _)| (d, None))
             };
             match got {
-                Ok((data, w)) => return Ok(Some((LeaderInfo::decode(&data), w))),
+                Ok((data, w)) => return Ok(Some((first, LeaderInfo::decode(&data), w))),
                 // Gone between the list and the read: look again.
                 Err(ZkFailure::Other(zkc::Error::NoNode)) => continue,
                 Err(e) => return Err(e),
@@ -730,6 +815,41 @@ impl ZkElector {
         if let Some(c) = self.mine().as_mut().filter(|c| c.gen == gen) {
             c.node = None;
             c.leading = false;
+        }
+    }
+
+    /// Waits for `watch` (set while `lowest` was the election's lowest child, `None`: no
+    /// candidate) to fire. Each time it has been quiet for `QUIET_RECHECK_INTERVALS × every`,
+    /// the node's shared re-check (one read for all its shards, [`Hub::read_lowest_children`])
+    /// says whether the lowest child is still `lowest`: if so the same watch is kept and waited
+    /// on again, so a quiet shard sends nothing of its own. Returns when the watch fired, the
+    /// re-check saw another lowest child or failed (the caller re-lists and re-watches), or
+    /// nobody observes any more.
+    async fn wait_while_quiet(
+        &self,
+        lowest: Option<String>,
+        watch: zkc::OneshotWatcher,
+        every: Duration,
+        tx: &tokio::sync::watch::Sender<Option<LeaderInfo>>,
+    ) {
+        let hub = &self.hub;
+        let mut fired = std::pin::pin!(watch.changed());
+        loop {
+            if tokio::time::timeout(every * QUIET_RECHECK_INTERVALS, &mut fired)
+                .await
+                .is_ok()
+                || tx.is_closed()
+            {
+                return;
+            }
+            let now = hub
+                .quiet_rechecks
+                .leader(self.shard, &self.path, || hub.read_lowest_children())
+                .await;
+            match now {
+                Ok(now) if now == lowest => continue,
+                _ => return,
+            }
         }
     }
 }
@@ -919,7 +1039,7 @@ impl Elector for ZkElector {
         let hub = &self.hub;
         let client = hub.reader().await?;
         match self.lowest(&client, false).await {
-            Ok(found) => Ok(found.map(|(info, _)| info)),
+            Ok(found) => Ok(found.map(|(_, info, _)| info)),
             Err(e) => {
                 if matches!(e, ZkFailure::SessionOver(_)) {
                     hub.reset_reader().await;
@@ -1009,8 +1129,9 @@ impl Elector for ZkElector {
     }
 
     /// A native watch: the lowest child's data with a watch on it (fires when it goes), or the
-    /// children with a watch when nobody is a candidate. Re-checked every `30 × every` when
-    /// quiet (a ZooKeeper watch fires or the session ends).
+    /// children with a watch when nobody is a candidate. While the watch is quiet, the node's
+    /// shared re-check confirms every `QUIET_RECHECK_INTERVALS × every` that the lowest child
+    /// is still the one watched (see [`ZkElector::wait_while_quiet`]).
     async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
         let hub = &self.hub;
         while !tx.is_closed() {
@@ -1021,14 +1142,14 @@ impl Elector for ZkElector {
                     continue;
                 }
             };
-            let watcher = match self.lowest(&client, true).await {
-                Ok(Some((info, w))) => {
+            let watched = match self.lowest(&client, true).await {
+                Ok(Some((name, info, w))) => {
                     tx.send_if_modified(|cur| {
                         let changed = cur.as_ref() != Some(&info);
                         *cur = Some(info.clone());
                         changed
                     });
-                    w
+                    w.map(|w| (Some(name), w))
                 }
                 Ok(None) => {
                     tx.send_if_modified(|cur| cur.take().is_some());
@@ -1037,7 +1158,7 @@ impl Elector for ZkElector {
                         .bounded(client.list_and_watch_children(&self.path))
                         .await
                     {
-                        Ok((_, w)) => Some(w),
+                        Ok((_, w)) => Some((None, w)),
                         Err(_) => None, // no election path yet: poll
                     }
                 }
@@ -1049,15 +1170,12 @@ impl Elector for ZkElector {
                 }
             };
             drop(client);
-            match watcher {
-                Some(w) => {
-                    let _ = tokio::time::timeout(every * 30, w.changed()).await;
-                }
+            match watched {
+                Some((lowest, w)) => self.wait_while_quiet(lowest, w, every, &tx).await,
                 None => tokio::time::sleep(every).await,
             }
         }
     }
-
     /// Withdraws this shard's candidacy (its znode deleted); the last shard of the node to
     /// close closes the shared session.
     async fn close(&self) -> ElectorResult<()> {
