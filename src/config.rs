@@ -392,8 +392,10 @@ pub struct ShardsConfig {
     /// is two thirds of the lease backends' 3 s TTL (1 s moved shards back and forth on a
     /// saturated 2-core machine, where `/healthz` is served at nice 5 behind the timers).
     pub down_after_ms: u64,
-    /// A shard with no leader for this long is campaigned for by every live member, whatever
-    /// the placement says: a disagreement between views never leaves a shard dark for longer.
+    /// A shard with no known leader is campaigned for, whatever the placement says, by the live
+    /// members in their rendezvous order for it: the member ranked r after `r x` this long (at
+    /// least once this long), so a disagreement between views does not leave a shard dark, and
+    /// a slow start does not draw every member into every election at once.
     pub orphan_grace_ms: u64,
 }
 

@@ -19,9 +19,14 @@
 //!   (draining: shutting down) is not live at once, so a planned stop moves its shards before
 //!   it releases them. This node counts itself live until it drains.
 //! * **Warm-up**: for its first `down_after_ms` a node seeks no shard (it has not heard from
-//!   every member yet); orphans are counted from the start.
-//! * **Orphans**: a shard with no known leader for `orphan_grace_ms` is sought by every live
-//!   member, so a wrong view never leaves a shard dark for longer than that.
+//!   every member yet); orphans are counted from its end.
+//! * **Orphans**: a shard with no known leader is sought by the live members in their rendezvous
+//!   order for it, one more every `orphan_grace_ms`: the member ranked r seeks it after
+//!   `r x orphan_grace_ms` (the owner, r = 0, always does). So a wrong view leaves a shard dark for
+//!   at most about one grace per member that also fails to win it, and a fleet that starts, or a
+//!   backend that is slow, does not draw every member into every election at once (with 9 nodes
+//!   and K = 256 on two cores that stampede, 2,304 candidacies, starved ZooKeeper's session
+//!   renewals and never settled).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +41,7 @@ use tokio::net::TcpStream;
 use crate::actors::supervisor::SupervisorMsg;
 use crate::config::{MemberSpec, ShardsConfig};
 use crate::leadership::Leadership;
-use crate::shard::{assign, ShardId};
+use crate::shard::{assign, rank, ShardId};
 use crate::trace::ActorTrace;
 
 /// What placement currently believes (for `/status` and `baton fleet status`).
@@ -180,8 +185,13 @@ pub(crate) async fn run(args: PlacementArgs) {
             } else {
                 Some(leaderless_since[s].unwrap_or(now))
             };
-            let orphaned =
-                leaderless_since[s].is_some_and(|t| now.duration_since(t) >= orphan_grace);
+            let orphaned = leaderless_since[s].is_some_and(|t| {
+                let my_rank = rank(&live, ShardId(s as u32))
+                    .iter()
+                    .position(|m| *m == args.node_id)
+                    .unwrap_or(live.len()) as u32;
+                now.duration_since(t) >= orphan_grace * my_rank.max(1)
+            });
             let wanted =
                 !draining && (owners.get(s).is_some_and(|o| *o == args.node_id) || orphaned);
             if sent[s] != Some(wanted) {

@@ -46,8 +46,8 @@ use super::etcd_expiry::{ExpiryReaper, LeaseTtlReader};
 use super::etcd_vacancy::VacancyWatch;
 use super::renew_batch::SharedLeaderRead;
 use super::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
-    LeaderInfo, Win,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
+    Grant, LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 use crate::tasks::AbortOnDrop;

@@ -38,8 +38,8 @@ use tokio::sync::OnceCell;
 use super::epoch_lease::EpochLease;
 use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
-    LeaderInfo, Win,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
+    Grant, LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 

@@ -57,8 +57,8 @@ use serde::Serialize;
 
 use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
-    LeaderInfo, Win,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
+    Grant, LeaderInfo, Win,
 };
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;

@@ -66,8 +66,8 @@ use zookeeper_client::{Acls, CreateMode, SessionState};
 
 use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
 use super::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken, Grant,
-    LeaderInfo, Win,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
+    Grant, LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 
@@ -1085,7 +1085,9 @@ impl Elector for ZkElector {
                 tracing::info!(znode = %path, dead, "deleted a dead holder's candidacy");
                 Ok(DeadHolderExpiry::EndedCampaignWakes)
             }
-            Err(ZkFailure::Other(zkc::Error::NoNode | zkc::Error::BadVersion)) => Ok(DeadHolderExpiry::NotEnded),
+            Err(ZkFailure::Other(zkc::Error::NoNode | zkc::Error::BadVersion)) => {
+                Ok(DeadHolderExpiry::NotEnded)
+            }
             Err(e) => Err(e.into_err()),
         }
     }
