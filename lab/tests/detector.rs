@@ -112,7 +112,12 @@ fn trace_lines(fleet: &Fleet, id: &str) -> Vec<serde_json::Value> {
 }
 
 /// When (ms after `since_wall_ms`) node `id` first traced `actor`'s `event` at or after it.
-fn first_after(lines: &[serde_json::Value], since_wall_ms: u64, actor: &str, event: &str) -> Option<f64> {
+fn first_after(
+    lines: &[serde_json::Value],
+    since_wall_ms: u64,
+    actor: &str,
+    event: &str,
+) -> Option<f64> {
     lines
         .iter()
         .filter(|l| l["actor"] == actor && l["event"] == event)

@@ -22,6 +22,12 @@ use serde::{Deserialize, Serialize};
 
 use super::servers::{free_ports, pid_alive, spawn_detached, stop_pid, ServerError};
 
+/// `maxClientCnxns`: ZooKeeper's default (60 per client IP) is meant for one client host, but
+/// every node of a private fleet connects from 127.0.0.1: 9 nodes with 256 shards, reconnecting
+/// under load, hit it and were refused ("Too many connections from /127.0.0.1 - max is 60"),
+/// which lost their sessions and never let the fleet settle.
+const MAX_CLIENT_CONNECTIONS: u32 = 1024;
+
 const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// A logging backend for ZooKeeper's slf4j (without one it logs nothing at all).
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
@@ -162,8 +168,10 @@ impl ZkEnsemble {
              reconfigEnabled=false\n\
              quorumListenOnAllIPs=false\n\
              autopurge.purgeInterval=0\n\
+             maxClientCnxns={max_cnxns}\n\
              forceSync=no\n",
             tick = self.tick_ms,
+            max_cnxns = MAX_CLIENT_CONNECTIONS,
             min = 2 * self.tick_ms,
             max = 20 * self.tick_ms,
             data = data.display(),
