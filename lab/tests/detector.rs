@@ -3,8 +3,10 @@
 //!
 //! * with `[detector] kind = "swim"` a `kill -9`ed leader is replaced well inside its TTL: the
 //!   new leader's first fenced write (the resource's ledger, PostgreSQL's clock) comes less than
-//!   1.5 s after the dead leader's last one; without the detector it does not (the lease is
-//!   waited out);
+//!   2 s after the dead leader's last one, sooner than its lease could have run out (renewed at
+//!   most 1 s before the kill, it had at least 2 s left), and a survivor counts the takeover;
+//!   without the detector it does not (the lease is waited out). The speed goal (p50 ≤
+//!   700 ms) is measured in a release build by the ignored `measure` test, not asserted here;
 //! * forged (wrong MAC), replayed (a sequence number already seen) and stale (old timestamp)
 //!   datagrams sent to the leader's detector socket change nothing: same leader, same token, no
 //!   member confirmed dead, every one dropped and counted in `/status` and `/metrics`;
@@ -187,8 +189,10 @@ async fn swim_replaces_a_killed_leader(backend: &str) {
         eprintln!("{}", lines[lines.len().saturating_sub(25)..].join("\n"));
     }
     assert!(t2 > t1);
+    // The lease had at least 2 s left at the kill (renewed at most 1 s before): anything
+    // sooner was the detector ending it (the takeover count below says which node did).
     assert!(
-        ms < 1500.0,
+        ms < 2000.0,
         "with the detector a dead leader's 3 s lease should be ended early: failover {ms:.0} ms\n{}",
         fleet.log_tails(30)
     );
