@@ -102,6 +102,14 @@ pub struct EtcdElector {
     recheck: Duration,
 }
 
+/// A prefix read of an election's oldest key (its leader): etcd's election `Leader`, client-side.
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
 /// How often the client pings an idle connection: above etcd's default
 /// `--grpc-keepalive-min-time` (5 s), with room for timer slack.
 const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(6);
@@ -284,13 +292,9 @@ impl EtcdElector {
     async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
         let mut out = BTreeMap::new();
         for names in self.leaders.names.chunks(TXN_OPS) {
-            let first_created = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1);
             let gets: Vec<TxnOp> = names
                 .iter()
-                .map(|n| TxnOp::get(format!("{n}/"), Some(first_created.clone())))
+                .map(|n| TxnOp::get(format!("{n}/"), Some(first_created())))
                 .collect();
             let mut c = self.client.clone();
             count_request(BackendKind::Etcd, "leader");
@@ -306,17 +310,19 @@ impl EtcdElector {
         Ok(out)
     }
 
+    /// This elector's candidacy on lease `lease`: the key etcd's election API (and `etcdctl
+    /// elect`) makes, `NAME/<lease in hex>`.
+    fn candidacy_key(&self, lease: i64) -> String {
+        format!("{}/{lease:x}", self.name)
+    }
+
     /// Who leads this elector's election: the key under `NAME/` with the lowest create revision
     /// (what etcd's election `Leader` call answers), read afresh for this election alone.
     async fn head(&self) -> ElectorResult<Option<etcd_client::KeyValue>> {
         let mut c = self.client.clone();
-        let first_created = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
         count_request(BackendKind::Etcd, "head");
         let resp = self
-            .bounded(c.get(format!("{}/", self.name), Some(first_created)))
+            .bounded(c.get(format!("{}/", self.name), Some(first_created())))
             .await?;
         Ok(resp.kvs().first().cloned())
     }
@@ -481,7 +487,7 @@ impl Elector for EtcdElector {
             }
             .run(),
         ));
-        let key = format!("{}/{lease_id:x}", self.name);
+        let key = self.candidacy_key(lease_id);
         let waited = async {
             let my_rev = self.put_candidacy(&key, lease_id).await?;
             let deletions = vacancy.as_ref().map(|v| v.deletions());
@@ -633,14 +639,7 @@ impl Elector for EtcdElector {
         if LeaderInfo::decode(&self.value).node_id == dead {
             return Ok(DeadHolderExpiry::NotEnded);
         }
-        let mut c = self.client.clone();
-        count_request(BackendKind::Etcd, "leader");
-        let kv = match self.bounded(c.leader(self.name.as_str())).await {
-            Ok(resp) => resp.kv().cloned(),
-            Err(ElectorError::Unavailable(msg)) if msg.contains("no leader") => None,
-            Err(e) => return Err(e),
-        };
-        let Some(kv) = kv else {
+        let Some(kv) = self.head().await? else {
             return Ok(DeadHolderExpiry::NotEnded);
         };
         if kv.lease() == 0 || LeaderInfo::decode(kv.value()).node_id != dead {
@@ -736,7 +735,7 @@ impl Elector for EtcdElector {
                 .map(drop);
         }
         drop(guard);
-        let candidacy = format!("{}/{id:x}", self.name);
+        let candidacy = self.candidacy_key(id);
         self.delete_retried(
             Txn::new().and_then([TxnOp::delete(candidacy, None)]),
             "withdraw",
