@@ -304,6 +304,33 @@ async fn shards_spread_evenly_and_every_interface_names_its_shard() {
 
 /// The raft leader of a raft fleet, from the members' durable votes (`raft/vote.json`): the
 /// committed vote of the highest term names it (fleet node `nI` is raft id `I`).
+/// A `--netns` fleet (each node in its own network namespace, as the partition event needs):
+/// every member sees every other one and the shards spread. Members' addresses must be the
+/// namespaces', not loopback: with loopback each node counted the others dead and sought every
+/// shard alone, and the fleet never balanced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_in_network_namespaces_see_every_member_and_spread() {
+    const K: u32 = 6;
+    let fleet = Fleet::up_with("etcd", 3, &["--netns", "--shards", "6"]);
+    let placed = stable_placement(&fleet, K, SETTLE).await;
+    let per_node: HashSet<&String> = placed.values().map(|(id, _, _)| id).collect();
+    assert_eq!(per_node.len(), 3, "every node leads some shard: {placed:?}");
+    // The node's own sweep of the fleet (`/ui/fleet`) asks every member at its configured
+    // address: all three must answer.
+    let addr = &fleet.state().nodes[0].http_addr;
+    let r = fleet.client.get(addr, "/ui/fleet").await.unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let members = r.json()["members"].as_array().cloned().unwrap_or_default();
+    assert_eq!(members.len(), 3, "{members:?}");
+    for m in &members {
+        assert_eq!(m["up"], true, "a member the node cannot reach: {m}");
+        assert!(
+            !m["addr"].as_str().unwrap_or("").starts_with("127."),
+            "a member named by loopback inside a namespace: {m}"
+        );
+    }
+}
+
 fn raft_leader(fleet: &Fleet) -> String {
     let mut best: Option<(u64, u64)> = None;
     for n in &fleet.state().nodes {

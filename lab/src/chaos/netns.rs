@@ -474,6 +474,21 @@ impl NetnsFleet {
         Ok(())
     }
 
+    /// `addr` (a loopback `host:port` the fleet wrote for node `id`) as node `id`'s namespace
+    /// address, same port.
+    fn addr_in_namespace(&self, id: &str, addr: &str) -> anyhow::Result<String> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .with_context(|| format!("member {id} has no namespace"))?;
+        let port: u16 = addr
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .with_context(|| format!("member {id}: no port in {addr:?}"))?;
+        Ok(format!("{}:{port}", node.ip))
+    }
+
     /// Rewrites node `index`'s (0-based) config so it listens on its namespace address and
     /// reaches every server through the bridge.
     #[allow(clippy::too_many_arguments)]
@@ -528,6 +543,16 @@ impl NetnsFleet {
         }
         if let Some(pp) = peer_ports.get(index) {
             cfg.raft.peer_listen = Some(SocketAddr::from((me.ip, *pp)));
+        }
+        // Every other list of fleet addresses must name the namespaces too: inside a namespace
+        // 127.0.0.1 is the node itself (and not even its listener, which is on `me.ip`), so a
+        // member list left on loopback makes each node see the fleet as dead and seek every
+        // shard alone; a detector peer list left on loopback probes nobody.
+        for member in cfg.shards.members.iter_mut() {
+            member.addr = self.addr_in_namespace(&member.id, &member.addr)?;
+        }
+        for peer in cfg.detector.peers.iter_mut() {
+            peer.addr = self.addr_in_namespace(&peer.id, &peer.addr)?;
         }
         if cfg.backend == baton::backends::BackendKind::PgLease {
             cfg.pg_lease.database_url =
