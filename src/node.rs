@@ -332,6 +332,7 @@ impl NodeBuilder {
                 trace: trace.clone(),
                 state: placement.clone(),
                 client: members.clone(),
+                peer_events: peer_events.as_ref().map(|e| e.subscribe()),
             })))
         });
         tracing::info!(node = %cfg.node_id, http_addr = http_addr.as_deref().unwrap_or("-"), backend = %cfg.backend, shards = shard_count, "node started");

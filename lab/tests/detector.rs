@@ -244,6 +244,87 @@ async fn redis_with_swim_replaces_a_killed_leader_well_inside_its_ttl() {
     swim_replaces_a_killed_leader("redis").await;
 }
 
+/// Sharded (K = 4, 3 nodes): a `kill -9`ed node's shards are led again by live nodes, at a
+/// higher token, well inside their 3 s leases. Without the detector this cannot happen: placement
+/// counts a member down only after `down_after_ms` (2 s) of failed probes, and only then do the
+/// shards' new owners campaign, for leases renewed at most 1 s before the kill (2 s left). With
+/// it, placement counts the member down at its confirmation and each new owner's elector, which
+/// was not a candidate when the confirmation came, ends the dead node's lease as its campaign
+/// starts. Returns the ms from the kill until every one of the dead node's shards was led again.
+async fn swim_moves_a_killed_nodes_shards(backend: &str) -> f64 {
+    const K: u32 = 4;
+    let _guard = serial();
+    let base = if backend == "raft" {
+        "raft-shards"
+    } else {
+        backend
+    };
+    let mut config = config_with(base, &[]);
+    config.push_str("\n[detector]\nkind = \"swim\"\n");
+    let fleet = Fleet::up_with_config_and(backend, 3, &config, &["--shards", "4"]);
+    let ids: Vec<String> = fleet.state().nodes.iter().map(|n| n.id.clone()).collect();
+    detector_settled(&fleet, &ids).await;
+    // A placement where every shard is led, held for a second (a fresh fleet still moves shards
+    // to members it has only just counted live).
+    let led =
+        |rows: &[baton_lab::fleet::NodeRow]| -> std::collections::BTreeMap<u32, (String, i64)> {
+            rows.iter()
+                .filter(|r| r.alive)
+                .flat_map(|r| r.shards_led.iter().map(|(s, t)| (*s, (r.id.clone(), *t))))
+                .collect()
+        };
+    let until = Instant::now() + SETTLE;
+    let before = loop {
+        let a = led(&baton_lab::fleet::status(&fleet.state()).await);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let b = led(&baton_lab::fleet::status(&fleet.state()).await);
+        if a.len() == K as usize && a == b {
+            break b;
+        }
+        assert!(Instant::now() < until, "shards did not settle: {b:?}");
+    };
+    let victim = before.values().next().unwrap().0.clone();
+    let moved: Vec<(u32, i64)> = before
+        .iter()
+        .filter(|(_, (n, _))| *n == victim)
+        .map(|(s, (_, t))| (*s, *t))
+        .collect();
+    let killed = Instant::now();
+    fleet.kill9(&victim);
+    let ms = loop {
+        let now = led(&baton_lab::fleet::status(&fleet.state()).await);
+        let done = moved
+            .iter()
+            .all(|(s, t)| now.get(s).is_some_and(|(n, t2)| *n != victim && t2 > t));
+        if done {
+            break killed.elapsed().as_secs_f64() * 1000.0;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(20),
+            "{victim}'s shards {moved:?} were not led again: {now:?}\n{}",
+            fleet.log_tails(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("{backend} K={K} + swim: kill -9 of {victim} (shards {moved:?}): led again after {ms:.0} ms");
+    assert!(
+        ms < 2000.0,
+        "with the detector a dead node's shards should move inside their leases: {ms:.0} ms\n{}",
+        fleet.log_tails(30)
+    );
+    ms
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_shards_with_swim_move_off_a_killed_node_inside_their_leases() {
+    swim_moves_a_killed_nodes_shards("pg-lease").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_shards_with_swim_move_off_a_killed_node_inside_their_leases() {
+    swim_moves_a_killed_nodes_shards("raft").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_lease_without_the_detector_waits_out_the_lease() {
     let _guard = serial();

@@ -10,9 +10,12 @@
 //! * With a failure detector (`[detector] kind = "swim"`): when it confirms a peer dead, a
 //!   follower asks the backend to end that peer's lease ([`Elector::expire_dead_holder`], a
 //!   compare-and-delete on the lease still naming it) and, if it did, campaigns at once instead
-//!   of polling until the lease runs out. A leader told that it was itself declared dead demotes
+//!   of polling until the lease runs out. With shards a confirmation is kept for one lease
+//!   TTL, so the elector of a shard that placement hands over only *because* of that death ends
+//!   the dead node's lease as its campaign starts. A leader told that it was itself declared dead demotes
 //!   (its lease is about to be ended by the others), in the usual order.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -110,6 +113,8 @@ pub struct ElectorState {
     /// request that timed out may have been applied): a withdrawal while idle must still close
     /// it, or it would hold its place on a session the node keeps alive for its other shards.
     failed_campaign_may_linger: bool,
+    /// Members the failure detector confirmed dead, and when (see [`Self::expire_recently_dead`]).
+    recently_dead: HashMap<String, Instant>,
 }
 
 pub struct ElectorActor;
@@ -161,6 +166,7 @@ impl Actor for ElectorActor {
             candidate,
             withdrawing: false,
             failed_campaign_may_linger: false,
+            recently_dead: HashMap::new(),
             clock,
             mode: Mode::Idle,
             campaign_task: None,
@@ -269,25 +275,46 @@ impl ElectorState {
                 }
             }
             PeerEvent::ConfirmedDead(dead) => {
-                if dead == self.args.cfg.node_id
-                    || !self.candidate
-                    || matches!(self.mode, Mode::Leading(_) | Mode::Demoting)
-                {
+                if dead == self.args.cfg.node_id {
                     return;
                 }
-                // Only the holder's death frees the seat: skip the round trip when the backend
-                // last showed someone else leading (a compare-and-delete would find nothing).
-                let known = self.args.leader_tx.borrow().clone();
-                if known.is_some_and(|l| l.node_id != dead) {
-                    return;
+                // Kept for a campaign that starts later: with shards, placement hands a dead
+                // member's shards to their new owners only after the confirmation, so their
+                // electors were not candidates when it arrived.
+                self.recently_dead.insert(dead.clone(), Instant::now());
+                if self.mode == Mode::Campaigning {
+                    self.expire_if_holder(myself, dead);
                 }
-                self.args.trace.step("elector", "peer-dead", None, &dead);
-                let (backend, me) = (self.args.backend.clone(), myself.clone());
-                tokio::spawn(async move {
-                    let result = backend.expire_dead_holder(&dead).await;
-                    let _ = me.cast(ElectorMsg::DeadHolderExpired { dead, result });
-                });
             }
+        }
+    }
+
+    /// Ends `dead`'s lease in the backend if it may hold this term's seat, unless the backend
+    /// last showed someone else leading (a compare-and-delete would find nothing). Only while
+    /// campaigning: a leader's own seat is not in question, and an idle node seeks nothing.
+    fn expire_if_holder(&mut self, myself: &ActorRef<ElectorMsg>, dead: String) {
+        let known = self.args.leader_tx.borrow().clone();
+        if known.is_some_and(|l| l.node_id != dead) {
+            return;
+        }
+        // Once per confirmation: a campaign the expiry restarts must not expire again.
+        self.recently_dead.remove(&dead);
+        self.args.trace.step("elector", "peer-dead", None, &dead);
+        let (backend, me) = (self.args.backend.clone(), myself.clone());
+        tokio::spawn(async move {
+            let result = backend.expire_dead_holder(&dead).await;
+            let _ = me.cast(ElectorMsg::DeadHolderExpired { dead, result });
+        });
+    }
+
+    /// At a campaign's start: the members confirmed dead within one lease TTL (after that their
+    /// leases have run out by themselves) whose lease may hold the seat.
+    fn expire_recently_dead(&mut self, myself: &ActorRef<ElectorMsg>) {
+        let ttl = Duration::from_millis(self.args.cfg.lease_ttl_ms);
+        self.recently_dead.retain(|_, at| at.elapsed() < ttl);
+        let dead: Vec<String> = self.recently_dead.keys().cloned().collect();
+        for d in dead {
+            self.expire_if_holder(myself, d);
         }
     }
 
@@ -381,6 +408,7 @@ impl ElectorState {
             let result = backend.campaign().await;
             let _ = me.cast(ElectorMsg::CampaignDone { result, started });
         }));
+        self.expire_recently_dead(myself);
     }
 
     fn on_campaign_done(

@@ -87,6 +87,8 @@ pub(crate) struct PlacementArgs {
     pub state: Arc<PlacementState>,
     /// How the members are asked (plain HTTP or HTTPS).
     pub client: MemberClient,
+    /// The failure detector's events (`None`: no detector; probes alone decide).
+    pub peer_events: Option<tokio::sync::broadcast::Receiver<crate::actors::PeerEvent>>,
 }
 
 /// How a probe went.
@@ -119,8 +121,29 @@ pub(crate) async fn run(args: PlacementArgs) {
     let mut first_round = true;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut peer_events = args.peer_events;
     loop {
-        tick.tick().await;
+        // A member the failure detector confirmed dead is down at once, not after
+        // `down_after_ms` of failed probes: its shards' new owners start campaigning now, and
+        // their electors end its leases (see `actors::elector`). When it answers again it has
+        // just joined, like any member that was down. A false confirmation costs moves, never
+        // safety: placement only decides who campaigns.
+        match peer_events.as_mut() {
+            Some(rx) => tokio::select! {
+                _ = tick.tick() => {}
+                ev = rx.recv() => match ev {
+                    Ok(crate::actors::PeerEvent::ConfirmedDead(dead)) => {
+                        args.trace.step("placement", "peer-dead", None, &dead);
+                        health.insert(dead, MemberHealth::default());
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => peer_events = None,
+                },
+            },
+            None => {
+                tick.tick().await;
+            }
+        }
         let others: Vec<&MemberSpec> = args
             .members
             .iter()

@@ -105,8 +105,8 @@ use super::{RaftElector, RaftHandle};
 use crate::backends::epoch_lease::EpochLease;
 use crate::backends::renew_batch::{RenewBatch, Renewed};
 use crate::backends::{
-    count_request, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
-    LeaderInfo, Win,
+    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
+    Grant, LeaderInfo, Win,
 };
 use crate::config::NodeConfig;
 
@@ -443,6 +443,12 @@ pub(crate) enum ShardRequest {
         holder: String,
         epoch: Option<i64>,
     },
+    /// End `shard`'s lease if its holder is on node `node` (the failure detector confirmed
+    /// that node dead): a `Release` of the holder and epoch the table names now.
+    ExpireDead {
+        shard: u32,
+        node: String,
+    },
     Leaders,
 }
 
@@ -632,11 +638,42 @@ impl LeaseServer {
                     holder,
                     epoch,
                 };
-                match self.write(&raft, cmd).await? {
-                    ShardOutcome::Released(r) => Ok(ShardAnswer::Released(r)),
-                    _ => Ok(ShardAnswer::Released(false)),
-                }
+                self.release_entry(&raft, cmd).await
             }
+            ShardRequest::ExpireDead { shard, node } => {
+                self.read_index(&raft).await?;
+                let named = self.sm.with_leases(|l| {
+                    l.table().slot(shard).and_then(|s| {
+                        s.holder
+                            .as_ref()
+                            .filter(|h| h.node == node)
+                            .map(|h| (h.id.clone(), s.epoch))
+                    })
+                });
+                let Some((holder, epoch)) = named else {
+                    return Ok(ShardAnswer::Released(false));
+                };
+                // That epoch only: a grant that lands first (the holder was not dead after
+                // all and renewed, or a new owner won) is not ended by this.
+                let cmd = ShardCmd::Release {
+                    shard,
+                    holder,
+                    epoch: Some(epoch),
+                };
+                self.release_entry(&raft, cmd).await
+            }
+        }
+    }
+
+    /// Appends a `Release` entry and says whether it ended a lease.
+    async fn release_entry(
+        &self,
+        raft: &RaftHandle,
+        cmd: ShardCmd,
+    ) -> Result<ShardAnswer, ShardAnswer> {
+        match self.write(raft, cmd).await? {
+            ShardOutcome::Released(r) => Ok(ShardAnswer::Released(r)),
+            _ => Ok(ShardAnswer::Released(false)),
         }
     }
 
@@ -838,6 +875,20 @@ impl ShardGroup {
             leaders: got.clone(),
         };
         got.map_err(unavailable)
+    }
+
+    /// Ends `shard`'s lease if node `dead` holds it; whether it did.
+    async fn expire_dead(&self, shard: u32, dead: &str) -> ElectorResult<bool> {
+        let req = ShardRequest::ExpireDead {
+            shard,
+            node: dead.to_owned(),
+        };
+        match self.call("expire_dead", req).await? {
+            ShardAnswer::Released(ended) => Ok(ended),
+            other => Err(unavailable(format!(
+                "unexpected answer to expire_dead: {other:?}"
+            ))),
+        }
     }
 
     async fn release(&self, shard: u32, holder: String, epoch: Option<i64>) -> ElectorResult<()> {
@@ -1053,6 +1104,25 @@ impl Elector for RaftShardElector {
                 "unexpected answer to confirm: {other:?}"
             ))),
         }
+    }
+
+    /// A `Release` of the table's holder of this shard if it is on node `dead`, at the epoch
+    /// the raft leader sees (a log entry, like every release). The campaign polls `acquire`,
+    /// so it restarts to see the seat free now.
+    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
+        if dead == self.group.node_id {
+            return Ok(DeadHolderExpiry::NotEnded);
+        }
+        Ok(if self.group.expire_dead(self.shard, dead).await? {
+            tracing::info!(
+                shard = self.shard,
+                dead,
+                "ended a dead holder's shard lease"
+            );
+            DeadHolderExpiry::EndedCampaignMustRestart
+        } else {
+            DeadHolderExpiry::NotEnded
+        })
     }
 
     async fn close(&self) -> ElectorResult<()> {
