@@ -244,6 +244,16 @@ fn sample_placement(
 }
 
 /// Shard → node of every shard some live node leads.
+/// The node that leads shard 0, or (when an earlier event left shard 0 unled) the lowest shard
+/// that has a leader: the pause and the partition need a node that leads something.
+fn a_shard_leader(placed: &BTreeMap<u32, String>) -> anyhow::Result<String> {
+    placed
+        .get(&0)
+        .or_else(|| placed.values().next())
+        .cloned()
+        .context("no shard has a leader")
+}
+
 async fn placement(state: &FleetState) -> BTreeMap<u32, String> {
     let mut out = BTreeMap::new();
     for r in fleet::status(state).await.iter().filter(|r| r.alive) {
@@ -457,7 +467,7 @@ async fn experiment(
             }
             "rolling-restart" => state.restart_rolling(Duration::from_secs(3)).await?,
             "pause-leader" => {
-                let leader = before.get(&0).cloned().context("shard 0 has no leader")?;
+                let leader = a_shard_leader(&before)?;
                 let pid = state.node(&leader)?.pid as i32;
                 // SAFETY: signals to the pid of a node this fleet started (checked alive above).
                 unsafe { libc::kill(pid, libc::SIGSTOP) };
@@ -465,7 +475,7 @@ async fn experiment(
                 unsafe { libc::kill(pid, libc::SIGCONT) };
             }
             "partition-leader" => {
-                let leader = before.get(&0).cloned().context("shard 0 has no leader")?;
+                let leader = a_shard_leader(&before)?;
                 crate::chaos::partition_node(state, &leader, Duration::from_millis(args.pause))
                     .await?;
             }

@@ -104,6 +104,9 @@ pub struct RunResult {
     pub clock_rate_error: f64,
     /// Every node's `[sequencer] mode` (`durable`, `window`).
     pub sequencer_mode: String,
+    /// Every node's `[detector] kind` (`lease`, `swim`).
+    #[serde(default)]
+    pub detector: baton::config::DetectorKind,
     /// `GET /read`s answered, by the mode that answered, with the stale ones counted.
     pub reads: BTreeMap<String, check::reads::ModeCounts>,
     pub nodes: usize,
@@ -189,12 +192,21 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     if let Some(ids) = spec.window_ids {
         cfg.sequencer.window_ids = ids;
     }
+    if let Some(kind) = plan.detector {
+        cfg.detector.kind = kind;
+    }
+    // The fleet fills in each node's detector peers and bind address; checked here with a
+    // placeholder, as `fleet up` checks its base config.
+    let mut check = cfg.clone();
+    if check.detector.kind == baton::config::DetectorKind::Swim && check.detector.peers.is_empty() {
+        check.detector.bind = Some("127.0.0.1:0".parse()?);
+    }
+    check.validate().context("experiment node config")?;
     if plan.backend == BackendKind::Raft {
         if let Some(et) = &spec.election_timeout {
             cfg.election_timeout_ms = et.clone();
         }
     }
-    cfg.validate().context("experiment node config")?;
     Ok(cfg)
 }
 
@@ -790,6 +802,7 @@ fn assemble(
         faketime_observed_rates: Vec::new(),
         clock_rate_error: cfg.clock_rate_error,
         sequencer_mode: cfg.sequencer.mode.as_str().to_owned(),
+        detector: cfg.detector.kind,
         reads: check::reads::stale_reads(input),
         nodes: node_ids.len(),
         workset_rows: plan.workset_rows,

@@ -397,6 +397,10 @@ pub struct ExpSpec {
     /// Empty: the backend's config file (durable).
     #[serde(default)]
     pub sequencer_modes: Vec<SequencerMode>,
+    /// One run per value: every node's `[detector] kind` (label `-lease` / `-swim`). Empty:
+    /// the backend's config file (`lease`). `swim` with `netns` needs root like any netns run.
+    #[serde(default)]
+    pub detectors: Vec<baton::config::DetectorKind>,
     /// `[sequencer] window_ids` of the window-mode runs (default: the config's).
     #[serde(default)]
     pub window_ids: Option<u64>,
@@ -471,6 +475,8 @@ pub struct RunPlan {
     pub faketime_rate: Option<f64>,
     /// Every node's `[sequencer] mode` in this run (the `sequencer_modes` sweep).
     pub sequencer_mode: Option<SequencerMode>,
+    /// Every node's `[detector] kind` in this run (the `detectors` sweep).
+    pub detector: Option<baton::config::DetectorKind>,
     /// This run's seed (the experiment's seed mixed with the label).
     pub seed: u64,
 }
@@ -676,11 +682,20 @@ impl ExpSpec {
             } else {
                 self.sequencer_modes.iter().map(|m| Some(*m)).collect()
             };
+            let detectors: Vec<Option<baton::config::DetectorKind>> = if self.detectors.is_empty() {
+                vec![None]
+            } else {
+                self.detectors.iter().map(|d| Some(*d)).collect()
+            };
+            let points = detectors
+                .iter()
+                .flat_map(|d| modes.iter().map(move |m| (*m, *d)));
+            let points: Vec<_> = points.collect();
             for ttl in &ttl_points {
                 for &fencing in &self.fencing {
                     for &w in &rows {
                         for &(drift, faketime) in &clocks {
-                            for &mode in &modes {
+                            for &(mode, detector) in &points {
                                 let mut label = b.as_str().to_owned();
                                 if let Some(d) = drift {
                                     label.push_str(&format!("-drift{d:+.2}"));
@@ -703,6 +718,12 @@ impl ExpSpec {
                                 if let Some(m) = mode {
                                     label.push_str(&format!("-{}", m.as_str()));
                                 }
+                                if let Some(d) = detector {
+                                    label.push_str(match d {
+                                        baton::config::DetectorKind::Lease => "-lease",
+                                        baton::config::DetectorKind::Swim => "-swim",
+                                    });
+                                }
                                 runs.push(RunPlan {
                                     seed: mix_seed(self.seed, &label),
                                     label,
@@ -713,6 +734,7 @@ impl ExpSpec {
                                     clock_drift: drift,
                                     faketime_rate: faketime,
                                     sequencer_mode: mode,
+                                    detector,
                                 });
                             }
                         }
@@ -901,5 +923,32 @@ mod tests {
             .find(|r| r.label == "pg-lease-drift-0.40")
             .unwrap();
         assert_eq!(reads.expectation(&beyond), Expect::Any);
+    }
+
+    #[test]
+    fn the_detector_experiment_runs_lease_and_swim_per_backend_on_one_schedule() {
+        let (spec, _) = ExpSpec::load("detector").unwrap();
+        let runs = spec.plan(None, None).unwrap();
+        let labels: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "pg-lease-lease",
+                "pg-lease-swim",
+                "redis-lease",
+                "redis-swim",
+                "etcd-lease",
+                "etcd-swim",
+                "zk-lease",
+                "zk-swim"
+            ]
+        );
+        use baton::config::DetectorKind;
+        assert_eq!(runs[0].detector, Some(DetectorKind::Lease));
+        assert_eq!(runs[1].detector, Some(DetectorKind::Swim));
+        let cfg = super::super::run::base_config(&spec, &runs[1]).unwrap();
+        assert_eq!(cfg.detector.kind, DetectorKind::Swim);
+        // The same faults in both runs of a backend: the schedule is the spec's, not the seed's.
+        assert!(spec.faults.iter().all(|f| f.jitter_ms == 0));
     }
 }
