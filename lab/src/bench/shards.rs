@@ -104,6 +104,12 @@ pub struct ShardRun {
     /// The whole machine over the window (steal included), and the load average at its end.
     pub machine_cpu: Option<CpuWindow>,
     pub loadavg_after: Option<[f64; 3]>,
+    /// The load generator's whole summary (outcomes: ok, rejected, unknown, unsent; busy
+    /// connections; its threads' CPU). `None` for an idle-only or unsettled run.
+    pub load: Option<load::Summary>,
+    /// Why this K has no figures (it did not settle: not every shard led in time), with the
+    /// PostgreSQL connections then; the run goes on to the next K.
+    pub error: Option<String>,
     /// Shards led per node when the window began (node id, count).
     pub placement: Vec<(String, usize)>,
     /// PostgreSQL client connections at the end of the idle window (before any load): every
@@ -152,7 +158,15 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
         let state = fleet::up(&spec)
             .await
             .with_context(|| format!("starting a fleet of {k} shards"))?;
-        let outcome = measure(&args, &state, k).await;
+        let outcome = match measure(&args, &state, k).await {
+            Err(e) if e.downcast_ref::<Unsettled>().is_some() => {
+                // Recorded, and the next K still runs (a large K may not settle on a small host).
+                let pg = pg_connections(&state).await.ok();
+                println!("K={k}: {e:#}; PostgreSQL client connections then: {pg:?}");
+                Ok(unsettled(k, format!("{e:#}"), pg))
+            }
+            other => other,
+        };
         config = redacted_config(&state);
         let down = state.clone();
         let _ = tokio::task::spawn_blocking(move || down.down()).await;
@@ -187,6 +201,13 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &report.runs {
+        if let Some(e) = &r.error {
+            println!(
+                "| {} | did not settle: {e}; PostgreSQL connections then {:?} (sequencers' {:?}) |",
+                r.shards, r.idle_pg_connections, r.idle_pg_sequencer_connections
+            );
+            continue;
+        }
         let pg = match (r.idle_pg_connections, r.idle_pg_sequencer_connections) {
             (Some(all), Some(seq)) => format!("{all} ({seq})"),
             _ => "-".to_owned(),
@@ -212,6 +233,45 @@ pub async fn run(args: ShardsArgs) -> anyhow::Result<ShardsReport> {
     }
     super::write_report(args.out.as_deref(), &report)?;
     Ok(report)
+}
+
+/// [`settled`]'s error: not every shard led within its bound.
+#[derive(Debug, thiserror::Error)]
+#[error("{led} of the {k} shards led at the last look, not all within {within:?}")]
+struct Unsettled {
+    k: u32,
+    led: usize,
+    within: Duration,
+}
+
+/// The row of a K that did not settle: no figures, the reason and the connections.
+fn unsettled(k: u32, why: String, pg: Option<(i64, i64)>) -> ShardRun {
+    ShardRun {
+        shards: k,
+        connections: 0,
+        offered_rate: 0.0,
+        ids: 0,
+        ids_per_s: 0.0,
+        p50_ms: 0.0,
+        p99_ms: 0.0,
+        service_p50_ms: 0.0,
+        service_p99_ms: 0.0,
+        errors: 0,
+        commits: 0,
+        mean_batch_ids: 0.0,
+        ledger_violations: 0,
+        ratio: 0.0,
+        cpu_cores_by_group: BTreeMap::new(),
+        machine_cpu: None,
+        loadavg_after: loadavg(),
+        load: None,
+        error: Some(why),
+        placement: Vec::new(),
+        idle_pg_connections: pg.map(|p| p.0),
+        idle_pg_sequencer_connections: pg.map(|p| p.1),
+        idle_backend_requests_per_s: None,
+        idle_backend_requests_by_op: BTreeMap::new(),
+    }
 }
 
 /// Waits until every shard `0..k` has a leader, then runs the warm-up and the measured window.
@@ -258,6 +318,8 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
             cpu_cores_by_group: BTreeMap::new(),
             machine_cpu: None,
             loadavg_after: loadavg(),
+            load: None,
+            error: None,
             placement,
             idle_pg_connections: idle_pg.0,
             idle_pg_sequencer_connections: idle_pg.1,
@@ -327,6 +389,8 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         cpu_cores_by_group,
         machine_cpu,
         loadavg_after: loadavg(),
+        load: Some(s.clone()),
+        error: None,
         placement,
         idle_pg_connections: idle_pg.0,
         idle_pg_sequencer_connections: idle_pg.1,
@@ -421,10 +485,14 @@ async fn settled(
         if ok {
             return Ok(led);
         }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < until,
-            "the {k} shards found no leaders within {within:?}"
-        );
+        if tokio::time::Instant::now() >= until {
+            return Err(Unsettled {
+                k,
+                led: covered.len(),
+                within,
+            }
+            .into());
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
