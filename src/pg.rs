@@ -196,6 +196,12 @@ impl Conn {
         self.unanswered.store(true, Ordering::Relaxed);
     }
 
+    /// Closes the connection when this drops instead of returning it to its pool; calls
+    /// already sent on it are still answered meanwhile.
+    pub(crate) fn close_on_drop(&self) {
+        self.unanswered.store(true, Ordering::Relaxed);
+    }
+
     /// Whether the connection is gone or a call on it went unanswered (do not send more).
     pub(crate) fn is_closed(&self) -> bool {
         self.unanswered.load(Ordering::Relaxed)

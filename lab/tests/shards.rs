@@ -736,3 +736,91 @@ async fn rolling_restart_moves_every_shard_without_losing_an_id() {
     settled_placement(&fleet, K, SETTLE).await;
     assert!(assert_handover_order(&traces(&fleet)) >= 4);
 }
+
+/// Idle shards hold no PostgreSQL connection each: K = 64 on 3 pg-lease nodes (each node
+/// leading ~21). A node's first `WARM_SEQ_PIPES` (8) terms open their sequencer's connection
+/// beside the claim and keep it (failover as fast as unsharded); the others open theirs at
+/// their first commit and close it after `SEQ_IDLE_CLOSE` idle. Before, every shard a node
+/// had ever led kept one (K = 1024 exhausted the server's `max_connections`): this fleet held
+/// at least 64 sequencer connections, more than all its connections may be now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_shards_do_not_hold_a_database_connection_each() {
+    use baton::work::fence::{SEQ_APPLICATION_NAME, WARM_SEQ_PIPES};
+    use baton::work::SEQ_IDLE_CLOSE;
+    const K: u32 = 64;
+    const NODES: usize = 3;
+    let fleet = Fleet::up_with("pg-lease", NODES, &["--shards", "64"]);
+    let placed = stable_placement(&fleet, K, SETTLE).await;
+    let db = fleet.admin_db().await;
+    // (every client connection but this one, the sequencers' alone)
+    let count = || async {
+        let row = db
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE application_name = $1)
+                   FROM pg_stat_activity
+                  WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                &[&SEQ_APPLICATION_NAME],
+            )
+            .await
+            .unwrap();
+        (row.get::<_, i64>(0), row.get::<_, i64>(1))
+    };
+    let warm = (NODES * WARM_SEQ_PIPES) as i64;
+    let (all, seq) = count().await;
+    eprintln!("idle, {K} shards led: {all} client connections, {seq} of them sequencers'");
+    assert!(
+        seq <= warm,
+        "{seq} sequencer connections held by an idle fleet of {NODES} nodes: at most \
+         {WARM_SEQ_PIPES} per node are kept warm"
+    );
+    // Counted without the name too (a sequencer that pinned one per shard held K alone):
+    // the rest are each node's fence pool and lease pool (4 + 4).
+    assert!(
+        all < i64::from(K),
+        "{all} client connections for {K} idle shards: the sequencers hold one per shard again"
+    );
+
+    // Every shard serves: those without a warm connection open one at their first commit.
+    for (s, (_, addr, _)) in &placed {
+        let r = fleet
+            .client
+            .post(addr, &format!("/next?shard={s}"))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "shard {s}: {:?}", r.body);
+    }
+    let (_, busy) = count().await;
+    eprintln!("just after one ID from every shard: {busy} sequencer connections");
+    assert!(
+        busy > warm,
+        "{busy} sequencer connections after every shard committed: the cold ones opened none"
+    );
+    // Idle again: past SEQ_IDLE_CLOSE the cold ones are closed.
+    let until = Instant::now() + SEQ_IDLE_CLOSE + Duration::from_secs(10);
+    loop {
+        let (_, seq) = count().await;
+        if seq <= warm {
+            eprintln!("{seq} sequencer connections once idle again");
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{seq} sequencer connections {:?} after the last commit: the idle ones were not closed",
+            SEQ_IDLE_CLOSE + Duration::from_secs(10)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // And a shard whose connection was closed opens a new one at its next commit.
+    for (s, (_, addr, _)) in &placed {
+        let r = fleet
+            .client
+            .post(addr, &format!("/next?shard={s}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status, 200,
+            "shard {s} after its idle close: {:?}",
+            r.body
+        );
+    }
+}

@@ -13,14 +13,20 @@
 # Then lease reads (`baton bench read --modes lease`, raft) at each of $READ_RATES (default
 # "250000 500000 1000000") for $READ_DURATION (10s), each followed by GET /healthz at the same
 # rate, connections and threads: the ratio to plain HTTP in the same run.
-# Then `baton bench shards` (pg-lease, K from $SHARDS, default 1,4,16) at the last rate.
+# Then `baton bench shards` (pg-lease, K from $SHARDS, default 1,4,16) at the last rate in
+# total, or at $SHARDS_RATE_PER_SHARD per shard (K times it in total); with
+# $SHARDS_CONN_PER_SHARD (default 64) connections per shard, so every K's shards are loaded like
+# K = 1's (SHARDS_CONN_PER_SHARD="" keeps 256 in total whatever K, the older comparison). The
+# issue-28 goal (>= 1M fenced durable IDs/s in aggregate at p99 <= 20 ms on 16 cores):
+#   SHARDS=1,4,16 SHARDS_RATE_PER_SHARD=100000 bash scripts/bench/device-run.sh
 # Connections: Little's law on each warm-up's service time unless $CONNECTIONS is set; every
 # report says what limited its run (nothing, the connections, the node, or the generator).
 # Under the device tool ($OUT set) the JSON reports travel back packed in reports.tar.gz beside
 # the log and summary.md (the tool brings back at most 8 files).
 # DRY=1 installs and checks, and runs one 5 s bench at 20k: the rehearsal on a machine of ours.
 # SMOKE=1 runs every step end to end at tiny rates and durations (next 2k/4k for 2 s, reads at
-# 2k/4k/6k for 2 s, shards 1,2): proof that the script runs, not a measurement.
+# 2k/4k/6k for 2 s, shards 1,2 at 8 connections and 1k IDs/s per shard): proof that the script
+# runs, not a measurement.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -n "${SMOKE:-}" ]; then
@@ -29,6 +35,8 @@ if [ -n "${SMOKE:-}" ]; then
   READ_RATES=${READ_RATES:-2000 4000 6000}
   READ_DURATION=${READ_DURATION:-2s}
   SHARDS=${SHARDS-1,2}
+  SHARDS_CONN_PER_SHARD=${SHARDS_CONN_PER_SHARD-8}
+  SHARDS_RATE_PER_SHARD=${SHARDS_RATE_PER_SHARD-1000}
   short=(--warmup 1s --baseline-duration 1s)
   read_short=(--warmup 1s)
 else
@@ -166,9 +174,13 @@ python3 scripts/bench/summarize.py read "$out"/read-lease-*.json | tee -a "$out/
 # needs nothing else either). SHARDS="1,4,16" by default; SHARDS="" skips it.
 shards=${SHARDS-1,4,16}
 shards_backend=${SHARDS_BACKEND-pg-lease}
+shards_load=(--rate "$last")
+[ -n "${SHARDS_RATE_PER_SHARD:-}" ] && shards_load=(--rate-per-shard "$SHARDS_RATE_PER_SHARD")
+shards_conns=${SHARDS_CONN_PER_SHARD-64}
+[ -n "$shards_conns" ] && shards_load+=(--connections-per-shard "$shards_conns")
 if [ -n "$shards" ]; then
-  say "baton bench shards --backend $shards_backend --shards $shards --rate $last"
-  "$baton" bench shards --backend "$shards_backend" --shards "$shards" --rate "$last" --duration "$duration" \
+  say "baton bench shards --backend $shards_backend --shards $shards ${shards_load[*]} --duration $duration"
+  "$baton" bench shards --backend "$shards_backend" --shards "$shards" "${shards_load[@]}" --duration "$duration" \
     --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
 fi
 # The device tool brings back 8 files: the reports travel as one.

@@ -3,7 +3,7 @@
 //! write is one call of a `SECURITY DEFINER` function: one round trip, one transaction.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +43,14 @@ const ROLE_TIMEOUTS: [(&str, &str); 3] = [
 ];
 /// The shared application role (created by `sql/0000_roles.sql`).
 pub const APP_ROLE: &str = "baton_app";
+
+/// The `application_name` of the sequencers' connections (unless `database_url` names one),
+/// so `pg_stat_activity` tells them from the rest.
+pub const SEQ_APPLICATION_NAME: &str = "baton-sequencer";
+
+/// How many of a node's shards may keep their sequencer's connection open while idle (see
+/// [`Fence::take_warm_slot`]).
+pub const WARM_SEQ_PIPES: usize = 8;
 /// Serializes concurrent migrators (several `baton migrate` or fleets on one server).
 const MIGRATION_LOCK_KEY: i64 = 0x0062_6174_6f6e; // "baton" in ASCII
 
@@ -125,6 +133,9 @@ pub struct Fence {
     seq_pool: Pool,
     /// What [`Fence::for_shard`] builds a shard's own sequencer pool from.
     seq_pool_cfg: Arc<(PoolConfig, Option<std::path::PathBuf>, Duration)>,
+    /// Warm slots taken, node-wide (shared by every shard's handle; see
+    /// [`Fence::take_warm_slot`]).
+    warm_seq_pipes: Arc<AtomicUsize>,
     holder: String,
     /// The shard whose fence domain this handle writes in: every resource name it is given
     /// is written as `shard.resource(name)` (unchanged for shard 0), so a shard's leader can
@@ -186,6 +197,9 @@ impl Fence {
             ..PoolSize::default()
         };
         let mut seq_pc = pc.clone();
+        if !cfg.database_url.contains("application_name") {
+            seq_pc.application_name = Some(SEQ_APPLICATION_NAME.to_owned());
+        }
         pc.pool = Some(size(cfg.pool_size.max(1)));
         seq_pc.pool = Some(size(1));
         let pool =
@@ -197,6 +211,7 @@ impl Fence {
             answer_bound: answer_bound(wait),
             seq_pool,
             seq_pool_cfg: Arc::new((seq_pc, cfg.tls_ca_file.clone(), wait)),
+            warm_seq_pipes: Arc::default(),
             holder: holder.to_owned(),
             shard: ShardId::ZERO,
             refused_claims_in_a_row: Arc::default(),
@@ -218,6 +233,37 @@ impl Fence {
             unanswered_claim_token: Arc::default(),
             ..self.clone()
         })
+    }
+
+    /// Takes one of the node's [`WARM_SEQ_PIPES`] warm slots, if one is free: a sequencer
+    /// holding one opens its connection beside its claim and keeps it open while idle, as an
+    /// unsharded node's always did. The others open theirs at their first commit and close it
+    /// after an idle spell ([`Fence::close_idle_seq_pipe`]), so K idle shards do not hold K
+    /// PostgreSQL connections (at K = 1024 they exhausted the server's `max_connections`).
+    pub fn take_warm_slot(&self) -> bool {
+        self.warm_seq_pipes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < WARM_SEQ_PIPES).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a slot [`Fence::take_warm_slot`] took.
+    pub fn release_warm_slot(&self) {
+        let _ = self
+            .warm_seq_pipes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Closes this shard's sequencer connection if it sits idle in its pool (one taken by a
+    /// pipe stays open until that pipe drops). True when one was closed.
+    pub fn close_idle_seq_pipe(&self) -> bool {
+        !self.seq_pool.retain(|_, _| false).removed.is_empty()
+    }
+
+    /// Sequencer connections this shard's pool holds, idle or in use (0 or 1).
+    pub fn seq_pipes_open(&self) -> usize {
+        self.seq_pool.status().size
     }
 
     /// The shard this handle writes in.
@@ -480,6 +526,13 @@ impl SeqPipe {
                 std::task::Poll::Pending => pipe.fence.ask(&pipe.client, outcome).await?,
             }
         }
+    }
+
+    /// Closes the connection once the last holder of this pipe drops it, instead of giving it
+    /// back to the pool (the term that used it is over); commits already sent are still
+    /// answered. Nothing more may be sent on it.
+    pub fn retire(&self) {
+        self.client.close_on_drop();
     }
 
     /// Whether the connection is gone, or presumed dead (the next commit needs a new pipe).

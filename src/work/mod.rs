@@ -22,6 +22,7 @@ use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
 pub use fence::{BudgetState, Fence, FenceError, FencedTransaction, ResourceState};
 pub use job::Term;
+pub use sequencer::SEQ_IDLE_CLOSE;
 
 /// What a piece of leader work is given when its node wins.
 #[derive(Clone)]

@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
@@ -115,7 +115,16 @@ pub enum SequencerMsg {
     Extend,
     /// Window mode: the fenced write of the bound `hi` finished.
     Extended { outcome: CommitOutcome, hi: i64 },
+    /// A sequencer without a warm slot looks whether it has been idle for [`SEQ_IDLE_CLOSE`],
+    /// and if so closes its connection.
+    IdleCheck,
 }
+
+/// How long a sequencer without a warm slot ([`crate::work::Fence::take_warm_slot`]) keeps its connection
+/// open after its last commit was answered. Past it the next commit opens a new one (connect,
+/// authenticate, prepare: a few milliseconds on a local server), once; the commits after it
+/// reuse that one as before, so a shard under load never pays it twice.
+pub const SEQ_IDLE_CLOSE: Duration = Duration::from_secs(10);
 
 /// How a group commit ended, as the actor needs to know it (its callers are already answered).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -727,6 +736,14 @@ pub struct SequencerState {
     last_sent: Option<Instant>,
     /// A wake-up for the end of that interval is on its way (at most one at a time).
     linger_armed: bool,
+    /// This term holds one of the node's warm slots ([`crate::work::Fence::take_warm_slot`]): its
+    /// connection opens beside the claim and stays open while idle. Without one it opens at the
+    /// first commit and closes after [`SEQ_IDLE_CLOSE`] idle.
+    warm: bool,
+    /// When the last commit (or window extension) was answered.
+    last_answered: Instant,
+    /// An [`SequencerMsg::IdleCheck`] is on its way (at most one at a time).
+    idle_check_armed: bool,
     /// Since when commits have failed for want of the database (logged once at the first
     /// failure and once when one succeeds again, not once per commit).
     failing_since: Option<Instant>,
@@ -761,15 +778,28 @@ impl Actor for Sequencer {
             let _ = w.actor.set(myself.clone());
         }
         let (fence, token) = (ctx.fence.clone(), ctx.token);
-        if window.is_none() {
+        // A warm slot: the node's first WARM_SEQ_PIPES (8) terms take one, so an unsharded node
+        // (and any node leading at most 8 shards) behaves as it always did, failover included;
+        // beyond that a node's idle shards hold no connection each (at K = 1024 they held
+        // 1024 and exhausted PostgreSQL's max_connections). A bound per node rather than a
+        // rule on K: K is not what costs connections, the shards a node leads at once are.
+        let warm = fence.take_warm_slot();
+        if window.is_none() && warm {
             // The first group commit's connection, opened beside the claim rather than after
             // it: on a node that never led, opening it (connect, authenticate, prepare) took
             // about as long as the claim itself, and a failover waited for both in turn.
             // Opened from here, its I/O runs where the commits do (see the module doc).
+            // Without a warm slot the first commit opens it (the `None` path of
+            // `start_commit`); either way the term's first commit carries its token through
+            // the fence check like every other.
             let (fence, me) = (fence.clone(), myself.clone());
             tokio::spawn(async move {
                 let pipe = fence.seq_pipe().await.ok().map(Arc::new);
-                let _ = me.cast(SequencerMsg::PipeOpened(pipe));
+                let told = me.cast(SequencerMsg::PipeOpened(pipe));
+                if let Err(MessagingErr::SendErr(SequencerMsg::PipeOpened(Some(p)))) = told {
+                    // The term ended before it opened.
+                    p.retire();
+                }
             });
         }
         tokio::spawn(async move {
@@ -795,6 +825,9 @@ impl Actor for Sequencer {
             pipe: None,
             last_sent: None,
             linger_armed: false,
+            warm,
+            last_answered: Instant::now(),
+            idle_check_armed: false,
             failing_since: None,
             draining: None,
         })
@@ -808,6 +841,17 @@ impl Actor for Sequencer {
         state.intake.close();
         if let Some(w) = &state.window {
             w.close();
+        }
+        // The term's connection does not outlive it: one in use closes when its last commit is
+        // answered, one idle in the pool closes now. (A node that kept one per shard it had
+        // ever led held up to K connections whatever it led now.)
+        if let Some(p) = state.pipe.take() {
+            p.retire();
+        }
+        state.ctx.fence.close_idle_seq_pipe();
+        if state.warm {
+            state.warm = false;
+            state.ctx.fence.release_warm_slot();
         }
         state
             .ctx
@@ -889,11 +933,31 @@ impl Actor for Sequencer {
                 if state.drained() {
                     return Ok(());
                 }
+                state.last_answered = Instant::now();
                 state.start_commit(&myself);
                 if state.in_flight == 0 {
                     // Idle: the connection goes back to its pool, which checks it is still open
                     // before the next commit takes it.
                     state.pipe = None;
+                    state.idle(&myself);
+                }
+            }
+            SequencerMsg::IdleCheck => {
+                state.idle_check_armed = false;
+                let busy = state.in_flight > 0 || state.extending.is_some() || state.pipe.is_some();
+                if state.warm || busy {
+                    // Busy: the commit's answer looks again when it goes idle.
+                    return Ok(());
+                }
+                if state.last_answered.elapsed() >= SEQ_IDLE_CLOSE {
+                    if state.ctx.fence.close_idle_seq_pipe() {
+                        state
+                            .ctx
+                            .trace
+                            .step("sequencer", "idle-close", Some(state.ctx.token), "");
+                    }
+                } else {
+                    state.idle(&myself);
                 }
             }
             SequencerMsg::Extend => {
@@ -929,10 +993,14 @@ impl Actor for Sequencer {
                         }
                     }
                 }
+                state.last_answered = Instant::now();
                 if state.drained() {
                     return Ok(());
                 }
                 state.maybe_extend(&myself);
+                if state.extending.is_none() {
+                    state.idle(&myself);
+                }
             }
             SequencerMsg::Checkpoint(reply) => {
                 // Every issued ID is already durable (window mode: below a durable bound);
@@ -955,6 +1023,25 @@ impl Actor for Sequencer {
 }
 
 impl SequencerState {
+    /// Nothing in flight, the connection back in its pool: a sequencer with a warm slot keeps
+    /// it there, one without takes a slot if one has come free since, or else looks again
+    /// [`SEQ_IDLE_CLOSE`] after the last answer whether it is still idle, and closes it then.
+    fn idle(&mut self, myself: &ActorRef<SequencerMsg>) {
+        if self.warm || self.idle_check_armed {
+            return;
+        }
+        if self.ctx.fence.take_warm_slot() {
+            self.warm = true;
+            return;
+        }
+        self.idle_check_armed = true;
+        let (me, at) = (myself.clone(), self.last_answered + SEQ_IDLE_CLOSE);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let _ = me.cast(SequencerMsg::IdleCheck);
+        });
+    }
+
     /// While draining (a checkpoint came): answers the checkpoint once nothing is in flight.
     /// True when draining, so the caller starts nothing new.
     fn drained(&mut self) -> bool {
@@ -1215,10 +1302,15 @@ impl Answering {
             Err(e @ FenceError::Rejected { .. }) => Some(NextError::Fenced(e.to_string())),
             Err(e) => Some(NextError::Unavailable(e.to_string())),
         };
-        let _ = me.cast(SequencerMsg::Committed {
+        let told = me.cast(SequencerMsg::Committed {
             outcome: outcome_of(&res),
             pipe,
         });
+        if let Err(MessagingErr::SendErr(SequencerMsg::Committed { pipe: Some(p), .. })) = told {
+            // The term's actor is gone: the connection closes when its last holder drops,
+            // instead of going back to a pool that no sequencer of this term will take it from.
+            p.retire();
+        }
         // The actor's wake-up was queued first, so it sends the next group commit (and the
         // connection's task writes it) before this thread runs the answer tasks queued below:
         // PostgreSQL works on the next batch meanwhile instead of waiting for them.
