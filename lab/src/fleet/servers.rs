@@ -488,8 +488,11 @@ impl PgServer {
                 fs::write(&hba, format!("{cur}\n{line}\n")).map_err(io("pg_hba.conf"))?;
             }
         }
+        // max_connections: every led shard's sequencer commits on a connection of its own
+        // (issue 28), so a 9-node fleet at K = 256 under load holds ~256 sequencer connections
+        // plus each node's pools; 200 turned such fleets' terms away at their first commit.
         let mut conf = format!(
-            "listen_addresses = '{}'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 200\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
+            "listen_addresses = '{}'\nport = {port}\nunix_socket_directories = '{}'\nmax_connections = 1000\nshared_buffers = '256MB'\nfsync = on\nsynchronous_commit = on\nlog_min_messages = warning\n",
             listen.join(","),
             root.join("sock").display()
         );
