@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::Fleet;
+use common::{raft_leader, Fleet};
 
 const SETTLE: Duration = Duration::from_secs(45);
 
@@ -329,29 +329,6 @@ async fn shards_in_network_namespaces_see_every_member_and_spread() {
             "a member named by loopback inside a namespace: {m}"
         );
     }
-}
-
-fn raft_leader(fleet: &Fleet) -> String {
-    let mut best: Option<(u64, u64)> = None;
-    for n in &fleet.state().nodes {
-        let path = Path::new(&n.config)
-            .parent()
-            .unwrap()
-            .join("raft")
-            .join("vote.json");
-        let Ok(text) = std::fs::read_to_string(&path) else {
-            continue;
-        };
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let (term, who) = (
-            v["leader_id"]["term"].as_u64().unwrap(),
-            v["leader_id"]["voted_for"].as_u64().unwrap(),
-        );
-        if v["committed"] == true && best.is_none_or(|(t, _)| term > t) {
-            best = Some((term, who));
-        }
-    }
-    format!("n{}", best.expect("no committed raft vote on any member").1)
 }
 
 /// `POST /next?shard=S` on every node for every shard of `placed`: 200 with the shard and its

@@ -64,8 +64,13 @@ pub enum ElectorMsg {
     /// The backend answered an [`Elector::expire_dead_holder`] for `dead`.
     DeadHolderExpired {
         dead: String,
+        /// When the detector confirmed it (a failed expiry is retried for one lease TTL).
+        confirmed_at: Instant,
         result: Result<crate::backends::DeadHolderExpiry, ElectorError>,
     },
+    /// Try again the expiries that failed (the backend was unavailable: with raft, a dead node
+    /// that led the raft group leaves no one to ask until the group elects).
+    RetryDeadExpiry,
 }
 
 pub struct ElectorArgs {
@@ -214,8 +219,15 @@ impl Actor for ElectorActor {
                 state.on_campaign_done(&myself, result, started)
             }
             ElectorMsg::Peer(ev) => state.on_peer_event(&myself, ev),
-            ElectorMsg::DeadHolderExpired { dead, result } => {
-                state.on_dead_holder_expired(&myself, dead, result)
+            ElectorMsg::DeadHolderExpired {
+                dead,
+                confirmed_at,
+                result,
+            } => state.on_dead_holder_expired(&myself, dead, confirmed_at, result),
+            ElectorMsg::RetryDeadExpiry => {
+                if state.mode == Mode::Campaigning {
+                    state.expire_recently_dead(&myself);
+                }
             }
             ElectorMsg::RenewTick => state.maybe_renew(&myself),
             ElectorMsg::RenewDone(result) => state.on_renew_done(&myself, result),
@@ -297,13 +309,21 @@ impl ElectorState {
         if known.is_some_and(|l| l.node_id != dead) {
             return;
         }
-        // Once per confirmation: a campaign the expiry restarts must not expire again.
-        self.recently_dead.remove(&dead);
+        // Once per confirmation: a campaign the expiry restarts must not expire again (a
+        // failed expiry puts it back, see `on_dead_holder_expired`).
+        let confirmed_at = self
+            .recently_dead
+            .remove(&dead)
+            .unwrap_or_else(Instant::now);
         self.args.trace.step("elector", "peer-dead", None, &dead);
         let (backend, me) = (self.args.backend.clone(), myself.clone());
         tokio::spawn(async move {
             let result = backend.expire_dead_holder(&dead).await;
-            let _ = me.cast(ElectorMsg::DeadHolderExpired { dead, result });
+            let _ = me.cast(ElectorMsg::DeadHolderExpired {
+                dead,
+                confirmed_at,
+                result,
+            });
         });
     }
 
@@ -322,6 +342,7 @@ impl ElectorState {
         &mut self,
         myself: &ActorRef<ElectorMsg>,
         dead: String,
+        confirmed_at: Instant,
         result: Result<crate::backends::DeadHolderExpiry, ElectorError>,
     ) {
         use crate::backends::DeadHolderExpiry;
@@ -343,7 +364,18 @@ impl ElectorState {
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(dead = %dead, error = %e, "could not end a dead holder's lease; waiting for it to run out");
+                // Asked again every retry interval while the confirmation is younger than a
+                // lease (after that the lease has run out by itself).
+                let ttl = Duration::from_millis(self.args.cfg.lease_ttl_ms);
+                if confirmed_at.elapsed() < ttl {
+                    tracing::debug!(dead = %dead, error = %e, "could not end a dead holder's lease yet; asking again");
+                    self.recently_dead.insert(dead, confirmed_at);
+                    myself.send_after(self.args.cfg.retry_interval(), || {
+                        ElectorMsg::RetryDeadExpiry
+                    });
+                } else {
+                    tracing::warn!(dead = %dead, error = %e, "could not end a dead holder's lease; waiting for it to run out");
+                }
             }
         }
     }

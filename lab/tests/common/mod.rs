@@ -569,3 +569,27 @@ pub async fn serving_claim(
     rows.first()
         .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1)))
 }
+
+/// The raft leader, from the members' persisted votes (the newest committed one).
+pub fn raft_leader(fleet: &Fleet) -> String {
+    let mut best: Option<(u64, u64)> = None;
+    for n in &fleet.state().nodes {
+        let path = Path::new(&n.config)
+            .parent()
+            .unwrap()
+            .join("raft")
+            .join("vote.json");
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let (term, who) = (
+            v["leader_id"]["term"].as_u64().unwrap(),
+            v["leader_id"]["voted_for"].as_u64().unwrap(),
+        );
+        if v["committed"] == true && best.is_none_or(|(t, _)| term > t) {
+            best = Some((term, who));
+        }
+    }
+    format!("n{}", best.expect("no committed raft vote on any member").1)
+}
