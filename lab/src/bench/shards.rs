@@ -107,6 +107,9 @@ pub struct ShardRun {
     /// The load generator's whole summary (outcomes: ok, rejected, unknown, unsent; busy
     /// connections; its threads' CPU). `None` for an idle-only or unsettled run.
     pub load: Option<load::Summary>,
+    /// The requests that were not `ok`, by what they got (status and error code, or the
+    /// transport error's first words).
+    pub not_ok_by_reason: BTreeMap<String, usize>,
     /// Why this K has no figures (it did not settle: not every shard led in time), with the
     /// PostgreSQL connections then; the run goes on to the next K.
     pub error: Option<String>,
@@ -265,6 +268,7 @@ fn unsettled(k: u32, why: String, pg: Option<(i64, i64)>) -> ShardRun {
         machine_cpu: None,
         loadavg_after: loadavg(),
         load: None,
+        not_ok_by_reason: BTreeMap::new(),
         error: Some(why),
         placement: Vec::new(),
         idle_pg_connections: pg.map(|p| p.0),
@@ -319,6 +323,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
             machine_cpu: None,
             loadavg_after: loadavg(),
             load: None,
+            not_ok_by_reason: BTreeMap::new(),
             error: None,
             placement,
             idle_pg_connections: idle_pg.0,
@@ -364,6 +369,23 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
     let machine_cpu = cpu_window(cpu_a, cpu_b);
     println!("K={k}: busy cores by process in the window: {cpu_cores_by_group:.2?}, machine {machine_cpu:?}");
     let s = report.summary();
+    let mut not_ok_by_reason: BTreeMap<String, usize> = BTreeMap::new();
+    for op in report.ops.iter().filter(|o| o.outcome != load::Outcome::Ok) {
+        let why = op.error.as_deref().unwrap_or("-");
+        let why: String = why
+            .split(':')
+            .next()
+            .unwrap_or(why)
+            .chars()
+            .take(48)
+            .collect();
+        *not_ok_by_reason
+            .entry(format!("{:?} {why}", op.outcome))
+            .or_default() += 1;
+    }
+    if !not_ok_by_reason.is_empty() {
+        println!("K={k}: requests not ok, by reason: {not_ok_by_reason:?}");
+    }
     let batches = db
         .query_one(
             "SELECT count(*), coalesce(avg(seq_hi - seq_lo + 1), 0)::float8
@@ -390,6 +412,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         machine_cpu,
         loadavg_after: loadavg(),
         load: Some(s.clone()),
+        not_ok_by_reason,
         error: None,
         placement,
         idle_pg_connections: idle_pg.0,
