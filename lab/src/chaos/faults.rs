@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
 use crate::fleet::client::NodeClient;
-use crate::fleet::servers::{pid_alive, stop_pid};
+use crate::fleet::servers::{pid_alive, stop_pid, PgServer};
 use crate::fleet::{current_leader, FleetNode, FleetState};
 use baton::backends::BackendKind;
 use baton::clock::monotonic_ns;
@@ -72,38 +72,172 @@ pub async fn kill_leader_report(state: &FleetState) -> anyhow::Result<FaultRepor
 
 // ---------------------------------------------------------------- pg-promote
 
+/// What the resource's server held at one moment: the fence's highest accepted token, the
+/// ledger's highest committed seq, and (pg-lease, whose lease store is the same server) the
+/// highest lease epoch. Read on the primary just before its kill and on the promoted standby
+/// right after: a value that went back is what the promotion lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreMarks {
+    pub max_token: i64,
+    pub max_seq: i64,
+    /// `None`: no lease table on this server (not pg-lease).
+    pub epoch: Option<i64>,
+}
+
+impl std::fmt::Display for StoreMarks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "max_token {}, seq {}", self.max_token, self.max_seq)?;
+        if let Some(e) = self.epoch {
+            write!(f, ", epoch {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// [`StoreMarks`] of `pg` (blocking: psql).
+pub fn store_marks(pg: &PgServer, lease_store: bool) -> anyhow::Result<StoreMarks> {
+    let row = pg.psql(
+        "baton",
+        "SELECT (SELECT coalesce(max(max_token), 0) FROM baton.fenced_resource) || ' ' || \
+                (SELECT coalesce(max(seq_hi), 0) FROM baton.fence_log)",
+    )?;
+    let mut it = row.split_whitespace().map(|v| v.parse::<i64>());
+    let (Some(Ok(max_token)), Some(Ok(max_seq))) = (it.next(), it.next()) else {
+        bail!("fence marks: unexpected answer {row:?}");
+    };
+    let epoch = if lease_store {
+        let e = pg.psql(
+            "baton",
+            "SELECT coalesce(max(epoch), 0) FROM baton_lease.leases",
+        )?;
+        Some(
+            e.trim()
+                .parse()
+                .with_context(|| format!("lease epoch {e:?}"))?,
+        )
+    } else {
+        None
+    };
+    Ok(StoreMarks {
+        max_token,
+        max_seq,
+        epoch,
+    })
+}
+
+/// What [`pg_promote_lagging`] did, besides its report.
+#[derive(Clone, Debug)]
+pub struct PromoteOutcome {
+    pub report: FaultReport,
+    /// The primary's marks just before its kill, the promoted standby's just after.
+    pub before: StoreMarks,
+    pub after: StoreMarks,
+}
+
 /// `kill -9` of the fenced resource's PostgreSQL primary, then `pg_ctl promote` of its standby
 /// (`fleet up --resource-standby`). The old primary is not brought back: the promoted standby
 /// becomes the fleet's `postgres` in its state file (so the fleet's tools and checkers read the
 /// new primary), and the fleet has no standby until it is started again.
 pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
+    Ok(pg_promote_lagging(state, Duration::ZERO).await?.report)
+}
+
+/// [`pg_promote`], the standby made to lag first: its WAL receiver is stopped (SIGSTOP) for
+/// `lag`, the primary killed, the receiver continued (SIGCONT), the standby promoted. An
+/// asynchronous standby's primary went on acknowledging commits the standby never received
+/// (on loopback it is otherwise never more than a few commits behind); a synchronous one's made
+/// them wait. The fence's and the lease store's marks are read before the kill and after the
+/// promotion.
+pub async fn pg_promote_lagging(
+    state: &mut FleetState,
+    lag: Duration,
+) -> anyhow::Result<PromoteOutcome> {
     let Some(standby) = state.postgres_standby.clone() else {
         bail!("pg-promote needs a fleet started with --resource-standby");
     };
     let primary = state.postgres.clone();
-    let (killed, applied, promoted) = tokio::task::spawn_blocking(move || {
-        let killed = primary.kill9()?;
-        let applied = monotonic_ns();
-        standby.promote()?;
-        anyhow::Ok((killed, applied, monotonic_ns()))
-    })
-    .await??;
+    let lease_store = state.backend == BackendKind::PgLease;
+    let (killed, applied, promoted, before, after, lagged) =
+        tokio::task::spawn_blocking(move || {
+            let mut lagged = None;
+            if !lag.is_zero() {
+                let receiver = standby
+                    .walreceiver_pid()
+                    .context("the standby's WAL receiver, to stop it")?;
+                // Continued however this ends (also on an error below).
+                let _cont = StoppedProcess::stop(receiver)?;
+                std::thread::sleep(lag);
+                let before = store_marks(&primary, lease_store)
+                    .context("the primary's marks before its kill")?;
+                let killed = primary.kill9()?;
+                let applied = monotonic_ns();
+                drop(_cont);
+                lagged = Some(receiver);
+                standby.promote()?;
+                let promoted = monotonic_ns();
+                let after =
+                    store_marks(&standby, lease_store).context("the promoted standby's marks")?;
+                return anyhow::Ok((killed, applied, promoted, before, after, lagged));
+            }
+            let before = store_marks(&primary, lease_store)
+                .context("the primary's marks before its kill")?;
+            let killed = primary.kill9()?;
+            let applied = monotonic_ns();
+            standby.promote()?;
+            let promoted = monotonic_ns();
+            let after =
+                store_marks(&standby, lease_store).context("the promoted standby's marks")?;
+            anyhow::Ok((killed, applied, promoted, before, after, lagged))
+        })
+        .await??;
     let old_port = state.postgres.port;
     state.postgres = state.postgres_standby.take().expect("checked above");
     state.save()?;
-    Ok(FaultReport {
+    let lag_note = match lagged {
+        Some(pid) => format!(
+            "the standby's WAL receiver (pid {pid}) stopped {} ms before the kill; ",
+            lag.as_millis()
+        ),
+        None => String::new(),
+    };
+    let report = FaultReport {
         fault: "pg-promote".into(),
         node: format!("postgres:{old_port}"),
         applied_at_mono_ns: applied,
         healed_at_mono_ns: promoted,
         verified: true,
         detail: format!(
-            "SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now",
+            "{lag_note}SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now; before: {before}; after: {after}",
             killed.len(),
             state.postgres.port,
             (promoted - applied) as f64 / 1e6
         ),
+    };
+    Ok(PromoteOutcome {
+        report,
+        before,
+        after,
     })
+}
+
+/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped.
+struct StoppedProcess(u32);
+
+impl StoppedProcess {
+    fn stop(pid: u32) -> anyhow::Result<StoppedProcess> {
+        // SAFETY: kill(2) on a process of a server the fleet started.
+        if unsafe { libc::kill(pid as i32, libc::SIGSTOP) } != 0 {
+            bail!("SIGSTOP {pid}: {}", std::io::Error::last_os_error());
+        }
+        Ok(StoppedProcess(pid))
+    }
+}
+
+impl Drop for StoppedProcess {
+    fn drop(&mut self) {
+        // SAFETY: as above; continuing a process we stopped.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
 }
 
 // ---------------------------------------------------------------- sentinel-failover

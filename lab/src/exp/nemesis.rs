@@ -63,6 +63,9 @@ pub struct Step {
     pub backend_leader: bool,
     /// Kill mid step-down: ms between sending `POST /stepdown` and `kill -9`.
     pub delay_ms: u64,
+    /// `pg-promote`: the standby's WAL receiver is stopped this long before the primary's kill
+    /// (`[nemesis] standby_lag`; zero: no lag).
+    pub lag: Duration,
 }
 
 impl Step {
@@ -82,6 +85,7 @@ impl Step {
             persist: true,
             backend_leader: false,
             delay_ms: 5,
+            lag: Duration::ZERO,
         }
     }
 }
@@ -151,6 +155,11 @@ pub fn draw(
             FaultKind::ClockRate => draw_span(&cfg.clock_hold, ttl_ms, rng),
             _ => draw_span(&cfg.down, ttl_ms, rng),
         };
+        // Drawn only where set, so a spec without it keeps its schedule.
+        let lag = match (&cfg.standby_lag, kind) {
+            (Some(range), FaultKind::PgPromote) => draw_span(range, ttl_ms, rng),
+            _ => Duration::ZERO,
+        };
         let rate = if cfg.clock_rates.is_empty() {
             1.0
         } else {
@@ -166,6 +175,7 @@ pub fn draw(
             persist: rng.gen_bool(0.5),
             backend_leader: rng.gen_bool(0.5),
             delay_ms: rng.gen_range(1..=20),
+            lag,
         });
     }
     Ok(steps)
@@ -694,9 +704,11 @@ async fn sentinel_failover(
 /// [`crate::chaos::pg_promote`] on the run's fleet, then a new standby where the old primary
 /// was: its directory wiped, a base backup of the new primary on the same port, in the same mode
 /// (sync when the old primary asked for a synchronous standby), so every node's multi-host URL
-/// still names both servers and the fault can repeat.
+/// still names both servers and the fault can repeat. With `step.lag` the standby lags first
+/// ([`crate::chaos::pg_promote_lagging`]).
 async fn pg_promote(
     state: &Arc<Mutex<FleetState>>,
+    step: &Step,
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
     let mut snap = snapshot(state);
@@ -708,7 +720,9 @@ async fn pg_promote(
     // `start_standby(sync)` set this on the primary with ALTER SYSTEM.
     let sync = std::fs::read_to_string(old.data_dir().join("postgresql.auto.conf"))
         .is_ok_and(|c| c.contains("synchronous_standby_names"));
-    let report = crate::chaos::pg_promote(&mut snap).await?;
+    let report = crate::chaos::pg_promote_lagging(&mut snap, step.lag)
+        .await?
+        .report;
     let primary = snap.postgres.clone();
     let (root, port) = (old.root.clone(), old.port);
     let standby = tokio::task::spawn_blocking(move || {
@@ -765,7 +779,7 @@ pub async fn apply(
             faults::stepdown_leader_to(state, scheduled_ms, Some(step.pick)).await
         }
         FaultKind::SentinelFailover => sentinel_failover(state, scheduled_ms).await,
-        FaultKind::PgPromote => pg_promote(state, scheduled_ms).await,
+        FaultKind::PgPromote => pg_promote(state, step, scheduled_ms).await,
         k => bail!("{} is not a nemesis fault", k.as_str()),
     }
 }
@@ -909,6 +923,7 @@ mod tests {
         for (name, kind) in [
             ("store-failover", FaultKind::SentinelFailover),
             ("store-failover-pg", FaultKind::PgPromote),
+            ("store-failover-pg-async", FaultKind::PgPromote),
         ] {
             let path = crate::repo_path(format!("experiments/{name}.toml"));
             let text = std::fs::read_to_string(&path).unwrap();
@@ -920,7 +935,25 @@ mod tests {
                 FaultKind::SentinelFailover => {
                     assert_eq!(spec.redis_topology, RedisTopology::Sentinel)
                 }
-                _ => assert_eq!(spec.resource_standby, Some(StandbyMode::Sync)),
+                _ if name.ends_with("-async") => {
+                    assert_eq!(spec.resource_standby, Some(StandbyMode::Async));
+                    // The standby lags before every promotion, and only then.
+                    let mut rng = StdRng::seed_from_u64(seed_for(spec.seed, BackendKind::PgLease));
+                    let steps = draw(n, BackendKind::PgLease, false, 3000, &mut rng).unwrap();
+                    assert!(steps.iter().any(|s| s.kind == FaultKind::PgPromote));
+                    for s in &steps {
+                        assert_eq!(
+                            s.lag.is_zero(),
+                            s.kind != FaultKind::PgPromote,
+                            "{:?}",
+                            s.kind
+                        );
+                    }
+                }
+                _ => {
+                    assert_eq!(spec.resource_standby, Some(StandbyMode::Sync));
+                    assert!(n.standby_lag.is_none());
+                }
             }
         }
         assert!(applies(

@@ -745,6 +745,15 @@ impl PgServer {
         }
     }
 
+    /// This standby's WAL receiver process, if it runs.
+    pub fn walreceiver_pid(&self) -> Option<u32> {
+        let pm = self.postmaster_pid()?;
+        children_of(pm).into_iter().find(|p| {
+            fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("walreceiver"))
+        })
+    }
+
     /// Promotes this standby to primary (`pg_ctl promote`, waiting until it accepts writes).
     pub fn promote(&self) -> Result<(), ServerError> {
         let out = self
