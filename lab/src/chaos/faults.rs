@@ -74,8 +74,9 @@ pub async fn kill_leader_report(state: &FleetState) -> anyhow::Result<FaultRepor
 
 /// What the resource's server held at one moment: the fence's highest accepted token, the
 /// ledger's highest committed seq, and (pg-lease, whose lease store is the same server) the
-/// highest lease epoch. Read on the primary just before its kill and on the promoted standby
-/// right after: a value that went back is what the promotion lost.
+/// highest lease epoch. Read on the primary just before its kill and on the standby once it
+/// has replayed what it received, just before its promotion: a value that went back is what the
+/// promotion lost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreMarks {
     pub max_token: i64,
@@ -125,11 +126,30 @@ pub fn store_marks(pg: &PgServer, lease_store: bool) -> anyhow::Result<StoreMark
     })
 }
 
+/// The standby's marks once it has replayed all the WAL it received (its primary is dead: no
+/// more comes), read before its promotion: what the promoted server starts from. After the
+/// promotion the nodes' first writes would already be in them.
+fn replayed_marks(standby: &PgServer, lease_store: bool) -> anyhow::Result<StoreMarks> {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let done = standby.psql(
+            "postgres",
+            "SELECT pg_last_wal_receive_lsn() IS NULL \
+                 OR pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()",
+        )?;
+        if done.trim() == "t" || std::time::Instant::now() > until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store_marks(standby, lease_store).context("the standby's marks before its promotion")
+}
+
 /// What [`pg_promote_lagging`] did, besides its report.
 #[derive(Clone, Debug)]
 pub struct PromoteOutcome {
     pub report: FaultReport,
-    /// The primary's marks just before its kill, the promoted standby's just after.
+    /// The primary's marks just before its kill, the standby's just before its promotion.
     pub before: StoreMarks,
     pub after: StoreMarks,
 }
@@ -142,12 +162,15 @@ pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
     Ok(pg_promote_lagging(state, Duration::ZERO).await?.report)
 }
 
-/// [`pg_promote`], the standby made to lag first: its WAL receiver is stopped (SIGSTOP) for
-/// `lag`, the primary killed, the receiver continued (SIGCONT), the standby promoted. An
-/// asynchronous standby's primary went on acknowledging commits the standby never received
-/// (on loopback it is otherwise never more than a few commits behind); a synchronous one's made
-/// them wait. The fence's and the lease store's marks are read before the kill and after the
-/// promotion.
+/// [`pg_promote`], the standby made to lag first: the primary's WAL sender is stopped (SIGSTOP)
+/// for `lag`, then the primary killed (its stopped sender with it) and the standby promoted. An
+/// asynchronous standby's primary went on acknowledging commits it never sent (on loopback a
+/// standby is otherwise never more than a few commits behind); a synchronous one's made them
+/// wait. The standby's marks are read after the kill, once it has replayed what it received,
+/// before `pg_ctl promote`. The sender, not the standby's receiver, is stopped: WAL already sent to a stopped
+/// receiver waits in its socket, and the receiver would still write it after the kill (a first
+/// version did that, and lost nothing). The fence's and the lease store's marks are read before
+/// the kill and after the promotion.
 pub async fn pg_promote_lagging(
     state: &mut FleetState,
     lag: Duration,
@@ -161,32 +184,35 @@ pub async fn pg_promote_lagging(
         tokio::task::spawn_blocking(move || {
             let mut lagged = None;
             if !lag.is_zero() {
-                let receiver = standby
-                    .walreceiver_pid()
-                    .context("the standby's WAL receiver, to stop it")?;
-                // Continued however this ends (also on an error below).
-                let _cont = StoppedProcess::stop(receiver)?;
+                let senders = primary.children_named("walsender");
+                if senders.is_empty() {
+                    bail!("the primary has no WAL sender to stop (is the standby streaming?)");
+                }
+                // Continued however this ends before the kill (an error below).
+                let stopped = senders
+                    .iter()
+                    .map(|&p| StoppedProcess::stop(p))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
                 std::thread::sleep(lag);
                 let before = store_marks(&primary, lease_store)
                     .context("the primary's marks before its kill")?;
                 let killed = primary.kill9()?;
                 let applied = monotonic_ns();
-                drop(_cont);
-                lagged = Some(receiver);
+                // Dead with the primary: nothing to continue.
+                stopped.into_iter().for_each(std::mem::forget);
+                lagged = Some(senders);
+                let after = replayed_marks(&standby, lease_store)?;
                 standby.promote()?;
                 let promoted = monotonic_ns();
-                let after =
-                    store_marks(&standby, lease_store).context("the promoted standby's marks")?;
                 return anyhow::Ok((killed, applied, promoted, before, after, lagged));
             }
             let before = store_marks(&primary, lease_store)
                 .context("the primary's marks before its kill")?;
             let killed = primary.kill9()?;
             let applied = monotonic_ns();
+            let after = replayed_marks(&standby, lease_store)?;
             standby.promote()?;
             let promoted = monotonic_ns();
-            let after =
-                store_marks(&standby, lease_store).context("the promoted standby's marks")?;
             anyhow::Ok((killed, applied, promoted, before, after, lagged))
         })
         .await??;
@@ -194,8 +220,8 @@ pub async fn pg_promote_lagging(
     state.postgres = state.postgres_standby.take().expect("checked above");
     state.save()?;
     let lag_note = match lagged {
-        Some(pid) => format!(
-            "the standby's WAL receiver (pid {pid}) stopped {} ms before the kill; ",
+        Some(pids) => format!(
+            "the primary's WAL sender (pid {pids:?}) stopped {} ms before the kill; ",
             lag.as_millis()
         ),
         None => String::new(),
@@ -207,7 +233,7 @@ pub async fn pg_promote_lagging(
         healed_at_mono_ns: promoted,
         verified: true,
         detail: format!(
-            "{lag_note}SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now; before: {before}; after: {after}",
+            "{lag_note}SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now; the primary before the kill: {before}; the standby before its promotion: {after}",
             killed.len(),
             state.postgres.port,
             (promoted - applied) as f64 / 1e6

@@ -63,7 +63,7 @@ pub struct Step {
     pub backend_leader: bool,
     /// Kill mid step-down: ms between sending `POST /stepdown` and `kill -9`.
     pub delay_ms: u64,
-    /// `pg-promote`: the standby's WAL receiver is stopped this long before the primary's kill
+    /// `pg-promote`: the primary's WAL sender is stopped this long before the primary's kill
     /// (`[nemesis] standby_lag`; zero: no lag).
     pub lag: Duration,
 }

@@ -745,13 +745,19 @@ impl PgServer {
         }
     }
 
-    /// This standby's WAL receiver process, if it runs.
-    pub fn walreceiver_pid(&self) -> Option<u32> {
-        let pm = self.postmaster_pid()?;
-        children_of(pm).into_iter().find(|p| {
-            fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("walreceiver"))
-        })
+    /// This server's children whose command line (the process title PostgreSQL sets) contains
+    /// `what`: `walsender` on a primary, `walreceiver` on a standby.
+    pub fn children_named(&self, what: &str) -> Vec<u32> {
+        let Some(pm) = self.postmaster_pid() else {
+            return Vec::new();
+        };
+        children_of(pm)
+            .into_iter()
+            .filter(|p| {
+                fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(what))
+            })
+            .collect()
     }
 
     /// Promotes this standby to primary (`pg_ctl promote`, waiting until it accepts writes).
