@@ -159,73 +159,103 @@ pub struct PromoteOutcome {
 /// becomes the fleet's `postgres` in its state file (so the fleet's tools and checkers read the
 /// new primary), and the fleet has no standby until it is started again.
 pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
-    Ok(pg_promote_lagging(state, Duration::ZERO).await?.report)
+    Ok(pg_promote_lagging(state, Duration::ZERO, false)
+        .await?
+        .report)
 }
+
+/// How long a hand-over during the lag may take to show a new leader.
+const HANDOVER_WITHIN: Duration = Duration::from_secs(5);
 
 /// [`pg_promote`], the standby made to lag first: the primary's WAL sender is stopped (SIGSTOP)
 /// for `lag`, then the primary killed (its stopped sender with it) and the standby promoted. An
 /// asynchronous standby's primary went on acknowledging commits it never sent (on loopback a
 /// standby is otherwise never more than a few commits behind); a synchronous one's made them
-/// wait. The standby's marks are read after the kill, once it has replayed what it received,
-/// before `pg_ctl promote`. The sender, not the standby's receiver, is stopped: WAL already sent to a stopped
+/// wait. The sender, not the standby's receiver, is stopped: WAL already sent to a stopped
 /// receiver waits in its socket, and the receiver would still write it after the kill (a first
-/// version did that, and lost nothing). The fence's and the lease store's marks are read before
-/// the kill and after the promotion.
+/// version did that, and lost nothing).
+///
+/// With `handover`, halfway through the lag the leader is asked to step down (`POST
+/// /stepdown`) and the lag lasts until a new leader (a higher token) serves, at most
+/// [`HANDOVER_WITHIN`] more: a term change the standby never sees (on pg-lease, a lease epoch
+/// and a fence claim only the dying primary has). Without a lag it does nothing.
+///
+/// The fence's and the lease store's marks are read on the primary just before the kill and on
+/// the standby once it has replayed what it received, before `pg_ctl promote`.
 pub async fn pg_promote_lagging(
     state: &mut FleetState,
     lag: Duration,
+    handover: bool,
 ) -> anyhow::Result<PromoteOutcome> {
     let Some(standby) = state.postgres_standby.clone() else {
         bail!("pg-promote needs a fleet started with --resource-standby");
     };
     let primary = state.postgres.clone();
     let lease_store = state.backend == BackendKind::PgLease;
-    let (killed, applied, promoted, before, after, lagged) =
-        tokio::task::spawn_blocking(move || {
-            let mut lagged = None;
-            if !lag.is_zero() {
-                let senders = primary.children_named("walsender");
-                if senders.is_empty() {
-                    bail!("the primary has no WAL sender to stop (is the standby streaming?)");
+    let mut stopped = Vec::new();
+    let mut lag_note = String::new();
+    if !lag.is_zero() {
+        let senders = primary.children_named("walsender");
+        if senders.is_empty() {
+            bail!("the primary has no WAL sender to stop (is the standby streaming?)");
+        }
+        // Continued however this ends before the kill (an error or a cancelled future).
+        for &p in &senders {
+            stopped.push(StoppedProcess::stop(p)?);
+        }
+        let stopped_at = std::time::Instant::now();
+        if handover {
+            tokio::time::sleep(lag / 2).await;
+            let (leader, token) = current_leader(state, Duration::from_secs(5)).await?;
+            let client = state.admin_client(Duration::from_secs(10));
+            let r = crate::exp::faults::post_stepdown(&client, &leader, None).await?;
+            let until = std::time::Instant::now() + HANDOVER_WITHIN;
+            let mut new = None;
+            while std::time::Instant::now() < until {
+                if let Ok((n, t)) = current_leader(state, Duration::from_millis(500)).await {
+                    if t > token {
+                        new = Some((n.id, t));
+                        break;
+                    }
                 }
-                // Continued however this ends before the kill (an error below).
-                let stopped = senders
-                    .iter()
-                    .map(|&p| StoppedProcess::stop(p))
-                    .collect::<anyhow::Result<Vec<_>>>()?;
-                std::thread::sleep(lag);
-                let before = store_marks(&primary, lease_store)
-                    .context("the primary's marks before its kill")?;
-                let killed = primary.kill9()?;
-                let applied = monotonic_ns();
-                // Dead with the primary: nothing to continue.
-                stopped.into_iter().for_each(std::mem::forget);
-                lagged = Some(senders);
-                let after = replayed_marks(&standby, lease_store)?;
-                standby.promote()?;
-                let promoted = monotonic_ns();
-                return anyhow::Ok((killed, applied, promoted, before, after, lagged));
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let before = store_marks(&primary, lease_store)
-                .context("the primary's marks before its kill")?;
-            let killed = primary.kill9()?;
-            let applied = monotonic_ns();
-            let after = replayed_marks(&standby, lease_store)?;
-            standby.promote()?;
-            let promoted = monotonic_ns();
-            anyhow::Ok((killed, applied, promoted, before, after, lagged))
-        })
-        .await??;
+            lag_note = match new {
+                Some((id, t)) => format!(
+                    "during the lag {} (token {token}) stepped down ({}), {id} leads with token {t}; ",
+                    leader.id, r.status
+                ),
+                None => format!(
+                    "during the lag {} (token {token}) stepped down ({}), no new leader within {HANDOVER_WITHIN:?}; ",
+                    leader.id, r.status
+                ),
+            };
+            let rest = lag.saturating_sub(stopped_at.elapsed());
+            tokio::time::sleep(rest).await;
+        } else {
+            tokio::time::sleep(lag).await;
+        }
+        lag_note = format!(
+            "the primary's WAL sender (pid {senders:?}) stopped {} ms before the kill; {lag_note}",
+            stopped_at.elapsed().as_millis()
+        );
+    }
+    let (killed, applied, promoted, before, after) = tokio::task::spawn_blocking(move || {
+        let before =
+            store_marks(&primary, lease_store).context("the primary's marks before its kill")?;
+        let killed = primary.kill9()?;
+        let applied = monotonic_ns();
+        // Dead with the primary: nothing to continue.
+        stopped.into_iter().for_each(std::mem::forget);
+        let after = replayed_marks(&standby, lease_store)?;
+        standby.promote()?;
+        let promoted = monotonic_ns();
+        anyhow::Ok((killed, applied, promoted, before, after))
+    })
+    .await??;
     let old_port = state.postgres.port;
     state.postgres = state.postgres_standby.take().expect("checked above");
     state.save()?;
-    let lag_note = match lagged {
-        Some(pids) => format!(
-            "the primary's WAL sender (pid {pids:?}) stopped {} ms before the kill; ",
-            lag.as_millis()
-        ),
-        None => String::new(),
-    };
     let report = FaultReport {
         fault: "pg-promote".into(),
         node: format!("postgres:{old_port}"),

@@ -66,6 +66,8 @@ pub struct Step {
     /// `pg-promote`: the primary's WAL sender is stopped this long before the primary's kill
     /// (`[nemesis] standby_lag`; zero: no lag).
     pub lag: Duration,
+    /// `pg-promote` with a lag: a leader hand-over during it (`[nemesis] handover_in_lag`).
+    pub handover: bool,
 }
 
 impl Step {
@@ -86,6 +88,7 @@ impl Step {
             backend_leader: false,
             delay_ms: 5,
             lag: Duration::ZERO,
+            handover: false,
         }
     }
 }
@@ -175,6 +178,7 @@ pub fn draw(
             persist: rng.gen_bool(0.5),
             backend_leader: rng.gen_bool(0.5),
             delay_ms: rng.gen_range(1..=20),
+            handover: cfg.handover_in_lag && !lag.is_zero(),
             lag,
         });
     }
@@ -720,7 +724,7 @@ async fn pg_promote(
     // `start_standby(sync)` set this on the primary with ALTER SYSTEM.
     let sync = std::fs::read_to_string(old.data_dir().join("postgresql.auto.conf"))
         .is_ok_and(|c| c.contains("synchronous_standby_names"));
-    let report = crate::chaos::pg_promote_lagging(&mut snap, step.lag)
+    let report = crate::chaos::pg_promote_lagging(&mut snap, step.lag, step.handover)
         .await?
         .report;
     let primary = snap.postgres.clone();
@@ -982,6 +986,47 @@ mod tests {
     }
     use super::*;
     use rand::SeedableRng;
+
+    /// The 100-fault runs of issue 32 (`experiments/store-failover*-100.toml`): at least 100
+    /// faults of the experiment's kind in the schedule of each backend they are run on.
+    #[test]
+    fn the_hundred_fault_specs_draw_a_hundred_of_their_kind() {
+        for (name, kind, backends) in [
+            (
+                "store-failover-100",
+                FaultKind::SentinelFailover,
+                &[BackendKind::Redis][..],
+            ),
+            (
+                "store-failover-pg-100",
+                FaultKind::PgPromote,
+                &[BackendKind::PgLease][..],
+            ),
+        ] {
+            let path = crate::repo_path(format!("experiments/{name}.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let spec: super::super::spec::ExpSpec = toml::from_str(&text).unwrap();
+            spec.validate().unwrap();
+            let n = spec.nemesis.as_ref().unwrap();
+            for &b in backends {
+                let mut rng = StdRng::seed_from_u64(seed_for(spec.seed, b));
+                let steps = draw(n, b, false, 3000, &mut rng).unwrap();
+                let of_kind = steps.iter().filter(|s| s.kind == kind).count();
+                let hundredth = steps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.kind == kind)
+                    .nth(99)
+                    .map(|(i, _)| i + 1);
+                eprintln!(
+                    "{name} {}: {of_kind} of {} faults; the 100th is fault {hundredth:?}",
+                    b.as_str(),
+                    steps.len()
+                );
+                assert!(of_kind >= 100, "{name} {}: {of_kind}", b.as_str());
+            }
+        }
+    }
 
     fn cfg() -> NemesisCfg {
         toml::from_str(

@@ -234,6 +234,11 @@ pub struct NemesisCfg {
     /// lacked. A synchronous standby's primary makes commits wait instead. Unset: no lag.
     #[serde(default)]
     pub standby_lag: Option<[Span; 2]>,
+    /// `pg-promote` with `standby_lag`: halfway through the lag the leader steps down and the
+    /// lag lasts until a new leader serves (at most 5 s more), so a term change happens that the
+    /// standby never receives: the promotion loses it, and the next term is numbered again.
+    #[serde(default)]
+    pub handover_in_lag: bool,
     /// Relative weights of the kinds; kinds a backend cannot take are left out for it.
     pub mix: std::collections::BTreeMap<FaultKind, f64>,
 }
