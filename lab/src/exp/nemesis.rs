@@ -928,6 +928,9 @@ mod tests {
             ("store-failover", FaultKind::SentinelFailover),
             ("store-failover-pg", FaultKind::PgPromote),
             ("store-failover-pg-async", FaultKind::PgPromote),
+            ("store-failover-pg-async-handover", FaultKind::PgPromote),
+            ("store-failover-100", FaultKind::SentinelFailover),
+            ("store-failover-pg-100", FaultKind::PgPromote),
         ] {
             let path = crate::repo_path(format!("experiments/{name}.toml"));
             let text = std::fs::read_to_string(&path).unwrap();
@@ -939,7 +942,7 @@ mod tests {
                 FaultKind::SentinelFailover => {
                     assert_eq!(spec.redis_topology, RedisTopology::Sentinel)
                 }
-                _ if name.ends_with("-async") => {
+                _ if name.contains("-async") => {
                     assert_eq!(spec.resource_standby, Some(StandbyMode::Async));
                     // The standby lags before every promotion, and only then.
                     let mut rng = StdRng::seed_from_u64(seed_for(spec.seed, BackendKind::PgLease));
@@ -952,11 +955,14 @@ mod tests {
                             "{:?}",
                             s.kind
                         );
+                        // A hand-over only where the spec asks for one, and only in a lag.
+                        assert_eq!(s.handover, n.handover_in_lag && !s.lag.is_zero());
                     }
+                    assert_eq!(n.handover_in_lag, name.ends_with("-handover"));
                 }
                 _ => {
                     assert_eq!(spec.resource_standby, Some(StandbyMode::Sync));
-                    assert!(n.standby_lag.is_none());
+                    assert!(n.standby_lag.is_none() && !n.handover_in_lag);
                 }
             }
         }
