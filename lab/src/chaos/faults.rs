@@ -207,8 +207,13 @@ pub async fn pg_promote_lagging(
         if handover {
             tokio::time::sleep(lag / 2).await;
             let (leader, token) = current_leader(state, Duration::from_secs(5)).await?;
-            let client = state.admin_client(Duration::from_secs(10));
-            let r = crate::exp::faults::post_stepdown(&client, &leader, None).await?;
+            // Bounded by the lag: on a synchronous standby the step-down's release waits for the
+            // stopped sender like every commit, and the fault goes on without its answer.
+            let client = state.admin_client(lag.max(Duration::from_millis(500)));
+            let answer = match crate::exp::faults::post_stepdown(&client, &leader, None).await {
+                Ok(r) => r.status.to_string(),
+                Err(e) => format!("no answer: {e:#}"),
+            };
             let until = std::time::Instant::now() + HANDOVER_WITHIN;
             let mut new = None;
             while std::time::Instant::now() < until {
@@ -222,12 +227,12 @@ pub async fn pg_promote_lagging(
             }
             lag_note = match new {
                 Some((id, t)) => format!(
-                    "during the lag {} (token {token}) stepped down ({}), {id} leads with token {t}; ",
-                    leader.id, r.status
+                    "during the lag {} (token {token}) stepped down ({answer}), {id} leads with token {t}; ",
+                    leader.id
                 ),
                 None => format!(
-                    "during the lag {} (token {token}) stepped down ({}), no new leader within {HANDOVER_WITHIN:?}; ",
-                    leader.id, r.status
+                    "during the lag {} (token {token}) stepped down ({answer}), no new leader within {HANDOVER_WITHIN:?}; ",
+                    leader.id
                 ),
             };
             let rest = lag.saturating_sub(stopped_at.elapsed());
