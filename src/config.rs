@@ -772,6 +772,10 @@ pub struct RedisConfig {
     /// The name the Sentinels monitor the primary under (their `sentinel monitor NAME ...`);
     /// required with `sentinels`.
     pub master_name: Option<String>,
+    /// The password the Sentinels themselves ask for (their `requirepass`), sent with `AUTH` on
+    /// every Sentinel connection. Only with `sentinels`. The data servers' password is `url`'s,
+    /// which the Sentinels reach them with through their own `sentinel auth-pass`.
+    pub sentinel_password: Option<Secret>,
 }
 
 impl Default for RedisConfig {
@@ -783,6 +787,7 @@ impl Default for RedisConfig {
             tls_ca_file: None,
             sentinels: Vec::new(),
             master_name: None,
+            sentinel_password: None,
         }
     }
 }
@@ -810,6 +815,12 @@ impl RedisConfig {
                 ))
             }
             _ => {}
+        }
+        if self.sentinel_password.is_some() && self.sentinels.is_empty() {
+            return bad(
+                "sentinel_password is set but sentinels is empty: it is the Sentinels' own password"
+                    .into(),
+            );
         }
         for s in &self.sentinels {
             let port = s
@@ -1079,6 +1090,7 @@ impl NodeConfig {
                 ("etcd", "endpoints"),
                 ("redis", "url"),
                 ("redis", "sentinels"),
+                ("redis", "sentinel_password"),
                 ("raft", "peers"),
                 ("raft", "peer_listen"),
                 ("raft", "cluster_secret"),
@@ -2218,8 +2230,25 @@ mod sentinel_tests {
         let mut c = NodeConfig::for_backend(BackendKind::Redis);
         c.redis.sentinels = vec!["10.1.2.3:26379".into()];
         c.redis.master_name = Some("baton".into());
+        c.redis.sentinel_password = Some(Secret::new("sentinel-hunter2"));
         let v = c.redacted_json().to_string();
         assert!(!v.contains("10.1.2.3"), "{v}");
+        assert!(!v.contains("sentinel-hunter2"), "{v}");
         assert!(v.contains("\"master_name\":\"baton\""), "{v}");
+        assert!(!format!("{c:?}").contains("sentinel-hunter2"));
+    }
+
+    #[test]
+    fn a_sentinel_password_needs_sentinels() {
+        let mut c = NodeConfig::for_backend(BackendKind::Redis);
+        c.redis.sentinel_password = Some(Secret::new("pw"));
+        let e = c.redis.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("sentinel_password is set but sentinels is empty"),
+            "{e}"
+        );
+        c.redis.sentinels = vec!["127.0.0.1:26379".into()];
+        c.redis.master_name = Some("baton".into());
+        c.redis.validate().unwrap();
     }
 }

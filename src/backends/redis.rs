@@ -229,7 +229,8 @@ fn open_client(cfg: &crate::config::RedisConfig) -> ElectorResult<::redis::Clien
 
 /// The Sentinel client of `cfg.sentinels` for `cfg.master_name`'s primary: the primary's user,
 /// password, database and TLS come from `cfg.url` (its host and port are not used), and with
-/// `rediss://` the Sentinels are spoken to over TLS too, against the same CA.
+/// `rediss://` the Sentinels are spoken to over TLS too, against the same CA; the Sentinels'
+/// own password is `cfg.sentinel_password`.
 fn open_sentinel(cfg: &crate::config::RedisConfig) -> ElectorResult<SentinelClient> {
     let master = cfg
         .master_name
@@ -264,6 +265,9 @@ fn open_sentinel(cfg: &crate::config::RedisConfig) -> ElectorResult<SentinelClie
     }
     if settings.db() != 0 {
         b = b.set_client_to_redis_db(settings.db());
+    }
+    if let Some(password) = &cfg.sentinel_password {
+        b = b.set_client_to_sentinel_password(password.expose());
     }
     if tls {
         b = b

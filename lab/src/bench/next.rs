@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use super::failover::{connect_admin, ledger_pos, ledger_violations, redacted_config, terms_since};
 use super::{bench_fleet_spec, cpu_window, loadavg, machine_cpu, machine_info, CpuWindow};
-use crate::fleet::{self, FleetState};
+use crate::fleet::{self, FleetState, StandbyMode};
 use crate::load::cpu::{self, ProcessThreads};
 use crate::load::sizing::{self, ConnectionChoice, RunFacts, SizingLimits, Verdict};
 use crate::load::{self, LoadSpec};
@@ -101,6 +101,37 @@ pub struct NextArgs {
     /// the fenced, durable path comes to plain HTTP.
     #[arg(long)]
     pub plain_http: bool,
+    /// The fenced resource's streaming standby: `none`, `async` or `sync` (`fleet up
+    /// --resource-standby`), or several, comma-separated: then one fresh fleet per mode, measured
+    /// one after another in this run with the same arguments and reported side by side (what
+    /// a synchronous standby costs each ID: its commit waits for the standby's disk too).
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub resource_standby: Vec<StandbyChoice>,
+}
+
+/// `--resource-standby`: none, or a [`StandbyMode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum StandbyChoice {
+    None,
+    Async,
+    Sync,
+}
+
+impl StandbyChoice {
+    fn mode(self) -> Option<StandbyMode> {
+        match self {
+            StandbyChoice::None => None,
+            StandbyChoice::Async => Some(StandbyMode::Async),
+            StandbyChoice::Sync => Some(StandbyMode::Sync),
+        }
+    }
+}
+
+/// `--resource-standby` with more than one mode: every mode's report, in the order run.
+#[derive(Debug, Serialize)]
+pub struct ByStandbyReport {
+    pub runs: Vec<NextReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -123,6 +154,8 @@ pub struct SideReport {
 #[derive(Debug, Serialize)]
 pub struct NextReport {
     pub backend: BackendKind,
+    /// The fenced resource's standby during this measurement (`none`, `async`, `sync`).
+    pub resource_standby: StandbyChoice,
     pub offered_rate: f64,
     pub connections: usize,
     /// How `connections` was chosen: the flag, or Little's law on the warm-up.
@@ -173,27 +206,65 @@ pub struct NextReport {
     pub machine: serde_json::Value,
 }
 
-pub async fn run(args: NextArgs) -> anyhow::Result<NextReport> {
+/// `baton bench next`: one measurement, or one per `--resource-standby` mode side by side.
+pub async fn run(args: NextArgs) -> anyhow::Result<()> {
     // Checked before the fleet starts: the report compares against the baseline, so a run
     // without one would fail only after the whole measurement.
     if args.baseline_duration == 0 || args.baseline_connections == 0 {
         anyhow::bail!("--baseline-duration and --baseline-connections must be > 0: the report compares against the baseline");
     }
+    if args.resource_standby.len() <= 1 {
+        let report = run_one(&args).await?;
+        return super::write_report(args.out.as_deref(), &report);
+    }
+    let mut runs = Vec::new();
+    for mode in &args.resource_standby {
+        println!("== resource standby: {mode:?}");
+        let one = NextArgs {
+            resource_standby: vec![*mode],
+            ..args.clone()
+        };
+        runs.push(run_one(&one).await?);
+    }
+    println!();
+    println!(
+        "| standby | baton IDs/s | p50 ms | p99 ms | p999 ms | errors | baseline IDs/s | baseline p50 ms | baseline p99 ms | leadership changes |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in &runs {
+        println!(
+            "| {:?} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.2} | {:.2} | {} |",
+            r.resource_standby,
+            r.baton.ids_per_s,
+            r.baton.p50_ms,
+            r.baton.p99_ms,
+            r.baton.p999_ms,
+            r.baton.errors,
+            r.baseline.ids_per_s,
+            r.baseline.p50_ms,
+            r.baseline.p99_ms,
+            r.leadership_changes
+        );
+    }
+    super::write_report(args.out.as_deref(), &ByStandbyReport { runs })
+}
+
+/// One fleet (with `args.resource_standby[0]`'s standby), measured.
+async fn run_one(args: &NextArgs) -> anyhow::Result<NextReport> {
     let dir = args
         .dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("state/bench/next-{}", args.backend)));
-    let spec = bench_fleet_spec(dir, args.nodes, args.backend, args.config.clone(), None)?;
+    let mut spec = bench_fleet_spec(dir, args.nodes, args.backend, args.config.clone(), None)?;
+    spec.resource_standby = args.resource_standby.first().and_then(|m| m.mode());
     let state = fleet::up(&spec).await.context("starting the fleet")?;
     let outcome = tokio::select! {
-        r = measure(&args, &state) => r,
+        r = measure(args, &state) => r,
         _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted (Ctrl-C)")),
     };
     let down = state.clone();
     let _ = tokio::task::spawn_blocking(move || down.down()).await;
-    let report = outcome?;
-    super::write_report(args.out.as_deref(), &report)?;
-    Ok(report)
+    outcome
 }
 
 async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextReport> {
@@ -343,6 +414,11 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
     );
     Ok(NextReport {
         backend: args.backend,
+        resource_standby: args
+            .resource_standby
+            .first()
+            .copied()
+            .unwrap_or(StandbyChoice::None),
         offered_rate: args.rate,
         connections,
         connection_choice: choice,

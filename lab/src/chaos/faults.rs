@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
 use crate::fleet::client::NodeClient;
-use crate::fleet::servers::{pid_alive, stop_pid};
+use crate::fleet::servers::{pid_alive, stop_pid, PgServer};
 use crate::fleet::{current_leader, FleetNode, FleetState};
 use baton::backends::BackendKind;
 use baton::clock::monotonic_ns;
@@ -72,38 +72,233 @@ pub async fn kill_leader_report(state: &FleetState) -> anyhow::Result<FaultRepor
 
 // ---------------------------------------------------------------- pg-promote
 
+/// What the resource's server held at one moment: the fence's highest accepted token, the
+/// ledger's highest committed seq, and (pg-lease, whose lease store is the same server) the
+/// highest lease epoch. Read on the primary just before its kill and on the standby once it
+/// has replayed what it received, just before its promotion: a value that went back is what the
+/// promotion lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreMarks {
+    pub max_token: i64,
+    pub max_seq: i64,
+    /// `None`: no lease table on this server (not pg-lease).
+    pub epoch: Option<i64>,
+}
+
+impl std::fmt::Display for StoreMarks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "max_token {}, seq {}", self.max_token, self.max_seq)?;
+        if let Some(e) = self.epoch {
+            write!(f, ", epoch {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// [`StoreMarks`] of `pg` (blocking: psql).
+pub fn store_marks(pg: &PgServer, lease_store: bool) -> anyhow::Result<StoreMarks> {
+    let row = pg.psql(
+        "baton",
+        "SELECT (SELECT coalesce(max(max_token), 0) FROM baton.fenced_resource) || ' ' || \
+                (SELECT coalesce(max(seq_hi), 0) FROM baton.fence_log)",
+    )?;
+    let mut it = row.split_whitespace().map(|v| v.parse::<i64>());
+    let (Some(Ok(max_token)), Some(Ok(max_seq))) = (it.next(), it.next()) else {
+        bail!("fence marks: unexpected answer {row:?}");
+    };
+    let epoch = if lease_store {
+        let e = pg.psql(
+            "baton",
+            "SELECT coalesce(max(epoch), 0) FROM baton_lease.leases",
+        )?;
+        Some(
+            e.trim()
+                .parse()
+                .with_context(|| format!("lease epoch {e:?}"))?,
+        )
+    } else {
+        None
+    };
+    Ok(StoreMarks {
+        max_token,
+        max_seq,
+        epoch,
+    })
+}
+
+/// The standby's marks once it has replayed all the WAL it received (its primary is dead: no
+/// more comes), read before its promotion: what the promoted server starts from. After the
+/// promotion the nodes' first writes would already be in them.
+fn replayed_marks(standby: &PgServer, lease_store: bool) -> anyhow::Result<StoreMarks> {
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let done = standby.psql(
+            "postgres",
+            "SELECT pg_last_wal_receive_lsn() IS NULL \
+                 OR pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()",
+        )?;
+        if done.trim() == "t" || std::time::Instant::now() > until {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store_marks(standby, lease_store).context("the standby's marks before its promotion")
+}
+
+/// What [`pg_promote_lagging`] did, besides its report.
+#[derive(Clone, Debug)]
+pub struct PromoteOutcome {
+    pub report: FaultReport,
+    /// The primary's marks just before its kill, the standby's just before its promotion.
+    pub before: StoreMarks,
+    pub after: StoreMarks,
+}
+
 /// `kill -9` of the fenced resource's PostgreSQL primary, then `pg_ctl promote` of its standby
 /// (`fleet up --resource-standby`). The old primary is not brought back: the promoted standby
 /// becomes the fleet's `postgres` in its state file (so the fleet's tools and checkers read the
 /// new primary), and the fleet has no standby until it is started again.
 pub async fn pg_promote(state: &mut FleetState) -> anyhow::Result<FaultReport> {
+    Ok(pg_promote_lagging(state, Duration::ZERO, false)
+        .await?
+        .report)
+}
+
+/// How long a hand-over during the lag may take to show a new leader.
+const HANDOVER_WITHIN: Duration = Duration::from_secs(5);
+
+/// [`pg_promote`], the standby made to lag first: the primary's WAL sender is stopped (SIGSTOP)
+/// for `lag`, then the primary killed (its stopped sender with it) and the standby promoted. An
+/// asynchronous standby's primary went on acknowledging commits it never sent (on loopback a
+/// standby is otherwise never more than a few commits behind); a synchronous one's made them
+/// wait. The sender, not the standby's receiver, is stopped: WAL already sent to a stopped
+/// receiver waits in its socket, and the receiver would still write it after the kill (a first
+/// version did that, and lost nothing).
+///
+/// With `handover`, halfway through the lag the leader is asked to step down (`POST
+/// /stepdown`) and the lag lasts until a new leader (a higher token) serves, at most
+/// [`HANDOVER_WITHIN`] more: a term change the standby never sees (on pg-lease, a lease epoch
+/// and a fence claim only the dying primary has). Without a lag it does nothing.
+///
+/// The fence's and the lease store's marks are read on the primary just before the kill and on
+/// the standby once it has replayed what it received, before `pg_ctl promote`.
+pub async fn pg_promote_lagging(
+    state: &mut FleetState,
+    lag: Duration,
+    handover: bool,
+) -> anyhow::Result<PromoteOutcome> {
     let Some(standby) = state.postgres_standby.clone() else {
         bail!("pg-promote needs a fleet started with --resource-standby");
     };
     let primary = state.postgres.clone();
-    let (killed, applied, promoted) = tokio::task::spawn_blocking(move || {
+    let lease_store = state.backend == BackendKind::PgLease;
+    let mut stopped = Vec::new();
+    let mut lag_note = String::new();
+    if !lag.is_zero() {
+        let senders = primary.children_named("walsender");
+        if senders.is_empty() {
+            bail!("the primary has no WAL sender to stop (is the standby streaming?)");
+        }
+        // Continued however this ends before the kill (an error or a cancelled future).
+        for &p in &senders {
+            stopped.push(StoppedProcess::stop(p)?);
+        }
+        let stopped_at = std::time::Instant::now();
+        if handover {
+            tokio::time::sleep(lag / 2).await;
+            let (leader, token) = current_leader(state, Duration::from_secs(5)).await?;
+            // Bounded by the lag: on a synchronous standby the step-down's release waits for the
+            // stopped sender like every commit, and the fault goes on without its answer.
+            let client = state.admin_client(lag.max(Duration::from_millis(500)));
+            let answer = match crate::exp::faults::post_stepdown(&client, &leader, None).await {
+                Ok(r) => r.status.to_string(),
+                Err(e) => format!("no answer: {e:#}"),
+            };
+            let until = std::time::Instant::now() + HANDOVER_WITHIN;
+            let mut new = None;
+            while std::time::Instant::now() < until {
+                if let Ok((n, t)) = current_leader(state, Duration::from_millis(500)).await {
+                    if t > token {
+                        new = Some((n.id, t));
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            lag_note = match new {
+                Some((id, t)) => format!(
+                    "during the lag {} (token {token}) stepped down ({answer}), {id} leads with token {t}; ",
+                    leader.id
+                ),
+                None => format!(
+                    "during the lag {} (token {token}) stepped down ({answer}), no new leader within {HANDOVER_WITHIN:?}; ",
+                    leader.id
+                ),
+            };
+            let rest = lag.saturating_sub(stopped_at.elapsed());
+            tokio::time::sleep(rest).await;
+        } else {
+            tokio::time::sleep(lag).await;
+        }
+        lag_note = format!(
+            "the primary's WAL sender (pid {senders:?}) stopped {} ms before the kill; {lag_note}",
+            stopped_at.elapsed().as_millis()
+        );
+    }
+    let (killed, applied, promoted, before, after) = tokio::task::spawn_blocking(move || {
+        let before =
+            store_marks(&primary, lease_store).context("the primary's marks before its kill")?;
         let killed = primary.kill9()?;
         let applied = monotonic_ns();
+        // Dead with the primary: nothing to continue.
+        stopped.into_iter().for_each(std::mem::forget);
+        let after = replayed_marks(&standby, lease_store)?;
         standby.promote()?;
-        anyhow::Ok((killed, applied, monotonic_ns()))
+        let promoted = monotonic_ns();
+        anyhow::Ok((killed, applied, promoted, before, after))
     })
     .await??;
     let old_port = state.postgres.port;
     state.postgres = state.postgres_standby.take().expect("checked above");
     state.save()?;
-    Ok(FaultReport {
+    let report = FaultReport {
         fault: "pg-promote".into(),
         node: format!("postgres:{old_port}"),
         applied_at_mono_ns: applied,
         healed_at_mono_ns: promoted,
         verified: true,
         detail: format!(
-            "SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now",
+            "{lag_note}SIGKILL of the primary on port {old_port} ({} processes); the standby on port {} promoted after {:.0} ms and is the fleet's postgres now; the primary before the kill: {before}; the standby before its promotion: {after}",
             killed.len(),
             state.postgres.port,
             (promoted - applied) as f64 / 1e6
         ),
+    };
+    Ok(PromoteOutcome {
+        report,
+        before,
+        after,
     })
+}
+
+/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped.
+struct StoppedProcess(u32);
+
+impl StoppedProcess {
+    fn stop(pid: u32) -> anyhow::Result<StoppedProcess> {
+        // SAFETY: kill(2) on a process of a server the fleet started.
+        if unsafe { libc::kill(pid as i32, libc::SIGSTOP) } != 0 {
+            bail!("SIGSTOP {pid}: {}", std::io::Error::last_os_error());
+        }
+        Ok(StoppedProcess(pid))
+    }
+}
+
+impl Drop for StoppedProcess {
+    fn drop(&mut self) {
+        // SAFETY: as above; continuing a process we stopped.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
 }
 
 // ---------------------------------------------------------------- sentinel-failover

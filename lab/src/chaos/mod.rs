@@ -33,8 +33,8 @@ use clap::{Args, Subcommand};
 
 pub use faults::{
     heal_all, kill_leader, kill_leader_report, partition_leader, partition_leader_from,
-    partition_node, pause_leader, pause_node, pg_promote, sentinel_failover, skew_node,
-    skew_node_report, CutTarget, FaultReport,
+    partition_node, pause_leader, pause_node, pg_promote, pg_promote_lagging, sentinel_failover,
+    skew_node, skew_node_report, store_marks, CutTarget, FaultReport, PromoteOutcome, StoreMarks,
 };
 pub use netns::NetnsFleet;
 

@@ -35,6 +35,49 @@ impl<'a> TokenRanges<'a> {
     }
 }
 
+/// How many acknowledged IDs are in no ledger row of their token: acknowledged, then lost (a
+/// promoted standby that lacked them), where [`check`] names only the first.
+pub fn count_missing(input: &CheckInput) -> usize {
+    let index = index(input);
+    input
+        .acks
+        .iter()
+        .filter(|a| {
+            index
+                .get(&a.token)
+                .is_none_or(|ix| ix.containing(a.seq).is_empty())
+        })
+        .count()
+}
+
+fn index(input: &CheckInput) -> HashMap<i64, TokenRanges<'_>> {
+    let mut by_token: HashMap<i64, Vec<&LedgerRow>> = HashMap::new();
+    for r in input.ledger.iter().filter(|r| r.op == "next") {
+        by_token.entry(r.token).or_default().push(r);
+    }
+    by_token
+        .into_iter()
+        .map(|(t, mut rows)| {
+            rows.sort_by_key(|r| (r.seq_lo, r.pos));
+            let mut m = i64::MIN;
+            let prefix_max_hi = rows
+                .iter()
+                .map(|r| {
+                    m = m.max(r.seq_hi.unwrap_or(i64::MIN));
+                    m
+                })
+                .collect();
+            (
+                t,
+                TokenRanges {
+                    rows,
+                    prefix_max_hi,
+                },
+            )
+        })
+        .collect()
+}
+
 pub fn check(input: &CheckInput) -> Option<Violation> {
     let mut by_token: HashMap<i64, Vec<&LedgerRow>> = HashMap::new();
     for r in input.ledger.iter().filter(|r| r.op == "next") {
@@ -133,6 +176,15 @@ mod tests {
     #[test]
     fn passes_when_every_ack_is_in_one_row_of_its_token() {
         assert_eq!(check(&healthy()), None);
+    }
+
+    #[test]
+    fn count_missing_counts_every_lost_ack() {
+        let mut input = healthy();
+        assert_eq!(count_missing(&input), 0);
+        input.acks.push(ack(1, 999, 6, 11, 12));
+        input.acks.push(ack(1, 998, 6, 11, 12));
+        assert_eq!(count_missing(&input), 2);
     }
 
     #[test]

@@ -7,6 +7,14 @@ use super::{Ack, CheckInput, Violation};
 
 pub const NAME: &str = "acked_unique";
 
+/// How many acknowledgements repeat a seq acknowledged before: IDs issued twice (or more),
+/// where [`check`] names only the first.
+pub fn count_repeats(input: &CheckInput) -> usize {
+    let mut seqs: Vec<i64> = input.acks.iter().map(|a| a.seq).collect();
+    seqs.sort_unstable();
+    seqs.windows(2).filter(|w| w[0] == w[1]).count()
+}
+
 pub fn check(input: &CheckInput) -> Option<Violation> {
     let mut first: HashMap<i64, &Ack> = HashMap::with_capacity(input.acks.len());
     // Report the pair whose second ack completed earliest.
@@ -39,6 +47,15 @@ mod tests {
     #[test]
     fn passes_with_distinct_seqs() {
         assert_eq!(check(&healthy()), None);
+    }
+
+    #[test]
+    fn count_repeats_counts_each_extra_ack() {
+        let mut input = healthy();
+        assert_eq!(count_repeats(&input), 0);
+        input.acks.push(ack(8, 5, 6, 11, 12));
+        input.acks.push(ack(9, 5, 6, 11, 12));
+        assert_eq!(count_repeats(&input), 2);
     }
 
     #[test]

@@ -63,6 +63,11 @@ pub struct Step {
     pub backend_leader: bool,
     /// Kill mid step-down: ms between sending `POST /stepdown` and `kill -9`.
     pub delay_ms: u64,
+    /// `pg-promote`: the primary's WAL sender is stopped this long before the primary's kill
+    /// (`[nemesis] standby_lag`; zero: no lag).
+    pub lag: Duration,
+    /// `pg-promote` with a lag: a leader hand-over during it (`[nemesis] handover_in_lag`).
+    pub handover: bool,
 }
 
 impl Step {
@@ -82,6 +87,8 @@ impl Step {
             persist: true,
             backend_leader: false,
             delay_ms: 5,
+            lag: Duration::ZERO,
+            handover: false,
         }
     }
 }
@@ -151,6 +158,11 @@ pub fn draw(
             FaultKind::ClockRate => draw_span(&cfg.clock_hold, ttl_ms, rng),
             _ => draw_span(&cfg.down, ttl_ms, rng),
         };
+        // Drawn only where set, so a spec without it keeps its schedule.
+        let lag = match (&cfg.standby_lag, kind) {
+            (Some(range), FaultKind::PgPromote) => draw_span(range, ttl_ms, rng),
+            _ => Duration::ZERO,
+        };
         let rate = if cfg.clock_rates.is_empty() {
             1.0
         } else {
@@ -166,6 +178,8 @@ pub fn draw(
             persist: rng.gen_bool(0.5),
             backend_leader: rng.gen_bool(0.5),
             delay_ms: rng.gen_range(1..=20),
+            handover: cfg.handover_in_lag && !lag.is_zero(),
+            lag,
         });
     }
     Ok(steps)
@@ -694,9 +708,11 @@ async fn sentinel_failover(
 /// [`crate::chaos::pg_promote`] on the run's fleet, then a new standby where the old primary
 /// was: its directory wiped, a base backup of the new primary on the same port, in the same mode
 /// (sync when the old primary asked for a synchronous standby), so every node's multi-host URL
-/// still names both servers and the fault can repeat.
+/// still names both servers and the fault can repeat. With `step.lag` the standby lags first
+/// ([`crate::chaos::pg_promote_lagging`]).
 async fn pg_promote(
     state: &Arc<Mutex<FleetState>>,
+    step: &Step,
     scheduled_ms: f64,
 ) -> anyhow::Result<FaultRecord> {
     let mut snap = snapshot(state);
@@ -708,7 +724,9 @@ async fn pg_promote(
     // `start_standby(sync)` set this on the primary with ALTER SYSTEM.
     let sync = std::fs::read_to_string(old.data_dir().join("postgresql.auto.conf"))
         .is_ok_and(|c| c.contains("synchronous_standby_names"));
-    let report = crate::chaos::pg_promote(&mut snap).await?;
+    let report = crate::chaos::pg_promote_lagging(&mut snap, step.lag, step.handover)
+        .await?
+        .report;
     let primary = snap.postgres.clone();
     let (root, port) = (old.root.clone(), old.port);
     let standby = tokio::task::spawn_blocking(move || {
@@ -765,7 +783,7 @@ pub async fn apply(
             faults::stepdown_leader_to(state, scheduled_ms, Some(step.pick)).await
         }
         FaultKind::SentinelFailover => sentinel_failover(state, scheduled_ms).await,
-        FaultKind::PgPromote => pg_promote(state, scheduled_ms).await,
+        FaultKind::PgPromote => pg_promote(state, step, scheduled_ms).await,
         k => bail!("{} is not a nemesis fault", k.as_str()),
     }
 }
@@ -909,6 +927,10 @@ mod tests {
         for (name, kind) in [
             ("store-failover", FaultKind::SentinelFailover),
             ("store-failover-pg", FaultKind::PgPromote),
+            ("store-failover-pg-async", FaultKind::PgPromote),
+            ("store-failover-pg-async-handover", FaultKind::PgPromote),
+            ("store-failover-100", FaultKind::SentinelFailover),
+            ("store-failover-pg-100", FaultKind::PgPromote),
         ] {
             let path = crate::repo_path(format!("experiments/{name}.toml"));
             let text = std::fs::read_to_string(&path).unwrap();
@@ -920,7 +942,28 @@ mod tests {
                 FaultKind::SentinelFailover => {
                     assert_eq!(spec.redis_topology, RedisTopology::Sentinel)
                 }
-                _ => assert_eq!(spec.resource_standby, Some(StandbyMode::Sync)),
+                _ if name.contains("-async") => {
+                    assert_eq!(spec.resource_standby, Some(StandbyMode::Async));
+                    // The standby lags before every promotion, and only then.
+                    let mut rng = StdRng::seed_from_u64(seed_for(spec.seed, BackendKind::PgLease));
+                    let steps = draw(n, BackendKind::PgLease, false, 3000, &mut rng).unwrap();
+                    assert!(steps.iter().any(|s| s.kind == FaultKind::PgPromote));
+                    for s in &steps {
+                        assert_eq!(
+                            s.lag.is_zero(),
+                            s.kind != FaultKind::PgPromote,
+                            "{:?}",
+                            s.kind
+                        );
+                        // A hand-over only where the spec asks for one, and only in a lag.
+                        assert_eq!(s.handover, n.handover_in_lag && !s.lag.is_zero());
+                    }
+                    assert_eq!(n.handover_in_lag, name.ends_with("-handover"));
+                }
+                _ => {
+                    assert_eq!(spec.resource_standby, Some(StandbyMode::Sync));
+                    assert!(n.standby_lag.is_none() && !n.handover_in_lag);
+                }
             }
         }
         assert!(applies(
@@ -949,6 +992,47 @@ mod tests {
     }
     use super::*;
     use rand::SeedableRng;
+
+    /// The 100-fault runs of issue 32 (`experiments/store-failover*-100.toml`): at least 100
+    /// faults of the experiment's kind in the schedule of each backend they are run on.
+    #[test]
+    fn the_hundred_fault_specs_draw_a_hundred_of_their_kind() {
+        for (name, kind, backends) in [
+            (
+                "store-failover-100",
+                FaultKind::SentinelFailover,
+                &[BackendKind::Redis][..],
+            ),
+            (
+                "store-failover-pg-100",
+                FaultKind::PgPromote,
+                &[BackendKind::PgLease][..],
+            ),
+        ] {
+            let path = crate::repo_path(format!("experiments/{name}.toml"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let spec: super::super::spec::ExpSpec = toml::from_str(&text).unwrap();
+            spec.validate().unwrap();
+            let n = spec.nemesis.as_ref().unwrap();
+            for &b in backends {
+                let mut rng = StdRng::seed_from_u64(seed_for(spec.seed, b));
+                let steps = draw(n, b, false, 3000, &mut rng).unwrap();
+                let of_kind = steps.iter().filter(|s| s.kind == kind).count();
+                let hundredth = steps
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.kind == kind)
+                    .nth(99)
+                    .map(|(i, _)| i + 1);
+                eprintln!(
+                    "{name} {}: {of_kind} of {} faults; the 100th is fault {hundredth:?}",
+                    b.as_str(),
+                    steps.len()
+                );
+                assert!(of_kind >= 100, "{name} {}: {of_kind}", b.as_str());
+            }
+        }
+    }
 
     fn cfg() -> NemesisCfg {
         toml::from_str(

@@ -50,6 +50,10 @@ pub struct VerdictOut {
     pub rejections: usize,
     pub violations: Vec<Violation>,
     pub interleavings: usize,
+    /// Acknowledged IDs in no ledger row of their token (lost, e.g. by a promoted standby).
+    pub acked_missing: usize,
+    /// Acknowledgements that repeat an already acknowledged seq (IDs issued twice).
+    pub acked_repeats: usize,
 }
 
 /// One leader's span of accepted writes, in run time.
@@ -830,6 +834,8 @@ fn assemble(
             rejections: verdict.rejections,
             violations: verdict.violations.clone(),
             interleavings: tl.interleavings.len(),
+            acked_missing: check::acked_in_ledger::count_missing(input),
+            acked_repeats: check::acked_unique::count_repeats(input),
         },
         expect,
         expectation_met,

@@ -227,6 +227,18 @@ pub struct NemesisCfg {
     /// Fraction of node kills restarted with the state dir wiped (a new member, an old id).
     #[serde(default)]
     pub wipe_fraction: f64,
+    /// `pg-promote`: how long the primary's WAL sender is stopped (SIGSTOP) before the primary
+    /// is killed, so the standby lags as one across a network (or on a slow disk) does. On
+    /// loopback an asynchronous standby is never behind by more than a few commits when its
+    /// primary dies: the lag is what makes its promotion lose the acknowledged commits it
+    /// lacked. A synchronous standby's primary makes commits wait instead. Unset: no lag.
+    #[serde(default)]
+    pub standby_lag: Option<[Span; 2]>,
+    /// `pg-promote` with `standby_lag`: halfway through the lag the leader steps down and the
+    /// lag lasts until a new leader serves (at most 5 s more), so a term change happens that the
+    /// standby never receives: the promotion loses it, and the next term is numbered again.
+    #[serde(default)]
+    pub handover_in_lag: bool,
     /// Relative weights of the kinds; kinds a backend cannot take are left out for it.
     pub mix: std::collections::BTreeMap<FaultKind, f64>,
 }

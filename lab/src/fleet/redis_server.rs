@@ -31,6 +31,11 @@ pub struct RedisServer {
     /// A Sentinel (`redis-server sentinel.conf --sentinel`), not a data server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sentinel: Option<SentinelOf>,
+    /// The password this server asks its clients for (`requirepass`); a data server also uses
+    /// it to reach its primary (`masterauth`: every data server of a set shares one). Our own
+    /// probes (`ask`, PING) send `AUTH` first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
 }
 
 /// What a Sentinel monitors: the master name the fleet's nodes ask for, the primary it starts
@@ -44,6 +49,9 @@ pub struct SentinelOf {
     pub quorum: u32,
     pub down_after_ms: u64,
     pub failover_timeout_ms: u64,
+    /// The data servers' password (`sentinel auth-pass NAME ...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_pass: Option<String>,
 }
 
 /// `--redis-topology sentinel`: beside the fleet's primary ([`super::FleetState::redis`]), one
@@ -64,6 +72,17 @@ impl RedisSentinelSet {
     /// `root`; returns once the replica is in sync and the Sentinels know each other and the
     /// replica (a failover needs both). Stops what it started on failure.
     pub fn start(root: &Path, primary: &RedisServer) -> Result<RedisSentinelSet, ServerError> {
+        RedisSentinelSet::start_with_password(root, primary, None)
+    }
+
+    /// [`RedisSentinelSet::start`] with passwords: the replica asks for the primary's
+    /// (`primary.password`, also its `masterauth`), the Sentinels reach both with it (`sentinel
+    /// auth-pass`) and ask their own clients for `sentinel_password` (`requirepass`).
+    pub fn start_with_password(
+        root: &Path,
+        primary: &RedisServer,
+        sentinel_password: Option<&str>,
+    ) -> Result<RedisSentinelSet, ServerError> {
         let ports =
             super::servers::free_ports(4).map_err(|e| ServerError::Io("free ports".into(), e))?;
         let replica = RedisServer::start_replica(&root.join("redis-replica"), ports[0], primary)?;
@@ -78,13 +97,19 @@ impl RedisSentinelSet {
             quorum: 2,
             down_after_ms: 1000,
             failover_timeout_ms: 2000,
+            auth_pass: primary.password.clone(),
         };
         let started = (|| {
             set.replica.wait_replica_in_sync(Duration::from_secs(20))?;
             for (i, port) in ports[1..].iter().enumerate() {
                 let dir = root.join(format!("redis-sentinel-{}", i + 1));
                 set.sentinels
-                    .push(RedisServer::start_sentinel(&dir, *port, of.clone())?);
+                    .push(RedisServer::start_sentinel_with_password(
+                        &dir,
+                        *port,
+                        of.clone(),
+                        sentinel_password,
+                    )?);
             }
             set.wait_ready(Duration::from_secs(30))
         })();
@@ -205,19 +230,30 @@ impl RedisServer {
     /// Starts `redis-server` on `127.0.0.1:port` with no persistence; waits until it answers PING.
     pub fn start(root: &Path, port: u16) -> Result<RedisServer, ServerError> {
         fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
-        RedisServer::start_with(root, port, None)
+        RedisServer::start_with(root, port, None, None)
     }
 
     /// [`RedisServer::start`] speaking TLS only on `port`, with `tls`'s certificate; clients
     /// are not asked for certificates (`--tls-auth-clients no`).
     pub fn start_tls(root: &Path, port: u16, tls: &ServerTls) -> Result<RedisServer, ServerError> {
-        RedisServer::start_with(root, port, Some(tls.clone()))
+        RedisServer::start_with(root, port, Some(tls.clone()), None)
+    }
+
+    /// [`RedisServer::start`] asking its clients for `password` (`requirepass`, and
+    /// `masterauth` should it become a replica).
+    pub fn start_with_password(
+        root: &Path,
+        port: u16,
+        password: &str,
+    ) -> Result<RedisServer, ServerError> {
+        RedisServer::start_with(root, port, None, Some(password.to_owned()))
     }
 
     fn start_with(
         root: &Path,
         port: u16,
         tls: Option<ServerTls>,
+        password: Option<String>,
     ) -> Result<RedisServer, ServerError> {
         fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
         let mut server = RedisServer {
@@ -228,6 +264,7 @@ impl RedisServer {
             tls,
             replica_of: None,
             sentinel: None,
+            password,
         };
         server.spawn()?;
         Ok(server)
@@ -248,6 +285,7 @@ impl RedisServer {
             tls: None,
             replica_of: Some(primary.port),
             sentinel: None,
+            password: primary.password.clone(),
         };
         server.spawn()?;
         Ok(server)
@@ -259,6 +297,16 @@ impl RedisServer {
         port: u16,
         of: SentinelOf,
     ) -> Result<RedisServer, ServerError> {
+        RedisServer::start_sentinel_with_password(root, port, of, None)
+    }
+
+    /// [`RedisServer::start_sentinel`] asking its clients for `password` (`requirepass`).
+    pub fn start_sentinel_with_password(
+        root: &Path,
+        port: u16,
+        of: SentinelOf,
+        password: Option<&str>,
+    ) -> Result<RedisServer, ServerError> {
         fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
         let mut server = RedisServer {
             port,
@@ -268,6 +316,7 @@ impl RedisServer {
             tls: None,
             replica_of: None,
             sentinel: Some(of),
+            password: password.map(str::to_owned),
         };
         server.spawn()?;
         Ok(server)
@@ -302,6 +351,14 @@ impl RedisServer {
             return self.spawn_sentinel(of.clone());
         }
         let mut cmd = Command::new(redis_binary()?);
+        if let Some(pw) = &self.password {
+            // In a private file (a config file must be the first argument), not on the command
+            // line, where any user's `ps` would show it.
+            let conf = self.root.join("auth.conf");
+            super::write_private(&conf, format!("requirepass {pw}\nmasterauth {pw}\n"))
+                .map_err(|e| ServerError::Io(conf.display().to_string(), e))?;
+            cmd.arg(&conf);
+        }
         if let Some(primary) = self.replica_of {
             cmd.args(["--replicaof", "127.0.0.1"])
                 .arg(primary.to_string());
@@ -345,7 +402,7 @@ impl RedisServer {
              sentinel monitor {name} 127.0.0.1 {primary} {quorum}\n\
              sentinel down-after-milliseconds {name} {down}\n\
              sentinel failover-timeout {name} {failover}\n\
-             sentinel parallel-syncs {name} 1\n",
+             sentinel parallel-syncs {name} 1\n{auth}",
             port = self.port,
             dir = self.root.display(),
             name = of.master_name,
@@ -353,8 +410,18 @@ impl RedisServer {
             quorum = of.quorum,
             down = of.down_after_ms,
             failover = of.failover_timeout_ms,
+            auth = [
+                of.auth_pass
+                    .as_ref()
+                    .map(|p| format!("sentinel auth-pass {} {p}\n", of.master_name)),
+                self.password.as_ref().map(|p| format!("requirepass {p}\n")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<String>(),
         );
-        fs::write(&conf, text).map_err(|e| ServerError::Io(conf.display().to_string(), e))?;
+        super::write_private(&conf, text)
+            .map_err(|e| ServerError::Io(conf.display().to_string(), e))?;
         let mut cmd = Command::new(redis_binary()?);
         cmd.arg(&conf).arg("--sentinel");
         self.pid = spawn_detached(&mut cmd, &self.log())?;
@@ -367,6 +434,7 @@ impl RedisServer {
     pub fn ask(&self, cmd: &str, complete: impl Fn(&str) -> bool) -> Option<String> {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
+        self.authenticate(&mut s)?;
         let until = Instant::now() + Duration::from_secs(2);
         let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
         s.write_all(format!("{cmd}\r\n").as_bytes()).ok()?;
@@ -387,6 +455,25 @@ impl RedisServer {
             }
         }
         (!reply.is_empty()).then(|| String::from_utf8_lossy(&reply).into_owned())
+    }
+
+    /// `AUTH` with [`RedisServer::password`] on a fresh connection, when there is one; `None` when
+    /// the server did not answer `+OK`.
+    fn authenticate(&self, s: &mut TcpStream) -> Option<()> {
+        let Some(pw) = &self.password else {
+            return Some(());
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        s.write_all(format!("AUTH {pw}\r\n").as_bytes()).ok()?;
+        let mut reply = Vec::new();
+        let mut byte = [0u8; 1];
+        while !reply.ends_with(b"\r\n") && reply.len() < 512 {
+            match s.read(&mut byte) {
+                Ok(1) => reply.push(byte[0]),
+                _ => return None,
+            }
+        }
+        reply.starts_with(b"+OK").then_some(())
     }
 
     /// True when the server answers `PING` with `+PONG`.
@@ -458,7 +545,7 @@ impl RedisServer {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        if s.write_all(cmd).is_err() {
+        if self.authenticate(&mut s).is_none() || s.write_all(cmd).is_err() {
             return false;
         }
         let mut buf = [0u8; 64];

@@ -748,6 +748,21 @@ impl PgServer {
         }
     }
 
+    /// This server's children whose command line (the process title PostgreSQL sets) contains
+    /// `what`: `walsender` on a primary, `walreceiver` on a standby.
+    pub fn children_named(&self, what: &str) -> Vec<u32> {
+        let Some(pm) = self.postmaster_pid() else {
+            return Vec::new();
+        };
+        children_of(pm)
+            .into_iter()
+            .filter(|p| {
+                fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(what))
+            })
+            .collect()
+    }
+
     /// Promotes this standby to primary (`pg_ctl promote`, waiting until it accepts writes).
     pub fn promote(&self) -> Result<(), ServerError> {
         let out = self
