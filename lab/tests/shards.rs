@@ -720,6 +720,22 @@ async fn rolling_restart_moves_every_shard_without_losing_an_id() {
 /// their first commit and close it after `SEQ_IDLE_CLOSE` idle. Before, every shard a node
 /// had ever led kept one (K = 1024 exhausted the server's `max_connections`): this fleet held
 /// at least 64 sequencer connections, more than all its connections may be now.
+/// One `POST /next?shard=S` to each shard's leader; every one must answer 200.
+async fn one_next_per_shard(
+    fleet: &Fleet,
+    placed: &BTreeMap<u32, (String, String, i64)>,
+    when: &str,
+) {
+    for (s, (_, addr, _)) in placed {
+        let r = fleet
+            .client
+            .post(addr, &format!("/next?shard={s}"))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "shard {s}{when}: {:?}", r.body);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_do_not_hold_a_database_connection_each() {
     use baton::work::fence::{SEQ_APPLICATION_NAME, WARM_SEQ_PIPES};
@@ -758,14 +774,7 @@ async fn idle_shards_do_not_hold_a_database_connection_each() {
     );
 
     // Every shard serves: those without a warm connection open one at their first commit.
-    for (s, (_, addr, _)) in &placed {
-        let r = fleet
-            .client
-            .post(addr, &format!("/next?shard={s}"))
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "shard {s}: {:?}", r.body);
-    }
+    one_next_per_shard(&fleet, &placed, "").await;
     let (_, busy) = count().await;
     eprintln!("just after one ID from every shard: {busy} sequencer connections");
     assert!(
@@ -788,16 +797,5 @@ async fn idle_shards_do_not_hold_a_database_connection_each() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     // And a shard whose connection was closed opens a new one at its next commit.
-    for (s, (_, addr, _)) in &placed {
-        let r = fleet
-            .client
-            .post(addr, &format!("/next?shard={s}"))
-            .await
-            .unwrap();
-        assert_eq!(
-            r.status, 200,
-            "shard {s} after its idle close: {:?}",
-            r.body
-        );
-    }
+    one_next_per_shard(&fleet, &placed, " after its idle close").await;
 }

@@ -247,8 +247,8 @@ struct Unsettled {
     within: Duration,
 }
 
-/// The row of a K that did not settle: no figures, the reason and the connections.
-fn unsettled(k: u32, why: String, pg: Option<(i64, i64)>) -> ShardRun {
+/// A row with no load figures: an idle-only window's, or (with `error`) a K that did not settle.
+fn without_load(k: u32, pg: (Option<i64>, Option<i64>)) -> ShardRun {
     ShardRun {
         shards: k,
         connections: 0,
@@ -269,12 +269,20 @@ fn unsettled(k: u32, why: String, pg: Option<(i64, i64)>) -> ShardRun {
         loadavg_after: loadavg(),
         load: None,
         not_ok_by_reason: BTreeMap::new(),
-        error: Some(why),
+        error: None,
         placement: Vec::new(),
-        idle_pg_connections: pg.map(|p| p.0),
-        idle_pg_sequencer_connections: pg.map(|p| p.1),
+        idle_pg_connections: pg.0,
+        idle_pg_sequencer_connections: pg.1,
         idle_backend_requests_per_s: None,
         idle_backend_requests_by_op: BTreeMap::new(),
+    }
+}
+
+/// The row of a K that did not settle: no figures, the reason and the connections.
+fn unsettled(k: u32, why: String, pg: Option<(i64, i64)>) -> ShardRun {
+    ShardRun {
+        error: Some(why),
+        ..without_load(k, (pg.map(|p| p.0), pg.map(|p| p.1)))
     }
 }
 
@@ -305,31 +313,11 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
     };
     if args.idle_only {
         return Ok(ShardRun {
-            shards: k,
-            connections: 0,
-            offered_rate: 0.0,
-            ids: 0,
-            ids_per_s: 0.0,
-            p50_ms: 0.0,
-            p99_ms: 0.0,
-            service_p50_ms: 0.0,
-            service_p99_ms: 0.0,
-            errors: 0,
-            commits: 0,
-            mean_batch_ids: 0.0,
-            ledger_violations: 0,
             ratio: 1.0,
-            cpu_cores_by_group: BTreeMap::new(),
-            machine_cpu: None,
-            loadavg_after: loadavg(),
-            load: None,
-            not_ok_by_reason: BTreeMap::new(),
-            error: None,
             placement,
-            idle_pg_connections: idle_pg.0,
-            idle_pg_sequencer_connections: idle_pg.1,
             idle_backend_requests_per_s,
             idle_backend_requests_by_op,
+            ..without_load(k, idle_pg)
         });
     }
     let targets: Vec<String> = state.nodes.iter().map(|n| n.http_addr.clone()).collect();

@@ -79,31 +79,7 @@ fn index(input: &CheckInput) -> HashMap<i64, TokenRanges<'_>> {
 }
 
 pub fn check(input: &CheckInput) -> Option<Violation> {
-    let mut by_token: HashMap<i64, Vec<&LedgerRow>> = HashMap::new();
-    for r in input.ledger.iter().filter(|r| r.op == "next") {
-        by_token.entry(r.token).or_default().push(r);
-    }
-    let index: HashMap<i64, TokenRanges> = by_token
-        .into_iter()
-        .map(|(t, mut rows)| {
-            rows.sort_by_key(|r| (r.seq_lo, r.pos));
-            let mut m = i64::MIN;
-            let prefix_max_hi = rows
-                .iter()
-                .map(|r| {
-                    m = m.max(r.seq_hi.unwrap_or(i64::MIN));
-                    m
-                })
-                .collect();
-            (
-                t,
-                TokenRanges {
-                    rows,
-                    prefix_max_hi,
-                },
-            )
-        })
-        .collect();
+    let index = index(input);
     let mut order: Vec<&Ack> = input.acks.iter().collect();
     order.sort_by_key(|a| (a.complete_ns, a.invoke_ns));
     for a in order {
