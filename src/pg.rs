@@ -193,7 +193,7 @@ impl Conn {
     /// Takes the connection out of its pool and closes it (a transaction left in an unknown
     /// state).
     pub(crate) fn discard(self) {
-        self.unanswered.store(true, Ordering::Relaxed);
+        self.close_on_drop();
     }
 
     /// Closes the connection when this drops instead of returning it to its pool; calls

@@ -261,11 +261,6 @@ impl Fence {
         !self.seq_pool.retain(|_, _| false).removed.is_empty()
     }
 
-    /// Sequencer connections this shard's pool holds, idle or in use (0 or 1).
-    pub fn seq_pipes_open(&self) -> usize {
-        self.seq_pool.status().size
-    }
-
     /// The shard this handle writes in.
     pub fn shard(&self) -> ShardId {
         self.shard

@@ -281,7 +281,8 @@ pub async fn pg_promote_lagging(
     })
 }
 
-/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped.
+/// A process stopped with SIGSTOP, continued (SIGCONT) when dropped (on error, or when the
+/// future holding it is dropped). `mem::forget` it for a process that died stopped.
 struct StoppedProcess(u32);
 
 impl StoppedProcess {
@@ -291,6 +292,11 @@ impl StoppedProcess {
             bail!("SIGSTOP {pid}: {}", std::io::Error::last_os_error());
         }
         Ok(StoppedProcess(pid))
+    }
+
+    /// Continues it now.
+    fn cont(self) {
+        drop(self);
     }
 }
 
@@ -821,28 +827,6 @@ pub fn proc_state(pid: u32) -> Option<char> {
         .next()
 }
 
-/// Sends SIGCONT on drop unless already continued.
-struct ContGuard {
-    pid: u32,
-    active: bool,
-}
-
-impl ContGuard {
-    fn cont(&mut self) {
-        self.active = false;
-        // SAFETY: kill(2) on the node pid the fleet started.
-        unsafe { libc::kill(self.pid as i32, libc::SIGCONT) };
-    }
-}
-
-impl Drop for ContGuard {
-    fn drop(&mut self) {
-        if self.active {
-            self.cont();
-        }
-    }
-}
-
 /// A stop-the-world pause of the current leader: SIGSTOP, verify it is stopped (`T` in
 /// `/proc/<pid>/stat`), hold `pause`, SIGCONT (also on error or when the future is dropped),
 /// verify it runs again.
@@ -865,12 +849,7 @@ pub async fn pause_node(
     if !pid_alive(pid) {
         bail!("{node} (pid {pid}) is not running");
     }
-    let mut guard = ContGuard { pid, active: true };
-    // SAFETY: kill(2) on the node pid the fleet started.
-    if unsafe { libc::kill(pid as i32, libc::SIGSTOP) } != 0 {
-        guard.active = false;
-        bail!("SIGSTOP {pid}: {}", std::io::Error::last_os_error());
-    }
+    let guard = StoppedProcess::stop(pid)?;
     let applied = monotonic_ns();
     let until = std::time::Instant::now() + Duration::from_secs(1);
     while proc_state(pid) != Some('T') {
