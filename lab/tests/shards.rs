@@ -714,12 +714,6 @@ async fn rolling_restart_moves_every_shard_without_losing_an_id() {
     assert!(assert_handover_order(&traces(&fleet)) >= 4);
 }
 
-/// Idle shards hold no PostgreSQL connection each: K = 64 on 3 pg-lease nodes (each node
-/// leading ~21). A node's first `WARM_SEQ_PIPES` (8) terms open their sequencer's connection
-/// beside the claim and keep it (failover as fast as unsharded); the others open theirs at
-/// their first commit and close it after `SEQ_IDLE_CLOSE` idle. Before, every shard a node
-/// had ever led kept one (K = 1024 exhausted the server's `max_connections`): this fleet held
-/// at least 64 sequencer connections, more than all its connections may be now.
 /// One `POST /next?shard=S` to each shard's leader; every one must answer 200.
 async fn one_next_per_shard(
     fleet: &Fleet,
@@ -736,6 +730,12 @@ async fn one_next_per_shard(
     }
 }
 
+/// Idle shards hold no PostgreSQL connection each: K = 64 on 3 pg-lease nodes (each node
+/// leading ~21). A node's first `WARM_SEQ_PIPES` (8) terms open their sequencer's connection
+/// beside the claim and keep it (failover as fast as unsharded); the others open theirs at
+/// their first commit and close it after `SEQ_IDLE_CLOSE` idle. Before, every shard a node
+/// had ever led kept one (K = 1024 exhausted the server's `max_connections`): this fleet held
+/// at least 64 sequencer connections, more than all its connections may be now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_shards_do_not_hold_a_database_connection_each() {
     use baton::work::fence::{SEQ_APPLICATION_NAME, WARM_SEQ_PIPES};
