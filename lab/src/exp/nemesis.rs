@@ -932,10 +932,7 @@ mod tests {
             ("store-failover-100", FaultKind::SentinelFailover),
             ("store-failover-pg-100", FaultKind::PgPromote),
         ] {
-            let path = crate::repo_path(format!("experiments/{name}.toml"));
-            let text = std::fs::read_to_string(&path).unwrap();
-            let spec: super::super::spec::ExpSpec = toml::from_str(&text).unwrap();
-            spec.validate().unwrap();
+            let (spec, _) = super::super::spec::ExpSpec::load(name).unwrap();
             let n = spec.nemesis.as_ref().expect("a nemesis schedule");
             assert!(n.mix.get(&kind).is_some_and(|w| *w > 0.0), "{name}");
             match kind {
@@ -1009,10 +1006,7 @@ mod tests {
                 &[BackendKind::PgLease][..],
             ),
         ] {
-            let path = crate::repo_path(format!("experiments/{name}.toml"));
-            let text = std::fs::read_to_string(&path).unwrap();
-            let spec: super::super::spec::ExpSpec = toml::from_str(&text).unwrap();
-            spec.validate().unwrap();
+            let (spec, _) = super::super::spec::ExpSpec::load(name).unwrap();
             let n = spec.nemesis.as_ref().unwrap();
             for &b in backends {
                 let mut rng = StdRng::seed_from_u64(seed_for(spec.seed, b));
