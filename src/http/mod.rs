@@ -35,7 +35,7 @@ use crate::elector::Elector;
 use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
-use crate::work::sequencer::{AnswerHome, SequencerHandle};
+use crate::work::sequencer::{AnswerHomes, SequencerHandle};
 use crate::work::Fence;
 use slots::{Admission, Slots};
 
@@ -257,8 +257,9 @@ pub(crate) async fn serve(
     slots: Arc<Slots>,
     shutdown: impl Future<Output = ()>,
 ) {
-    // Where the sequencer delivers this thread's `POST /next` answers, a batch at a time.
-    let home = AnswerHome::current();
+    // Where the sequencer delivers this thread's `POST /next` answers, a batch at a time
+    // (one home per shard).
+    let home = AnswerHomes::current(app.shards.len());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut health = AcceptHealth::new(app.limits.accept_failure_stepdown());
     tokio::pin!(shutdown);
@@ -292,7 +293,7 @@ fn admit(
     stream: TcpStream,
     slots: &Arc<Slots>,
     app: &Arc<HttpApp>,
-    home: &AnswerHome,
+    home: &AnswerHomes,
     graceful: &hyper_util::server::graceful::GracefulShutdown,
 ) {
     let state = match slots.admit() {
@@ -331,7 +332,7 @@ fn admit(
 async fn serve_connection(
     stream: TcpStream,
     app: &Arc<HttpApp>,
-    home: &AnswerHome,
+    home: &AnswerHomes,
     state: &Arc<slots::ConnState>,
     watcher: hyper_util::server::graceful::Watcher,
 ) {
@@ -364,7 +365,7 @@ async fn serve_connection(
 async fn serve_http1<I>(
     io: I,
     app: &Arc<HttpApp>,
-    home: &AnswerHome,
+    home: &AnswerHomes,
     state: &Arc<slots::ConnState>,
     watcher: hyper_util::server::graceful::Watcher,
 ) where

@@ -20,7 +20,7 @@ use crate::config::{lease_read_until, ReadMode};
 use crate::leadership::ReadView;
 use crate::metrics as m;
 use crate::work::scheduler::WORKSET_RESOURCE;
-use crate::work::sequencer::{AnswerHome, NextCallError, NextError, SEQUENCE_RESOURCE};
+use crate::work::sequencer::{AnswerHomes, NextCallError, NextError, SEQUENCE_RESOURCE};
 
 /// Header naming the leader's HTTP address on a 409.
 pub const LEADER_HEADER: &str = "x-baton-leader";
@@ -64,7 +64,7 @@ fn method_not_allowed(allow: &'static str) -> Resp {
 pub(super) async fn bounded_route(
     app: &HttpApp,
     conn: &Arc<ConnState>,
-    home: &AnswerHome,
+    home: &AnswerHomes,
     req: Request<Incoming>,
 ) -> Resp {
     match tokio::time::timeout(app.limits.request_timeout(), route(app, conn, home, req)).await {
@@ -91,7 +91,7 @@ fn closing(mut r: Resp) -> Resp {
 async fn route(
     app: &HttpApp,
     conn: &Arc<ConnState>,
-    home: &AnswerHome,
+    home: &AnswerHomes,
     req: Request<Incoming>,
 ) -> Resp {
     let path = req.uri().path().to_owned();
@@ -403,7 +403,7 @@ fn not_leader(shard: &ShardApp) -> Resp {
 async fn next(
     app: &HttpApp,
     conn: &Arc<ConnState>,
-    home: &AnswerHome,
+    home: &AnswerHomes,
     req: Request<Incoming>,
 ) -> Resp {
     let mut n: Option<u32> = None;
@@ -460,7 +460,7 @@ async fn next(
     }
     let res = shard
         .sequencer
-        .next(n, NEXT_TIMEOUT, Some(home.clone()))
+        .next(n, NEXT_TIMEOUT, Some(home.of_shard(shard_no).clone()))
         .await;
     // The shard is in the answer whenever there are shards or the client named one; a K = 1
     // fleet asked without one answers exactly as before shards existed.

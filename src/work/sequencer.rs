@@ -151,9 +151,35 @@ static INTAKE_NUMBERS: AtomicU64 = AtomicU64::new(1);
 /// A runtime that callers of [`SequencerHandle::next`] wait on (an HTTP server thread), with
 /// the queue its callers' requests wait in for the next group commit, so that the committer
 /// takes a whole thread's requests at once and hands the thread its answers as one sub-range
-/// (see the module docs). Identity is the `Arc`: callers of one runtime share one home.
+/// (see the module docs). Identity is the `Arc`: callers of one runtime share one home per
+/// shard ([`AnswerHomes`]).
 #[derive(Clone)]
 pub(crate) struct AnswerHome(Arc<Home>);
+
+/// One runtime's homes, one per shard. A home's queue belongs to one sequencer term at a time
+/// and the first request of another term empties it ("demoting": that term is over). Two
+/// shards' terms are both live, so a home shared by them would have each shard's requests
+/// throw out the other's: every shard needs its own.
+#[derive(Clone)]
+pub(crate) struct AnswerHomes(Arc<[AnswerHome]>);
+
+#[cfg_attr(not(feature = "http"), allow(dead_code))]
+impl AnswerHomes {
+    /// `shards` homes on the runtime this is called on.
+    pub(crate) fn current(shards: usize) -> Self {
+        let rt = tokio::runtime::Handle::current();
+        Self::on(Some(rt), shards)
+    }
+
+    fn on(rt: Option<tokio::runtime::Handle>, shards: usize) -> Self {
+        Self((0..shards.max(1)).map(|_| AnswerHome::on(rt.clone())).collect())
+    }
+
+    /// The home of `shard`'s callers on this runtime.
+    pub(crate) fn of_shard(&self, shard: usize) -> &AnswerHome {
+        &self.0[shard]
+    }
+}
 
 struct Home {
     /// Where this home's answers are delivered; `None` (the intake's own slot for callers that
@@ -179,13 +205,7 @@ struct HomeQueue {
     spare: Vec<Pending>,
 }
 
-#[cfg_attr(not(feature = "http"), allow(dead_code))]
 impl AnswerHome {
-    /// The runtime this is called on.
-    pub(crate) fn current() -> Self {
-        Self::on(Some(tokio::runtime::Handle::current()))
-    }
-
     fn on(rt: Option<tokio::runtime::Handle>) -> Self {
         Self(Arc::new(Home {
             rt,
@@ -1744,6 +1764,25 @@ mod tests {
             Some(UnavailableEdge::Began("connection refused")),
             "a new run is reported again"
         );
+    }
+
+    #[test]
+    fn one_runtime_keeps_each_shards_waiting_requests_apart() {
+        // Two shards' terms live at once, callers of both on one runtime: neither shard's
+        // append may answer the other's waiting request (a shared home did: 503 not_ready).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let homes = AnswerHomes::on(Some(rt.handle().clone()), 2);
+        let (shard0, shard1) = (Intake::default(), Intake::default());
+        let (a, mut ra) = pending(1);
+        let (b, mut rb) = pending(2);
+        let _ = shard0.append(a, Some(homes.of_shard(0)));
+        let _ = shard1.append(b, Some(homes.of_shard(1)));
+        assert!(ra.try_recv().is_err(), "shard 0's request still waits");
+        assert!(rb.try_recv().is_err(), "shard 1's request still waits");
+        assert_eq!(shard0.take(10).ids, 1);
+        assert_eq!(shard1.take(10).ids, 2);
     }
 
     #[test]
