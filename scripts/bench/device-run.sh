@@ -6,10 +6,12 @@
 #
 #   bash scripts/bench/device-run.sh [RATES] [DURATION]   # default "100000 250000 500000", 20s
 #
-# After the rates, 500k again with two group commits in flight
+# The nodes run experiments/bench-configs/raft-conns-4096.toml (the shipped raft timing with a
+# 4,096-connection cap). After the rates, the last again with two group commits in flight
 # (experiments/bench-configs/raft-commits-in-flight-2.toml), and the last rate's run also drives
 # GET /healthz the same way (--plain-http), the machine's own HTTP limit in the same run. Then the
-# last rate in window mode (experiments/bench-configs/raft-window.toml), also with --plain-http.
+# last rate in window mode (experiments/bench-configs/raft-window-conns-4096.toml), also with
+# --plain-http.
 # Then lease reads (`baton bench read --modes lease`, raft) at each of $READ_RATES (default
 # "250000 500000 1000000") for $READ_DURATION (10s), each followed by GET /healthz at the same
 # rate, connections and threads: the ratio to plain HTTP in the same run.
@@ -45,10 +47,16 @@ else
   short=()
   read_short=()
 fi
-read_rates=${READ_RATES:-250000 500000 1000000}
+read_rates=${READ_RATES-250000 500000 1000000}
 read_duration=${READ_DURATION:-10s}
 conns=()
 [ -n "${CONNECTIONS:-}" ] && conns=(--connections "$CONNECTIONS")
+# The nodes' configs: a client connection cap of 4,096 (the default 1,024 capped the durable
+# runs of FINDINGS §18 before the node did). NEXT_CONFIG / WINDOW_CONFIG name others;
+# CIF2="" skips the run with two commits in flight; READ_RATES="" skips the lease reads.
+NEXT_CONFIG=${NEXT_CONFIG:-experiments/bench-configs/raft-conns-4096.toml}
+WINDOW_CONFIG=${WINDOW_CONFIG:-experiments/bench-configs/raft-window-conns-4096.toml}
+CIF2=${CIF2-1}
 out=${OUT:-experiments/results/bench-next/device}
 mkdir -p "$out"
 log="$out/device-run.log"
@@ -155,20 +163,26 @@ if [ -n "${DRY:-}" ]; then
   exit 0
 fi
 last=${rates##* }
+next_config=(--config "$NEXT_CONFIG")
 for rate in $rates; do
   plain=()
   [ "$rate" = "$last" ] && plain=(--plain-http)
-  bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${short[@]}" "${plain[@]}"
+  bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${short[@]}" "${plain[@]}" \
+    "${next_config[@]}"
 done
-bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" "${short[@]}" \
-  --config experiments/bench-configs/raft-commits-in-flight-2.toml
+if [ -n "$CIF2" ]; then
+  bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" "${short[@]}" \
+    --config experiments/bench-configs/raft-commits-in-flight-2.toml
+fi
 bench "next-$((last / 1000))k-window" --rate "$last" --duration "$duration" "${short[@]}" --plain-http \
-  --config experiments/bench-configs/raft-window.toml
+  --config "$WINDOW_CONFIG"
 python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
-for rate in $read_rates; do
-  read_bench "$rate"
-done
-python3 scripts/bench/summarize.py read "$out"/read-lease-*.json | tee -a "$out/summary.md"
+if [ -n "$read_rates" ]; then
+  for rate in $read_rates; do
+    read_bench "$rate"
+  done
+  python3 scripts/bench/summarize.py read "$out"/read-lease-*.json | tee -a "$out/summary.md"
+fi
 # Sharded leadership (issue 28): aggregate IDs/s against K on the same machine, one fleet per K
 # pg-lease by default, whose only server, PostgreSQL, is in the bundle (SHARDS_BACKEND=raft
 # needs nothing else either). SHARDS="1,4,16" by default; SHARDS="" skips it.
