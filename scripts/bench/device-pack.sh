@@ -36,6 +36,7 @@ for f in $needed; do [ "${f%%/*}" = bin ] && cp "$pg/$f" "$stage/root$pg/bin/"; 
 cp "$pg"/lib/*.so "$stage/root$pg/lib/"
 rm -f "$stage/root$pg/lib/llvmjit.so"
 cp -a "/usr/share/postgresql/$version" "$stage/root/usr/share/postgresql/"
+rm -rf "$stage/root/usr/share/postgresql/$version/man"  # manual pages: not read by the server
 # Debian's PostgreSQL reads time zones from the system's tzdata, which a bare image may lack:
 # UTC under its usual names is all a private server needs.
 mkdir -p "$stage/root/usr/share/zoneinfo/Etc"
@@ -44,11 +45,21 @@ cp -L /usr/share/zoneinfo/Etc/UTC "$stage/root/usr/share/zoneinfo/Etc/"
 
 # What they load. Other modules are not used by baton: their libraries stay behind, and they
 # would fail to load.
+# DEVICE_LIBS (an extended regex on the library's file name) packs only those: the carry is 64
+# MiB with the working tree, and the device image's own libraries are most of the list. The
+# November run's log (experiments/results/bench-next/device-s37/device-run.log) shows that image
+# lacking ICU, LDAP and libpq alone:
+#   DEVICE_LIBS='^lib(icu|ldap|lber|pq|sasl2)' scripts/bench/device-pack.sh
+# A library the machine lacks and the bundle left out stops device-run.sh at once, naming it.
 mkdir -p "$stage/lib"
 for f in "$stage/baton" $(printf "$stage/root$pg/%s " $needed); do
   ldd "$f" | awk '/=> \// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libpthread|libdl|librt|libresolv|libutil)\.so' |
-  while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  while read -r lib; do
+    if [ -z "${DEVICE_LIBS:-}" ] || basename "$lib" | grep -qE "$DEVICE_LIBS"; then
+      cp -L "$lib" "$stage/lib/"
+    fi
+  done
 
 rm -rf "$out"
 mkdir -p "$out"

@@ -192,10 +192,18 @@ shards_load=(--rate "$last")
 [ -n "${SHARDS_RATE_PER_SHARD:-}" ] && shards_load=(--rate-per-shard "$SHARDS_RATE_PER_SHARD")
 shards_conns=${SHARDS_CONN_PER_SHARD-64}
 [ -n "$shards_conns" ] && shards_load+=(--connections-per-shard "$shards_conns")
+# Its nodes' config: $SHARDS_CONFIG; for pg-lease by default config/pg-lease.toml with a
+# 4,096-connection cap (K x the per-shard connections reach each node in thirds); other
+# backends, the bench's own default.
+default_shards_config=
+[ "$shards_backend" = pg-lease ] && default_shards_config=experiments/bench-configs/pg-lease-conns-4096.toml
+shards_config=${SHARDS_CONFIG-$default_shards_config}
+shards_config_arg=()
+[ -n "$shards_config" ] && shards_config_arg=(--config "$shards_config")
 if [ -n "$shards" ]; then
-  say "baton bench shards --backend $shards_backend --shards $shards ${shards_load[*]} --duration $duration"
-  "$baton" bench shards --backend "$shards_backend" --shards "$shards" "${shards_load[@]}" --duration "$duration" \
-    --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
+  say "baton bench shards --backend $shards_backend --shards $shards ${shards_load[*]} ${shards_config_arg[*]} --duration $duration"
+  "$baton" bench shards --backend "$shards_backend" --shards "$shards" "${shards_load[@]}" \
+    "${shards_config_arg[@]}" --duration "$duration" --out "$out/shards.json" | tail -n 8 | tee -a "$out/summary.md"
 fi
 # The device tool brings back 8 files: the reports travel as one.
 if [ -n "${OUT:-}" ]; then

@@ -10,7 +10,8 @@
 //! Per event: shards moved (placement before vs after), balance after (max/min shards per live
 //! node), per-shard dark time on the resource's clock (for each shard whose term changed inside
 //! the event's window: the first `next` commit of the new term − the last of the old one, from
-//! `baton.fence_log.committed_at`), and the backend requests/s the fleet sent meanwhile
+//! `baton.fence_log.committed_at`; the window closes once every claimed term has served, not
+//! when every shard is led, so slow first commits are counted too), and the backend requests/s the fleet sent meanwhile
 //! (`baton_backend_requests_total`). Then the history check per shard: each shard's ledger
 //! strictly increasing across terms, and every acknowledged `(shard, token, seq)` in that shard's
 //! ledger exactly once. With `--fencing off` the same schedule must fail it.
@@ -444,6 +445,10 @@ async fn experiment(
         events.push("partition-leader");
     }
     let sampler = sample_placement(state, t_start, stop.clone());
+    let db = connect_admin(state).await?;
+    let sequences: Vec<String> = (0..k)
+        .map(|s| baton::shard::ShardId(s).resource("sequence"))
+        .collect();
     let mut rows = Vec::new();
     let mut windows = Vec::new();
     for event in events {
@@ -487,6 +492,13 @@ async fn experiment(
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         let (after, settled) = settle(state, k, settle_bound).await;
+        // Every shard led is not every shard serving: a new term's first commit can come
+        // seconds later (at a few IDs/s per shard, and after the claim). The event's window
+        // runs until each claimed term has served, so its dark time counts every moved shard.
+        let unserved = await_first_commits(&db, &sequences, settle_bound).await?;
+        if unserved > 0 {
+            println!("{event}: {unserved} claimed terms had served nothing when the window closed");
+        }
         let secs = t0.elapsed().as_secs_f64();
         let req1 = backend_requests(state).await;
         let gaps = handover_gaps(state, m0, baton::clock::monotonic_ns());
@@ -522,7 +534,6 @@ async fn experiment(
     let report = load.await??;
     let timeline = sampler.await?;
 
-    let db = connect_admin(state).await?;
     for (row, (w0, w1)) in rows.iter_mut().zip(&windows) {
         row.dark_ms = dark_times(&db, *w0, *w1)
             .await?
@@ -610,6 +621,33 @@ async fn experiment(
         config: redacted_config(state),
         machine: machine_info(),
     })
+}
+
+/// Waits (up to `within`) until every shard's newest claimed sequencer term has committed a
+/// `next`; returns how many had not when it stopped waiting.
+async fn await_first_commits(
+    db: &tokio_postgres::Client,
+    sequences: &[String],
+    within: Duration,
+) -> anyhow::Result<i64> {
+    let until = Instant::now() + within;
+    loop {
+        let unserved: i64 = db
+            .query_one(
+                "SELECT count(*) FROM (
+                     SELECT max(token) FILTER (WHERE op = 'claim') AS claimed,
+                            max(token) FILTER (WHERE op = 'next') AS served
+                       FROM baton.fence_log WHERE resource = ANY($1) GROUP BY resource) t
+                  WHERE t.claimed > coalesce(t.served, 0)",
+                &[&sequences],
+            )
+            .await?
+            .get(0);
+        if unserved == 0 || Instant::now() >= until {
+            return Ok(unserved);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Dark time (ms) of every shard whose term changed between wall times `w0` and `w1` (seconds):
