@@ -32,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -n "${SMOKE:-}" ]; then
-  rates=${1:-2000 4000}
+  rates=${1-2000 4000}
   duration=${2:-2s}
   READ_RATES=${READ_RATES:-2000 4000 6000}
   READ_DURATION=${READ_DURATION:-2s}
@@ -42,7 +42,7 @@ if [ -n "${SMOKE:-}" ]; then
   short=(--warmup 1s --baseline-duration 1s)
   read_short=(--warmup 1s)
 else
-  rates=${1:-100000 250000 500000}
+  rates=${1-100000 250000 500000}
   duration=${2:-20s}
   short=()
   read_short=()
@@ -53,9 +53,10 @@ conns=()
 [ -n "${CONNECTIONS:-}" ] && conns=(--connections "$CONNECTIONS")
 # The nodes' configs: a client connection cap of 4,096 (the default 1,024 capped the durable
 # runs of FINDINGS §18 before the node did). NEXT_CONFIG / WINDOW_CONFIG name others;
-# CIF2="" skips the run with two commits in flight; READ_RATES="" skips the lease reads.
+# CIF2="" skips the run with two commits in flight, WINDOW_CONFIG="" the window-mode run,
+# READ_RATES="" the lease reads, and an empty RATES ("") every `bench next` run.
 NEXT_CONFIG=${NEXT_CONFIG:-experiments/bench-configs/raft-conns-4096.toml}
-WINDOW_CONFIG=${WINDOW_CONFIG:-experiments/bench-configs/raft-window-conns-4096.toml}
+WINDOW_CONFIG=${WINDOW_CONFIG-experiments/bench-configs/raft-window-conns-4096.toml}
 CIF2=${CIF2-1}
 out=${OUT:-experiments/results/bench-next/device}
 mkdir -p "$out"
@@ -163,20 +164,24 @@ if [ -n "${DRY:-}" ]; then
   exit 0
 fi
 last=${rates##* }
-next_config=(--config "$NEXT_CONFIG")
-for rate in $rates; do
-  plain=()
-  [ "$rate" = "$last" ] && plain=(--plain-http)
-  bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${short[@]}" "${plain[@]}" \
-    "${next_config[@]}"
-done
-if [ -n "$CIF2" ]; then
-  bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" "${short[@]}" \
-    --config experiments/bench-configs/raft-commits-in-flight-2.toml
+if [ -n "$rates" ]; then
+  next_config=(--config "$NEXT_CONFIG")
+  for rate in $rates; do
+    plain=()
+    [ "$rate" = "$last" ] && plain=(--plain-http)
+    bench "next-$((rate / 1000))k" --rate "$rate" --duration "$duration" "${short[@]}" "${plain[@]}" \
+      "${next_config[@]}"
+  done
+  if [ -n "$CIF2" ]; then
+    bench "next-$((last / 1000))k-cif2" --rate "$last" --duration "$duration" "${short[@]}" \
+      --config experiments/bench-configs/raft-commits-in-flight-2.toml
+  fi
+  if [ -n "$WINDOW_CONFIG" ]; then
+    bench "next-$((last / 1000))k-window" --rate "$last" --duration "$duration" "${short[@]}" --plain-http \
+      --config "$WINDOW_CONFIG"
+  fi
+  python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
 fi
-bench "next-$((last / 1000))k-window" --rate "$last" --duration "$duration" "${short[@]}" --plain-http \
-  --config "$WINDOW_CONFIG"
-python3 scripts/bench/summarize.py next "$out"/next-*.json | tee "$out/summary.md"
 if [ -n "$read_rates" ]; then
   for rate in $read_rates; do
     read_bench "$rate"
@@ -188,7 +193,7 @@ fi
 # needs nothing else either). SHARDS="1,4,16" by default; SHARDS="" skips it.
 shards=${SHARDS-1,4,16}
 shards_backend=${SHARDS_BACKEND-pg-lease}
-shards_load=(--rate "$last")
+shards_load=(--rate "${last:-500000}")
 [ -n "${SHARDS_RATE_PER_SHARD:-}" ] && shards_load=(--rate-per-shard "$SHARDS_RATE_PER_SHARD")
 shards_conns=${SHARDS_CONN_PER_SHARD-64}
 [ -n "$shards_conns" ] && shards_load+=(--connections-per-shard "$shards_conns")
