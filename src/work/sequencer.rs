@@ -172,7 +172,11 @@ impl AnswerHomes {
     }
 
     fn on(rt: Option<tokio::runtime::Handle>, shards: usize) -> Self {
-        Self((0..shards.max(1)).map(|_| AnswerHome::on(rt.clone())).collect())
+        Self(
+            (0..shards.max(1))
+                .map(|_| AnswerHome::on(rt.clone()))
+                .collect(),
+        )
     }
 
     /// The home of `shard`'s callers on this runtime.
