@@ -180,6 +180,10 @@ pub struct SupervisorState {
     term_failures: TermFailures,
     /// The fleet-wide failure budget (`actors::budget`; `None`: off).
     budget: Option<Arc<FailureBudget>>,
+    /// Whether placement wants this node to hold this shard's term (always at K = 1). Kept
+    /// because a campaign can win after placement withdrew it: the withdrawal then reaches an
+    /// elector that already leads, and only this says that the new term is not ours to keep.
+    placed: bool,
 }
 
 pub struct NodeSupervisor;
@@ -225,7 +229,9 @@ impl Actor for NodeSupervisor {
         args.trace
             .step("supervisor", "started", None, args.backend.kind().as_str());
         let term_failures = TermFailures::new(&args.cfg.term_backoff);
+        let placed = args.wanted;
         Ok(SupervisorState {
+            placed,
             args,
             elector,
             watchdog,
@@ -301,9 +307,13 @@ impl Actor for NodeSupervisor {
                 state.demote(&myself, None, DemotionReason::StepDown { successor });
             }
             SupervisorMsg::Placement { wanted } => {
+                state.placed = wanted;
                 let _ = state.elector.cast(ElectorMsg::SetCandidate(wanted));
                 if !wanted {
                     state.demote(&myself, None, DemotionReason::Handover);
+                } else if matches!(state.deferred, Some(DemotionReason::Handover)) {
+                    // Placed here again before a starting term's hand-over began: keep it.
+                    state.deferred = None;
                 }
             }
             SupervisorMsg::Shutdown(reply) => {
@@ -399,6 +409,12 @@ impl SupervisorState {
             sent_at: grant_sent_at,
         });
         self.phase = Phase::Starting(token);
+        if !self.placed {
+            // Won by a campaign that placement withdrew while it was in flight: hand the term
+            // over once its work has started (the one demotion order), or the shard stays
+            // with a node that placement sends nobody to take it from.
+            self.deferred.get_or_insert(DemotionReason::Handover);
+        }
         self.ended_while_starting.clear();
         self.term_failures.term_began();
         let ctx = WorkContext {
@@ -811,5 +827,91 @@ async fn stop_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: 
             trace.step(w.name(), "kill", Some(token), "stop bound exceeded");
             let _ = cell.kill_and_wait(Some(bound)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::{BackendKind, ElectorResult, Grant, Win};
+
+    /// A seat that never falls to a campaign of its own (the test says who won) and reports
+    /// every resignation.
+    struct Seat {
+        resigned: Arc<tokio::sync::Notify>,
+    }
+
+    #[async_trait]
+    impl Elector for Seat {
+        fn kind(&self) -> BackendKind {
+            BackendKind::PgLease
+        }
+        async fn campaign(&self) -> ElectorResult<Win> {
+            std::future::pending().await
+        }
+        async fn renew(&self) -> ElectorResult<Option<Grant>> {
+            Ok(Some(Grant {
+                sent_at: Instant::now(),
+                ttl: Duration::from_secs(3),
+            }))
+        }
+        async fn resign(&self, _successor: Option<&str>) -> ElectorResult<()> {
+            self.resigned.notify_one();
+            Ok(())
+        }
+        async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
+            Ok(None)
+        }
+        async fn close(&self) -> ElectorResult<()> {
+            Ok(())
+        }
+    }
+
+    /// The race of FINDINGS §13.9: placement withdraws a shard from this node while its
+    /// campaign is winning, and the win arrives after the withdrawal. The supervisor must hand
+    /// that term over (release it), or the shard stays here with nobody sent to take it.
+    #[tokio::test]
+    async fn a_term_won_after_placement_withdrew_it_is_handed_over() {
+        let resigned = Arc::new(tokio::sync::Notify::new());
+        let cfg = NodeConfig::default();
+        let (leader_tx, leader_rx) = tokio::sync::watch::channel(None);
+        let args = SupervisorArgs {
+            backend: Arc::new(Seat {
+                resigned: resigned.clone(),
+            }),
+            works: Vec::new(),
+            fence: Fence::new(&cfg.resource, "n1").unwrap(),
+            trace: ActorTrace::disabled("n1"),
+            shared: Arc::new(Leadership::new(
+                "n1".into(),
+                None,
+                BackendKind::PgLease,
+                leader_rx,
+            )),
+            leader_tx,
+            shard: ShardId(3),
+            wanted: true,
+            peer_events: None,
+            cfg,
+        };
+        let (supervisor, _join) = Actor::spawn(None, NodeSupervisor, args).await.unwrap();
+        supervisor
+            .cast(SupervisorMsg::Placement { wanted: false })
+            .unwrap();
+        supervisor
+            .cast(SupervisorMsg::Elected {
+                token: FenceToken(7),
+                // Far off: the watchdog would end the term at its deadline anyway, and the
+                // hand-over must come long before.
+                lease_deadline: Instant::now() + Duration::from_secs(60),
+                grant_sent_at: Instant::now(),
+            })
+            .unwrap();
+        let released = tokio::time::timeout(Duration::from_secs(2), resigned.notified()).await;
+        supervisor.stop(None);
+        assert!(
+            released.is_ok(),
+            "a term won after placement withdrew it was kept, not handed over"
+        );
     }
 }
