@@ -473,7 +473,10 @@ async fn two_commits_in_flight_answer_every_id_from_a_committed_range() {
     let mut seqs = Vec::new();
     for c in clients {
         let mine = c.await.unwrap();
-        assert!(mine.windows(2).all(|w| w[0] < w[1]), "one client's IDs: {mine:?}");
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "one client's IDs: {mine:?}"
+        );
         seqs.extend(mine);
     }
     node.shutdown().await.unwrap();
