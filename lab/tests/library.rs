@@ -360,14 +360,15 @@ async fn stale_terms_fenced_user_write_is_refused_and_recorded() {
 /// start no closer than the interval, so they are few and carry many IDs each, and every request
 /// is still answered with its own ID. (With the interval at 0 the same trickle gives a commit
 /// per request or two: this test then fails on the commit count.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn min_commit_interval_spaces_group_commits() {
-    use baton_lab::fleet::client::NodeClient;
-    const INTERVAL_MS: u64 = 20;
-    let pg = private_pg().await;
-    let mut cfg = node_config(&pg, "s1");
+/// A leading node serving `POST /next` at the address returned, its sequencer set by `sequencer`,
+/// once it has answered its first ID.
+async fn sequencer_node(
+    pg: &Pg,
+    sequencer: impl FnOnce(&mut baton::config::SequencerConfig),
+) -> (NodeHandle, String, baton_lab::fleet::client::NodeClient) {
+    let mut cfg = node_config(pg, "s1");
     cfg.sequencer.enabled = true;
-    cfg.sequencer.min_commit_interval_ms = INTERVAL_MS;
+    sequencer(&mut cfg.sequencer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let node = NodeBuilder::new(cfg)
@@ -377,7 +378,7 @@ async fn min_commit_interval_spaces_group_commits() {
         .await
         .expect("start the node");
     wait_leading(&node, Duration::from_secs(20)).await;
-    let client = NodeClient::new(Duration::from_secs(5));
+    let client = baton_lab::fleet::client::NodeClient::new(Duration::from_secs(5));
     // The sequencer claims its range right after the term starts: wait for the first ID.
     let until = Instant::now() + Duration::from_secs(20);
     while !client
@@ -388,6 +389,15 @@ async fn min_commit_interval_spaces_group_commits() {
         assert!(Instant::now() < until, "no ID within 20 s of leading");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (node, addr, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_commit_interval_spaces_group_commits() {
+    const INTERVAL_MS: u64 = 20;
+    let pg = private_pg().await;
+    let (node, addr, client) =
+        sequencer_node(&pg, |s| s.min_commit_interval_ms = INTERVAL_MS).await;
     let admin = pg.server.admin_url();
     let commits = || async {
         let count = "SELECT count(*) FROM baton.fence_log WHERE op = 'next'";
@@ -434,4 +444,64 @@ async fn min_commit_interval_spaces_group_commits() {
         "{n} requests in {commits_made} commits"
     );
     node.shutdown().await.unwrap();
+}
+
+/// `[sequencer] commits_in_flight = 2`: under a closed loop of 64 clients, commits go out
+/// behind one in flight, and still every answer is its own ID, each client's IDs increase, and
+/// every ID answered lies in one committed range of the term, the ranges in the ledger in the
+/// order cut (a later range reaching the fence row first would have ended the term). The node
+/// then shuts down with commits in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_commits_in_flight_answer_every_id_from_a_committed_range() {
+    let pg = private_pg().await;
+    let (node, addr, client) = sequencer_node(&pg, |s| s.commits_in_flight = 2).await;
+    let started = Instant::now();
+    let clients: Vec<_> = (0..64)
+        .map(|_| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(async move {
+                let mut seqs = Vec::new();
+                while started.elapsed() < Duration::from_millis(600) {
+                    let r = client.post(&addr, "/next").await.expect("an answer");
+                    assert_eq!(r.status.as_u16(), 200, "{:?}", r.body);
+                    seqs.push(r.json()["seq"].as_i64().expect("a seq"));
+                }
+                seqs
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for c in clients {
+        let mine = c.await.unwrap();
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "one client's IDs: {mine:?}"
+        );
+        seqs.extend(mine);
+    }
+    node.shutdown().await.unwrap();
+    let n = seqs.len();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(seqs.len(), n, "every answer its own ID");
+    let ranges: Vec<(i64, i64)> = sql(
+        &pg.server.admin_url(),
+        "SELECT seq_lo, seq_hi FROM baton.fence_log WHERE op = 'next' ORDER BY pos",
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect();
+    assert!(
+        ranges.windows(2).all(|w| w[0].1 < w[1].0),
+        "ranges committed in the order cut: {ranges:?}"
+    );
+    for seq in &seqs {
+        assert!(
+            ranges.iter().any(|(lo, hi)| lo <= seq && seq <= hi),
+            "ID {seq} answered outside every committed range"
+        );
+    }
+    assert!(n > 200, "only {n} IDs answered in 600 ms");
 }

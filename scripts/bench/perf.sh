@@ -500,7 +500,8 @@ PY
 # The serial stage of the sequencer, per ID (issue 31 item 1): what one thread must do for every
 # group commit, which caps a shard's IDs/s however many cores serve HTTP. It is the sequencer
 # actor (taking the waiting requests, cutting the range, sending the commit), its commit tasks
-# (the outcome, and handing out the answers) and its PostgreSQL connection's I/O, all on the
+# (the outcome, and handing out the answers), or in builds since FINDINGS §17.6 the one commit
+# loop that does all of that, and its PostgreSQL connection's I/O, all on the
 # leader's first client thread (src/work/sequencer.rs); their inclusive share of that thread's
 # samples (perf --call-graph dwarf), times the thread's CPU time over
 # the window (schedstat), over the IDs committed in it (the leader's baton_sequencer_batch_ids

@@ -323,7 +323,8 @@ def thread_ns(path):
 # The serial stage on the commit thread, from `perf script` stacks (one sample each): a sample
 # counts for the first category whose frame is in its stack. The sequencer's is the only actor on
 # that thread, so ractor's actor task there is its own; its commit tasks are `Answering::after`
-# (inside `start_commit`'s task when the commit first takes a connection); the connection is the
+# (inside `start_commit`'s task when the commit first takes a connection) in builds before the
+# commit loop, and the commit loop's task (`sequencer::commit_loop`) after it; the connection is the
 # sequencer's own PostgreSQL connection, the only one whose I/O runs there. Within the actor and
 # the commit tasks, samples in the per-ID answer loop of earlier builds (`deliver`, `send_all`)
 # are told apart. A home's answers (`HomeAnswers`, per request, on the thread serving it) are
@@ -333,6 +334,7 @@ SERIAL_CATEGORIES = [
     ("actor", "ractor::actor::ActorRuntime<TActor>::start::"),
     ("commit tasks", "baton::work::sequencer::Answering::after"),
     ("commit tasks", "baton::work::sequencer::SequencerState::start_commit::{{closure}}"),
+    ("commit loop", "baton::work::sequencer::commit_loop::"),
     ("home answers (per thread, not serial)", "baton::work::sequencer::HomeAnswers"),
 ]
 PER_ID = ["baton::work::sequencer::send_all", "baton::work::sequencer::deliver"]

@@ -27,27 +27,31 @@
 //! out each home's whole queue (O(homes), whatever the number of IDs), cuts one range for the
 //! sum, sends one fenced commit, and when it is answered hands each home its sub-range with one
 //! task spawned on that home's runtime; that task answers the home's requests in order, each an
-//! ID of the sub-range. So the serial stage (the actor and its commit task) costs O(homes) per
-//! group commit, and the per-ID work (the reply channel, the latency histogram) runs on the
-//! thread that parsed the request and writes its answer. A home's emptied queue is handed back
-//! for its next batch, so the steady state allocates nothing per commit.
+//! ID of the sub-range. So the serial stage (the commit loop) costs O(homes) per group commit,
+//! and the per-ID work (the reply channel, the latency histogram) runs on the thread that parsed
+//! the request and writes its answer. A home's emptied queue is handed back for its next batch,
+//! so the steady state allocates nothing per commit.
 //!
 //! `[sequencer] min_commit_interval_ms` (default 0: no artificial delay) spaces commits sent one
 //! after another: under load fewer, larger commits for at most that much more latency. Up to
 //! `[sequencer] commits_in_flight` commits (default 1) are outstanding at once, all sent on one
-//! connection (a [`SeqPipe`]), so PostgreSQL runs them in the order their ranges were cut and a
-//! later range never reaches the fence row first. A batch goes behind one in flight only once it
-//! carries at least as many IDs, so the load is not cut into more, smaller commits than
-//! one-at-a-time would send.
+//! connection (a [`SeqPipe`](crate::work::fence::SeqPipe)), so PostgreSQL runs them in the order
+//! their ranges were cut and a later range never reaches the fence row first. A batch goes behind
+//! one in flight only once it carries at least as many IDs, so the load is not cut into more,
+//! smaller commits than one-at-a-time would send.
 //!
-//! The actor never awaits PostgreSQL in `handle()`: claims and commits run in spawned tasks that
-//! report back with a message. When a commit's outcome arrives the actor is told first, and the
-//! homes' answer tasks are queued after it, so the next group commit is written to PostgreSQL
-//! before this thread spends its time answering the last one.
+//! The group commits themselves are one long-lived task per term, the commit loop
+//! (`commit_loop`): it owns the term's connection and the next ID, takes the intake, sends the
+//! commit, and when the outcome arrives sends the next commit before it hands the last one's
+//! answers to the homes, so PostgreSQL works on the next batch while this thread answers. A
+//! commit costs that task one wake-up, no actor message and no task spawned (FINDINGS §17.6). The
+//! actor keeps the term's lifecycle (the claim, checkpoint, stop) and window mode, and never
+//! awaits PostgreSQL in `handle()`: claims and window extensions run in spawned tasks that report
+//! back with a message.
 //!
 //! Where it all runs: on the HTTP server's first client thread when there is one (it offers its
 //! runtime, [`SequencerHandle::offer_commit_runtime`]), else on the node's runtime. The actor, its
-//! commit tasks and its database connection's I/O then share the thread that parses the requests
+//! commit loop and its database connection's I/O then share the thread that parses the requests
 //! and writes the answers, so on a one-thread server a request crosses no thread inside the node
 //! (FINDINGS §11.8); with more server threads each other thread is woken once per commit, not
 //! once per request. Nothing timer-critical moves: heartbeats, renewals and the watchdog stay on
@@ -59,16 +63,18 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, MessagingErr, RpcReplyPort};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::backends::FenceToken;
 use crate::config::lease_read_until;
 use crate::leadership::Leadership;
 use crate::metrics as m;
-use crate::work::fence::SeqPipe;
 use crate::work::{FenceError, LeaderWork, RunningWork, WorkContext, WorkError};
+
+mod commit_loop;
+use commit_loop::{CommitLoop, LoopMsg};
 
 /// The resource name the sequencer writes under.
 pub const SEQUENCE_RESOURCE: &str = "sequence";
@@ -93,23 +99,10 @@ pub enum NextError {
 
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 pub enum SequencerMsg {
-    /// Requests are waiting in the intake (sent by the first caller after the actor last took it).
-    Arrived,
     /// The claim task finished: the last committed seq, or why not.
     Claimed(Result<i64, FenceError>),
-    /// The group-commit connection opened while the claim was in flight (`None`: it could
-    /// not be; the first commit opens one as before).
-    PipeOpened(Option<Arc<SeqPipe>>),
-    /// A group commit finished (the task already answered its clients). `pipe`: the
-    /// connection it took from the pool, for the commits after it.
-    Committed {
-        outcome: CommitOutcome,
-        pipe: Option<Arc<SeqPipe>>,
-    },
     /// Stop taking requests, let the in-flight commit finish, then reply.
     Checkpoint(RpcReplyPort<()>),
-    /// `[sequencer] min_commit_interval_ms` has passed since the last commit was sent.
-    LingerOver,
     /// Window mode: the IDs left below the persisted bound ran low (sent by a caller, at most
     /// one at a time), or the pause after a failed extension is over.
     Extend,
@@ -290,28 +283,30 @@ impl HomeAnswers {
 }
 
 /// The requests waiting for this term's next group commit, in the queues of the homes they came
-/// from. Callers on any runtime append to their own home's queue; the actor alone takes.
-/// `actor_due` is the hand-off rule: true while the actor is bound to look again on its own (a
-/// message is on its way, a claim or commit is in flight and will end in
-/// [`SequencerState::start_commit`]), so appending needs no message; the first append of a home
-/// since its queue was last taken checks it, and the one that finds it false sets it and sends
-/// one.
+/// from. Callers on any runtime append to their own home's queue; the commit loop alone takes.
+/// `committer_due` is the hand-off rule: true while the committer (the commit loop) is bound to
+/// look again on its own (a wake-up is on its way, a claim or commit is in flight and will end in
+/// its next look), so appending needs no wake-up; the first append of a home since its queue was
+/// last taken checks it, and the one that finds it false sets it and wakes the committer.
 pub struct Intake {
     number: u64,
     /// Every home that has appended in this term (the committer's O(homes) walk).
     homes: Mutex<Vec<AnswerHome>>,
     /// The queue of callers that name no home.
     loose: AnswerHome,
-    actor_due: AtomicBool,
+    committer_due: AtomicBool,
     /// Set by checkpoint and stop: every later append is answered "demoting" at once.
     closed: AtomicBool,
-    /// While the actor waits for enough IDs to send a commit behind the one in flight
+    /// While the committer waits for enough IDs to send a commit behind the one in flight
     /// ([`Intake::take_at_least`]): that many (0: not waiting). Appends then count into
-    /// `counted_ids`, and the one that gets there wakes the actor.
+    /// `counted_ids`, and the one that gets there wakes the committer.
     wake_at_ids: AtomicUsize,
     counted_ids: AtomicUsize,
     /// Where the next take starts its walk, so no home always goes first.
     rotate: AtomicUsize,
+    /// Wakes the commit loop ([`Intake::wake_committer`]); a wake-up given while it is busy
+    /// is kept for its next wait.
+    committer_wake: Notify,
 }
 
 impl Default for Intake {
@@ -320,26 +315,33 @@ impl Default for Intake {
             number: INTAKE_NUMBERS.fetch_add(1, Ordering::Relaxed),
             homes: Mutex::new(Vec::new()),
             loose: AnswerHome::on(None),
-            actor_due: AtomicBool::new(false),
+            committer_due: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             wake_at_ids: AtomicUsize::new(0),
             counted_ids: AtomicUsize::new(0),
             rotate: AtomicUsize::new(0),
+            committer_wake: Notify::new(),
         }
     }
 }
 
 #[cfg_attr(not(feature = "http"), allow(dead_code))]
 enum Appended {
-    /// Queued; the caller must send the actor [`SequencerMsg::Arrived`].
-    NotifyActor,
-    /// Queued; the actor will look on its own.
+    /// Queued; the caller must call [`Intake::wake_committer`].
+    WakeCommitter,
+    /// Queued; the committer will look on its own.
     Queued,
     /// Not queued: this term's sequencer is stopping.
     Closed,
 }
 
 impl Intake {
+    /// Tells the commit loop that requests wait (see [`Appended::WakeCommitter`]).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    fn wake_committer(&self) {
+        self.committer_wake.notify_one();
+    }
+
     fn homes(&self) -> Vec<AnswerHome> {
         self.homes.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -380,25 +382,25 @@ impl Intake {
         for p in stale {
             let _ = p.reply.send(Err(NextError::Demoting));
         }
-        if announce && !self.actor_due.swap(true, Ordering::SeqCst) {
-            return Appended::NotifyActor;
+        if announce && !self.committer_due.swap(true, Ordering::SeqCst) {
+            return Appended::WakeCommitter;
         }
         let at = self.wake_at_ids.load(Ordering::SeqCst);
         if at != 0
             && self.counted_ids.fetch_add(n, Ordering::SeqCst) + n >= at
             && self.wake_at_ids.swap(0, Ordering::SeqCst) != 0
         {
-            return Appended::NotifyActor;
+            return Appended::WakeCommitter;
         }
         Appended::Queued
     }
 
     /// Every home's waiting requests, whole queues at a time, up to `max_ids` IDs (always at
     /// least one request: a single home above the bound gives its oldest requests up to it).
-    /// O(homes): a queue is swapped out, never walked. The actor stays due while any are left:
-    /// it comes back for them when this commit ends.
+    /// O(homes): a queue is swapped out, never walked. The committer stays due while any are
+    /// left: it comes back for them when this commit ends.
     fn take(&self, max_ids: usize) -> Batch {
-        self.actor_due.store(false, Ordering::SeqCst);
+        self.committer_due.store(false, Ordering::SeqCst);
         self.wake_at_ids.store(0, Ordering::SeqCst);
         let homes = self.homes();
         let start = self.rotate.fetch_add(1, Ordering::Relaxed);
@@ -441,7 +443,7 @@ impl Intake {
             });
         }
         if left {
-            self.actor_due.store(true, Ordering::SeqCst);
+            self.committer_due.store(true, Ordering::SeqCst);
         }
         batch
     }
@@ -462,16 +464,16 @@ impl Intake {
     }
 
     /// For a commit behind one in flight: [`Intake::take`] once at least `min_ids` IDs wait,
-    /// else nothing, and the append that gets there wakes the actor. (The commit in flight
-    /// brings the actor back in any case, so it stays due.) Sending a small batch behind a
+    /// else nothing, and the append that gets there wakes the committer. (The commit in flight
+    /// brings the committer back in any case, so it stays due.) Sending a small batch behind a
     /// large one would only split the load into more commits, each costing the database the
     /// same whatever its size.
     fn take_at_least(&self, min_ids: usize, max_ids: usize) -> Batch {
         let waiting = self.waiting_ids();
         if waiting == 0 || waiting < min_ids {
-            self.actor_due.store(true, Ordering::SeqCst);
-            // Appends between the walk and here are not counted: the actor then looks a little
-            // later than it could, at the latest when the commit in flight ends.
+            self.committer_due.store(true, Ordering::SeqCst);
+            // Appends between the walk and here are not counted: the committer then looks a
+            // little later than it could, at the latest when the commit in flight ends.
             self.counted_ids.store(waiting, Ordering::SeqCst);
             self.wake_at_ids.store(min_ids.max(1), Ordering::SeqCst);
             return Batch::default();
@@ -738,39 +740,28 @@ impl Window {
 
 pub struct SequencerState {
     ctx: WorkContext,
-    limits: CommitLimits,
-    /// The next seq to hand out; `None` until the claim succeeds.
-    next_seq: Option<i64>,
     intake: Arc<Intake>,
+    /// Durable mode: the commit loop's line (see `commit_loop`); dropped when the term ends,
+    /// which is how the loop learns it.
+    commit_loop: Option<mpsc::UnboundedSender<LoopMsg>>,
     /// Window mode's shared state (`None` in durable mode).
     window: Option<Arc<Window>>,
     /// Window mode: the bound being written (at most one at a time).
     extending: Option<i64>,
     /// Window mode: a retry of a failed extension is armed.
     extend_retry_armed: bool,
-    /// Group commits sent and not yet answered (at most `limits.in_flight`).
-    in_flight: usize,
-    /// IDs in the last commit sent: the least a commit sent behind it carries.
-    last_batch_ids: usize,
-    /// The connection commits are sent on while any are in flight (see [`SeqPipe`]); given
-    /// back to the pool when none are.
-    pipe: Option<Arc<SeqPipe>>,
-    /// When the last group commit was sent: the next one with none in flight goes no sooner
-    /// than `limits.min_interval` after it.
-    last_sent: Option<Instant>,
-    /// A wake-up for the end of that interval is on its way (at most one at a time).
-    linger_armed: bool,
-    /// This term holds one of the node's warm slots ([`crate::work::Fence::take_warm_slot`]): its
-    /// connection opens beside the claim and stays open while idle. Without one it opens at the
-    /// first commit and closes after [`SEQ_IDLE_CLOSE`] idle.
+    /// Window mode: this term holds one of the node's warm slots
+    /// ([`crate::work::Fence::take_warm_slot`]): its connection stays open while idle. Without
+    /// one it closes after [`SEQ_IDLE_CLOSE`] idle. (In durable mode the commit loop holds it.)
     warm: bool,
-    /// When the last commit (or window extension) was answered.
+    /// Window mode: when the last extension was answered.
     last_answered: Instant,
     /// An [`SequencerMsg::IdleCheck`] is on its way (at most one at a time).
     idle_check_armed: bool,
-    /// Since when commits have failed for want of the database (logged once at the first
-    /// failure and once when one succeeds again, not once per commit).
+    /// Window mode: since when extensions have failed for want of the database (logged once at
+    /// the first failure and once when one succeeds again, not once per write).
     failing_since: Option<Instant>,
+    /// Window mode: checkpoints waiting for the extension in flight.
     draining: Option<Vec<RpcReplyPort<()>>>,
 }
 
@@ -807,25 +798,16 @@ impl Actor for Sequencer {
         // beyond that a node's idle shards hold no connection each (at K = 1024 they held
         // 1024 and exhausted PostgreSQL's max_connections). A bound per node rather than a
         // rule on K: K is not what costs connections, the shards a node leads at once are.
-        let warm = fence.take_warm_slot();
-        if window.is_none() && warm {
-            // The first group commit's connection, opened beside the claim rather than after
-            // it: on a node that never led, opening it (connect, authenticate, prepare) took
-            // about as long as the claim itself, and a failover waited for both in turn.
-            // Opened from here, its I/O runs where the commits do (see the module doc).
-            // Without a warm slot the first commit opens it (the `None` path of
-            // `start_commit`); either way the term's first commit carries its token through
-            // the fence check like every other.
-            let (fence, me) = (fence.clone(), myself.clone());
-            tokio::spawn(async move {
-                let pipe = fence.seq_pipe().await.ok().map(Arc::new);
-                let told = me.cast(SequencerMsg::PipeOpened(pipe));
-                if let Err(MessagingErr::SendErr(SequencerMsg::PipeOpened(Some(p)))) = told {
-                    // The term ended before it opened.
-                    p.retire();
-                }
-            });
-        }
+        let mut warm = fence.take_warm_slot();
+        let commit_loop = window.is_none().then(|| {
+            // Spawned from here, its connection's I/O runs where the actor does (see the module
+            // doc). It holds the warm slot from now on.
+            let (tx, rx) = mpsc::unbounded_channel();
+            let me = myself.clone();
+            CommitLoop::new(ctx.clone(), limits, intake.clone(), me, rx, warm).spawn();
+            warm = false;
+            tx
+        });
         tokio::spawn(async move {
             let res = fence.seq_claim(SEQUENCE_RESOURCE, token).await;
             let _ = myself.cast(SequencerMsg::Claimed(res));
@@ -838,17 +820,11 @@ impl Actor for Sequencer {
         );
         Ok(SequencerState {
             ctx,
-            limits,
-            next_seq: None,
             intake,
+            commit_loop,
             window,
             extending: None,
             extend_retry_armed: false,
-            in_flight: 0,
-            last_batch_ids: 0,
-            pipe: None,
-            last_sent: None,
-            linger_armed: false,
             warm,
             last_answered: Instant::now(),
             idle_check_armed: false,
@@ -866,12 +842,11 @@ impl Actor for Sequencer {
         if let Some(w) = &state.window {
             w.close();
         }
-        // The term's connection does not outlive it: one in use closes when its last commit is
-        // answered, one idle in the pool closes now. (A node that kept one per shard it had
-        // ever led held up to K connections whatever it led now.)
-        if let Some(p) = state.pipe.take() {
-            p.retire();
-        }
+        // The term's connection does not outlive it: the commit loop's closes when its last
+        // commit is answered (dropping its line tells it), one idle in the pool closes now. (A
+        // node that kept one per shard it had ever led held up to K connections whatever it
+        // led now.)
+        state.commit_loop = None;
         state.ctx.fence.close_idle_seq_pipe();
         if state.warm {
             state.warm = false;
@@ -891,11 +866,6 @@ impl Actor for Sequencer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SequencerMsg::Arrived => state.start_commit(&myself),
-            SequencerMsg::LingerOver => {
-                state.linger_armed = false;
-                state.start_commit(&myself);
-            }
             SequencerMsg::Claimed(Ok(last_seq)) => {
                 state.ctx.trace.step(
                     "sequencer",
@@ -903,7 +873,6 @@ impl Actor for Sequencer {
                     Some(state.ctx.token),
                     &format!("last_seq={last_seq}"),
                 );
-                state.next_seq = Some(last_seq + 1);
                 // Everything up to last_seq is committed (the claim itself went through the fence).
                 state
                     .ctx
@@ -918,8 +887,8 @@ impl Actor for Sequencer {
                     w.claimed.store(true, Ordering::SeqCst);
                     w.moved.notify_waiters();
                     state.maybe_extend(&myself);
-                } else {
-                    state.start_commit(&myself);
+                } else if let Some(commit_loop) = &state.commit_loop {
+                    let _ = commit_loop.send(LoopMsg::Claimed(last_seq));
                 }
             }
             SequencerMsg::Claimed(Err(e)) => {
@@ -933,43 +902,9 @@ impl Actor for Sequencer {
                 );
                 myself.stop(Some(format!("sequence claim failed: {e}")));
             }
-            SequencerMsg::PipeOpened(pipe) => {
-                // Only onto an idle sequencer: a commit in flight went out on a connection of
-                // its own, and the next must follow it on that one (commits leave in order).
-                if state.pipe.is_none() && state.in_flight == 0 && state.draining.is_none() {
-                    state.pipe = pipe;
-                }
-            }
-            SequencerMsg::Committed { outcome, pipe } => {
-                state.in_flight -= 1;
-                state.note_outcome(&outcome);
-                if state.pipe.is_none() {
-                    state.pipe = pipe;
-                }
-                let unavailable = matches!(outcome, CommitOutcome::Unavailable(_));
-                if unavailable || state.pipe.as_ref().is_some_and(|p| p.is_closed()) {
-                    state.pipe = None;
-                }
-                if let CommitOutcome::FencedOut(why) = outcome {
-                    myself.stop(Some(why));
-                    return Ok(());
-                }
-                if state.drained() {
-                    return Ok(());
-                }
-                state.last_answered = Instant::now();
-                state.start_commit(&myself);
-                if state.in_flight == 0 {
-                    // Idle: the connection goes back to its pool, which checks it is still open
-                    // before the next commit takes it.
-                    state.pipe = None;
-                    state.idle(&myself);
-                }
-            }
             SequencerMsg::IdleCheck => {
                 state.idle_check_armed = false;
-                let busy = state.in_flight > 0 || state.extending.is_some() || state.pipe.is_some();
-                if state.warm || busy {
+                if state.warm || state.extending.is_some() {
                     // Busy: the commit's answer looks again when it goes idle.
                     return Ok(());
                 }
@@ -990,7 +925,7 @@ impl Actor for Sequencer {
             }
             SequencerMsg::Extended { outcome, hi } => {
                 state.extending = None;
-                state.note_outcome(&outcome);
+                log_unavailable_edge(&mut state.failing_since, state.ctx.token, &outcome, true);
                 match outcome {
                     CommitOutcome::Durable => {
                         if let Some(w) = &state.window {
@@ -1033,7 +968,16 @@ impl Actor for Sequencer {
                 if let Some(w) = &state.window {
                     w.close();
                 }
-                let busy = state.in_flight > 0 || state.extending.is_some();
+                if let Some(commit_loop) = &state.commit_loop {
+                    // Durable mode: the loop replies once its commits in flight are answered.
+                    if let Err(mpsc::error::SendError(LoopMsg::Drain(reply))) =
+                        commit_loop.send(LoopMsg::Drain(reply))
+                    {
+                        let _ = reply.send(());
+                    }
+                    return Ok(());
+                }
+                let busy = state.extending.is_some();
                 let waiters = state.draining.get_or_insert_with(Vec::new);
                 if busy {
                     waiters.push(reply);
@@ -1047,9 +991,10 @@ impl Actor for Sequencer {
 }
 
 impl SequencerState {
-    /// Nothing in flight, the connection back in its pool: a sequencer with a warm slot keeps
-    /// it there, one without takes a slot if one has come free since, or else looks again
-    /// [`SEQ_IDLE_CLOSE`] after the last answer whether it is still idle, and closes it then.
+    /// Window mode, nothing in flight, the connection back in its pool: a sequencer with a warm
+    /// slot keeps it there, one without takes a slot if one has come free since, or else looks
+    /// again [`SEQ_IDLE_CLOSE`] after the last answer whether it is still idle, and closes it
+    /// then.
     fn idle(&mut self, myself: &ActorRef<SequencerMsg>) {
         if self.warm || self.idle_check_armed {
             return;
@@ -1069,7 +1014,7 @@ impl SequencerState {
     /// While draining (a checkpoint came): answers the checkpoint once nothing is in flight.
     /// True when draining, so the caller starts nothing new.
     fn drained(&mut self) -> bool {
-        let idle = self.in_flight == 0 && self.extending.is_none();
+        let idle = self.extending.is_none();
         match self.draining.as_mut() {
             Some(waiters) => {
                 if idle {
@@ -1080,31 +1025,6 @@ impl SequencerState {
                 true
             }
             None => false,
-        }
-    }
-
-    /// Logs the edges of a run of commits that failed for want of the database (see
-    /// [`unavailable_edge`]).
-    fn note_outcome(&mut self, outcome: &CommitOutcome) {
-        let token = self.ctx.token.0;
-        match unavailable_edge(&mut self.failing_since, outcome) {
-            Some(UnavailableEdge::Began(why)) if self.window.is_some() => tracing::warn!(
-                token,
-                error = why,
-                "sequencer: writing the window's next bound failed for want of the database; the IDs left below the bound are still served, and it is tried again every 100 ms"
-            ),
-            Some(UnavailableEdge::Began(why)) => tracing::warn!(
-                token,
-                error = why,
-                "sequencer: a group commit failed for want of the database; its callers were answered unavailable, the next commit takes a new connection"
-            ),
-            // At warn too: whoever reads the warnings sees where the outage ended.
-            Some(UnavailableEdge::Ended { failing_ms }) => tracing::warn!(
-                token,
-                failing_ms,
-                "sequencer: group commits go through again"
-            ),
-            None => {}
         }
     }
 
@@ -1151,94 +1071,35 @@ impl SequencerState {
             let _ = me.cast(SequencerMsg::Extended { outcome, hi });
         });
     }
+}
 
-    /// Sends the next group commit if one may go: with none in flight, whatever waits (up to
-    /// the batch bound); behind commits in flight (up to `commits_in_flight`, on the same
-    /// connection), only a batch at least as large as the last one sent.
-    fn start_commit(&mut self, myself: &ActorRef<SequencerMsg>) {
-        let Some(next) = self.next_seq else { return };
-        if self.draining.is_some() || self.window.is_some() {
-            return;
-        }
-        if self.in_flight == 0 && self.lingering(myself) {
-            return;
-        }
-        let batch = match (self.in_flight, &self.pipe) {
-            (0, _) => self.intake.take(self.limits.max_batch_ids),
-            (n, Some(_)) if n < self.limits.in_flight => self
-                .intake
-                .take_at_least(self.last_batch_ids, self.limits.max_batch_ids),
-            // Full, or the first commit is still taking the connection.
-            _ => return,
-        };
-        if batch.ids == 0 {
-            return;
-        }
-        let (lo, hi) = (next, next + batch.ids as i64 - 1);
-        // Burned whatever happens to the commit: an ambiguous failure must never lead to reuse.
-        self.next_seq = Some(hi + 1);
-        self.in_flight += 1;
-        self.last_batch_ids = batch.ids;
-        let sent = Instant::now();
-        self.last_sent = Some(sent);
-        let token = self.ctx.token;
-        let answer = Answering {
-            sent,
-            leadership: self.ctx.leadership.clone(),
+/// Logs the edges of a run of fenced writes (group commits, or window mode's extensions) that
+/// failed for want of the database (see [`unavailable_edge`]).
+fn log_unavailable_edge(
+    failing_since: &mut Option<Instant>,
+    token: FenceToken,
+    outcome: &CommitOutcome,
+    window: bool,
+) {
+    let token = token.0;
+    match unavailable_edge(failing_since, outcome) {
+        Some(UnavailableEdge::Began(why)) if window => tracing::warn!(
             token,
-            lo,
-            hi,
-            batch,
-            me: myself.clone(),
-        };
-        match &self.pipe {
-            // Sent here, in the actor, so commits leave in the order their ranges were cut.
-            Some(pipe) => {
-                let outcome = pipe.send_commit(SEQUENCE_RESOURCE, token, lo, hi);
-                tokio::spawn(answer.after(outcome, None));
-            }
-            None => {
-                let fence = self.ctx.fence.clone();
-                tokio::spawn(async move {
-                    match fence.seq_pipe().await {
-                        Ok(pipe) => {
-                            let pipe = Arc::new(pipe);
-                            let outcome = pipe.send_commit(SEQUENCE_RESOURCE, token, lo, hi);
-                            answer.after(outcome, Some(pipe)).await
-                        }
-                        Err(e) => answer.after(async { Err(e) }, None).await,
-                    }
-                });
-            }
-        }
-    }
-
-    /// Whether the next commit must wait for `limits.min_interval` since the last one to pass;
-    /// if so, a [`SequencerMsg::LingerOver`] is (or already was) set to bring the actor back
-    /// then. Meanwhile the intake keeps the actor due, so appends send no messages and all
-    /// gather into that commit: under load, fewer and larger commits, each costing PostgreSQL
-    /// about the same whatever it carries (FINDINGS §11.6), for at most the interval in latency.
-    fn lingering(&mut self, myself: &ActorRef<SequencerMsg>) -> bool {
-        if self.limits.min_interval.is_zero() {
-            return false;
-        }
-        let Some(until) = self.last_sent.map(|t| t + self.limits.min_interval) else {
-            return false;
-        };
-        // With nothing waiting, `take` finds nothing and leaves the actor not due, so the next
-        // append sends `Arrived` and comes back here.
-        if Instant::now() >= until || !self.intake.has_waiting() {
-            return false;
-        }
-        if !self.linger_armed {
-            self.linger_armed = true;
-            let me = myself.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep_until(until.into()).await;
-                let _ = me.cast(SequencerMsg::LingerOver);
-            });
-        }
-        true
+            error = why,
+            "sequencer: writing the window's next bound failed for want of the database; the IDs left below the bound are still served, and it is tried again every 100 ms"
+        ),
+        Some(UnavailableEdge::Began(why)) => tracing::warn!(
+            token,
+            error = why,
+            "sequencer: a group commit failed for want of the database; its callers were answered unavailable, the next commit takes a new connection"
+        ),
+        // At warn too: whoever reads the warnings sees where the outage ended.
+        Some(UnavailableEdge::Ended { failing_ms }) => tracing::warn!(
+            token,
+            failing_ms,
+            "sequencer: group commits go through again"
+        ),
+        None => {}
     }
 }
 
@@ -1283,82 +1144,39 @@ fn unavailable_edge<'a>(
     }
 }
 
-/// One sent group commit's batch, answered when its outcome arrives.
-struct Answering {
-    /// When the actor sent the commit (or, without a connection yet, started taking one).
-    sent: Instant,
-    leadership: Arc<Leadership>,
-    token: FenceToken,
-    lo: i64,
-    hi: i64,
-    batch: Batch,
-    me: ActorRef<SequencerMsg>,
+/// Why a group commit's callers are refused (`None`: its IDs are durable).
+fn next_error_of(res: &Result<(), FenceError>) -> Option<NextError> {
+    match res {
+        Ok(()) => None,
+        Err(e @ FenceError::Rejected { .. }) => Some(NextError::Fenced(e.to_string())),
+        Err(e) => Some(NextError::Unavailable(e.to_string())),
+    }
 }
 
-impl Answering {
-    /// Waits for the commit's outcome, tells the actor (handing it `pipe`, the connection this
-    /// commit took, if it took one), then hands each home its sub-range: O(homes) here, the
-    /// per-request work on each home's own runtime, queued behind the actor's next commit.
-    async fn after(
-        self,
-        outcome: impl std::future::Future<Output = Result<(), FenceError>>,
-        pipe: Option<Arc<SeqPipe>>,
-    ) {
-        let Answering {
-            sent,
-            leadership,
-            token,
-            lo,
-            hi,
-            batch,
-            me,
-        } = self;
-        let res = outcome.await;
-        metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(sent.elapsed().as_secs_f64());
-        metrics::histogram!(m::SEQ_BATCH_IDS).record((hi - lo + 1) as f64);
-        if res.is_ok() {
-            // Published before any client hears of these IDs: a read that starts after an
-            // acknowledgement sees at least that seq (and never an ID still in flight).
-            leadership.set_committed_seq(token, hi);
-        }
-        let error = match &res {
-            Ok(()) => None,
-            Err(e @ FenceError::Rejected { .. }) => Some(NextError::Fenced(e.to_string())),
-            Err(e) => Some(NextError::Unavailable(e.to_string())),
-        };
-        let told = me.cast(SequencerMsg::Committed {
-            outcome: outcome_of(&res),
-            pipe,
-        });
-        if let Err(MessagingErr::SendErr(SequencerMsg::Committed { pipe: Some(p), .. })) = told {
-            // The term's actor is gone: the connection closes when its last holder drops,
-            // instead of going back to a pool that no sequencer of this term will take it from.
-            p.retire();
-        }
-        // The actor's wake-up was queued first, so it sends the next group commit (and the
-        // connection's task writes it) before this thread runs the answer tasks queued below:
-        // PostgreSQL works on the next batch meanwhile instead of waiting for them.
-        let mut first = lo;
-        for part in batch.homes {
+impl Batch {
+    /// Hands each home its sub-range of `[first, ..]` (or everyone `error`): O(homes) here, the
+    /// per-request work on each home's own runtime.
+    fn answer(self, token: FenceToken, first: i64, error: Option<NextError>) {
+        let mut next = first;
+        for part in self.homes {
             let ids = part.ids as i64;
             HomeAnswers {
                 home: part.home,
                 pending: part.pending,
                 token,
-                first,
+                first: next,
                 error: error.clone(),
             }
             .deliver();
-            first += ids;
+            next += ids;
         }
-        debug_assert_eq!(first, hi + 1);
+        debug_assert_eq!(next - first, self.ids as i64);
     }
 }
 
-/// This term's sequencer as callers reach it: its intake (or window), and the actor to wake.
+/// This term's sequencer as callers reach it: its intake (or window).
 #[derive(Clone)]
 struct Running {
-    actor: ActorRef<SequencerMsg>,
     intake: Arc<Intake>,
     window: Option<Arc<Window>>,
 }
@@ -1413,13 +1231,9 @@ impl SequencerHandle {
         match running.intake.append(pending, home.as_ref()) {
             Appended::Closed => return Err(NextCallError::Next(NextError::Demoting)),
             Appended::Queued => {}
-            Appended::NotifyActor => {
-                if running.actor.cast(SequencerMsg::Arrived).is_err() {
-                    // The actor is gone (its post_stop closes the intake too): nobody will take
-                    // what waits, so answer it all now rather than at the timeout.
-                    running.intake.close();
-                }
-            }
+            // If the term is over the intake is closed, and what waits in it answered, by its
+            // actor's stop or else by the commit loop's end.
+            Appended::WakeCommitter => running.intake.wake_committer(),
         }
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(r)) => r.map_err(NextCallError::Next),
@@ -1495,11 +1309,7 @@ impl LeaderWork for SequencerWork {
                 work: "sequencer",
                 reason,
             })?;
-        handle.set(Some(Running {
-            actor: actor.clone(),
-            intake,
-            window,
-        }));
+        handle.set(Some(Running { intake, window }));
         Ok(Box::new(RunningSequencer { actor, handle }))
     }
 }
@@ -1613,7 +1423,10 @@ mod tests {
         let (a, _ra) = pending(1);
         let (b, _rb) = pending(1);
         let (c, _rc) = pending(1);
-        assert!(matches!(intake.append(a, Some(&h1)), Appended::NotifyActor));
+        assert!(matches!(
+            intake.append(a, Some(&h1)),
+            Appended::WakeCommitter
+        ));
         assert!(matches!(intake.append(b, Some(&h1)), Appended::Queued));
         // Another home's first append finds the actor already due.
         assert!(matches!(intake.append(c, Some(&h2)), Appended::Queued));
@@ -1621,7 +1434,10 @@ mod tests {
         assert_eq!((batch.homes.len(), batch.ids), (2, 3));
         // Taken whole: the actor will not look again by itself, so the next append must wake it.
         let (d, _rd) = pending(1);
-        assert!(matches!(intake.append(d, Some(&h2)), Appended::NotifyActor));
+        assert!(matches!(
+            intake.append(d, Some(&h2)),
+            Appended::WakeCommitter
+        ));
     }
 
     #[test]
@@ -1658,7 +1474,7 @@ mod tests {
     }
 
     #[test]
-    fn a_take_bounded_by_the_batch_leaves_the_actor_due_for_the_rest() {
+    fn a_take_bounded_by_the_batch_leaves_the_committer_due_for_the_rest() {
         let intake = Intake::default();
         let (h1, _rt1) = idle_home();
         let (h2, _rt2) = idle_home();
@@ -1707,26 +1523,26 @@ mod tests {
             rxs.push(rx);
             intake.append(p, Some(&h))
         };
-        assert!(matches!(append(5), Appended::NotifyActor));
+        assert!(matches!(append(5), Appended::WakeCommitter));
         assert_eq!(intake.take(100).ids, 5);
         // A commit of 5 is in flight. 3 waiting IDs are too few to go behind it: nothing is
         // taken, and no append wakes the actor until 5 wait.
-        assert!(matches!(append(2), Appended::NotifyActor));
+        assert!(matches!(append(2), Appended::WakeCommitter));
         assert!(matches!(append(1), Appended::Queued));
         let batch = intake.take_at_least(5, 100);
         assert!(batch.homes.is_empty() && batch.ids == 0);
         assert!(matches!(append(1), Appended::Queued), "4 of 5");
         assert!(
-            matches!(append(1), Appended::NotifyActor),
+            matches!(append(1), Appended::WakeCommitter),
             "5 of 5 wakes it"
         );
         assert!(matches!(append(5), Appended::Queued), "woken once");
         assert_eq!(intake.take_at_least(5, 100).ids, 10);
         // A plain take clears the threshold: with the actor due, appends send nothing.
-        assert!(matches!(append(1), Appended::NotifyActor));
+        assert!(matches!(append(1), Appended::WakeCommitter));
         assert_eq!(intake.take_at_least(2, 100).ids, 0);
         assert_eq!(intake.take(100).ids, 1);
-        assert!(matches!(append(9), Appended::NotifyActor));
+        assert!(matches!(append(9), Appended::WakeCommitter));
         assert!(
             matches!(append(9), Appended::Queued),
             "no threshold left over"
@@ -1811,7 +1627,7 @@ mod tests {
         let (e, _re) = pending(1);
         assert!(matches!(
             next_term.append(e, Some(&h)),
-            Appended::NotifyActor
+            Appended::WakeCommitter
         ));
         assert!(matches!(rd.try_recv(), Ok(Err(NextError::Demoting))));
         assert_eq!(next_term.take(10).ids, 1);
