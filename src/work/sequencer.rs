@@ -20,8 +20,8 @@
 //! # The durable path: no per-ID work on the committing thread
 //!
 //! Requests do not reach the actor one message each, and the committer never touches them one
-//! by one. Each caller's runtime (an HTTP server thread) is an [`AnswerHome`] with a queue of
-//! its own: a caller appends its request there (a mutex only the committer ever contends), and
+//! by one. Each caller's runtime (an HTTP server thread) has an [`AnswerHome`] per shard
+//! ([`AnswerHomes`]), each with a queue of its own: a caller appends its request there (a mutex only the committer ever contends), and
 //! only the first append of a home since the actor last took it checks, with one atomic, whether
 //! the actor already knows work is waiting ([`Intake`]). The actor starts a commit by swapping
 //! out each home's whole queue (O(homes), whatever the number of IDs), cuts one range for the
