@@ -774,12 +774,23 @@ async fn idle_shards_do_not_hold_a_database_connection_each() {
     );
 
     // Every shard serves: those without a warm connection open one at their first commit.
-    one_next_per_shard(&fleet, &placed, "").await;
-    let (_, busy) = count().await;
-    eprintln!("just after one ID from every shard: {busy} sequencer connections");
+    // The most seen after any shard's commit, not the count after the last: on a loaded host
+    // the 64 requests can take longer than SEQ_IDLE_CLOSE, and the first cold connections are
+    // then closed again before the last shard is asked (this count failed so at load ~8).
+    let mut busy = 0;
+    for (s, (_, addr, _)) in &placed {
+        let r = fleet
+            .client
+            .post(addr, &format!("/next?shard={s}"))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "shard {s}: {:?}", r.body);
+        busy = busy.max(count().await.1);
+    }
+    eprintln!("after one ID from every shard: at most {busy} sequencer connections at once");
     assert!(
         busy > warm,
-        "{busy} sequencer connections after every shard committed: the cold ones opened none"
+        "{busy} sequencer connections at most while every shard committed: the cold ones opened none"
     );
     // Idle again: past SEQ_IDLE_CLOSE the cold ones are closed.
     let until = Instant::now() + SEQ_IDLE_CLOSE + Duration::from_secs(10);
