@@ -590,11 +590,25 @@ fn slice_words(slice_ms: u32) -> String {
 }
 
 /// A `stress-ng` CPU neighbour, stopped (SIGKILL to its process group) when dropped.
-struct Neighbour(Option<std::process::Child>);
+/// A `stress-ng` CPU neighbour, killed (its whole process group) on drop.
+pub(crate) struct Neighbour(Option<std::process::Child>);
 
 impl Neighbour {
     fn start(args: &NextArgs) -> anyhow::Result<Neighbour> {
-        let cpu_percent = args.neighbour_cpu_percent;
+        Neighbour::spawn(
+            args.neighbour_cpu_percent,
+            args.neighbour_slice_ms,
+            args.neighbour_own_session,
+        )
+    }
+
+    /// `stress-ng --cpu 2 --cpu-load CPU_PERCENT --cpu-load-slice SLICE_MS` (0: none), in this
+    /// command's session or (`own_session`) in one of its own.
+    pub(crate) fn spawn(
+        cpu_percent: u32,
+        slice_ms: u32,
+        own_session: bool,
+    ) -> anyhow::Result<Neighbour> {
         if cpu_percent == 0 {
             return Ok(Neighbour(None));
         }
@@ -610,11 +624,11 @@ impl Neighbour {
             "--cpu-load",
             &cpu_percent.to_string(),
             "--cpu-load-slice",
-            &args.neighbour_slice_ms.to_string(),
+            &slice_ms.to_string(),
             "--quiet",
         ])
         .stdout(std::process::Stdio::null());
-        if args.neighbour_own_session {
+        if own_session {
             // SAFETY: setsid is async-signal-safe and touches no memory of the parent. A new
             // session is also a new process group, so Drop's kill of the group still applies.
             unsafe {

@@ -144,6 +144,26 @@ pub fn in_netns<T: Send + 'static>(
     .map_err(|_| anyhow!("namespace thread panicked"))?
 }
 
+/// The UDP datagrams namespace `ns` received and sent so far (`InDatagrams`, `OutDatagrams` of
+/// `/proc/net/snmp` read inside it). In a node's namespace only its failure detector speaks
+/// UDP, so these are the detector's packets; the counters outlive a restart of the node.
+pub fn udp_datagrams(ns: &str) -> anyhow::Result<(u64, u64)> {
+    let text = run(&["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"])?;
+    parse_udp_snmp(&text).with_context(|| format!("no Udp counters in {ns}'s /proc/net/snmp"))
+}
+
+/// `(InDatagrams, OutDatagrams)` of the `Udp:` header and value lines of `/proc/net/snmp`.
+pub fn parse_udp_snmp(text: &str) -> Option<(u64, u64)> {
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp: "));
+    let header: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let values: Vec<&str> = lines.next()?.split_whitespace().collect();
+    let get = |name: &str| -> Option<u64> {
+        let i = header.iter().position(|h| *h == name)?;
+        values.get(i)?.parse().ok()
+    };
+    Some((get("InDatagrams")?, get("OutDatagrams")?))
+}
+
 /// What a TCP connect attempt saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Probe {
@@ -667,5 +687,22 @@ pub async fn up_interruptible(spec: &FleetSpec) -> anyhow::Result<FleetState> {
             }
             bail!("interrupted: the fleet was stopped and its namespaces removed")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_udp_snmp;
+
+    #[test]
+    fn udp_counters_come_from_the_udp_lines_not_udplite() {
+        let text = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+            Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+            Udp: 75075 2995 0 78092 0 0\n\
+            UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+            UdpLite: 1 2 3 4 5 6\n";
+        assert_eq!(parse_udp_snmp(text), Some((75075, 78092)));
+        assert_eq!(parse_udp_snmp("Udp: InDatagrams\nUdp: 3\n"), None);
+        assert_eq!(parse_udp_snmp(""), None);
     }
 }

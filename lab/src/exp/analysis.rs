@@ -240,6 +240,31 @@ pub fn elections(events: &[TraceEvent], faults: &[FaultRecord], clock: &Clock0) 
     out
 }
 
+/// Detection latency per `kill -9` of the leader: the fault's application → the first
+/// survivor's elector (or placement) tracing the killed node `peer-dead` (the failure
+/// detector's confirmation), ms, within 10 s. Kills no survivor traced (the lease detector,
+/// or a confirmation that came too late to matter) are left out.
+pub fn detections(events: &[TraceEvent], faults: &[FaultRecord]) -> Vec<f64> {
+    const WITHIN_NS: u64 = 10_000_000_000;
+    faults
+        .iter()
+        .filter(|f| f.kind == FaultKind::KillLeader)
+        .filter_map(|f| {
+            events
+                .iter()
+                .find(|e| {
+                    e.event == "peer-dead"
+                        && matches!(e.actor.as_str(), "elector" | "placement")
+                        && e.detail == f.node
+                        && e.node != f.node
+                        && e.mono_ns > f.applied_at_mono_ns
+                        && e.mono_ns - f.applied_at_mono_ns <= WITHIN_NS
+                })
+                .map(|e| (e.mono_ns - f.applied_at_mono_ns) as f64 / 1e6)
+        })
+        .collect()
+}
+
 /// Wins between consecutive kills / step-downs (the last round runs to the end): `{wins: rounds}`.
 /// Exactly one winner per round is the healthy shape; 0 means the round ended before anyone won.
 pub fn winners_per_round(
@@ -583,6 +608,38 @@ mod tests {
             verified: true,
             detail: String::new(),
         }
+    }
+
+    #[test]
+    fn detection_is_the_first_survivors_confirmation_of_the_killed_node() {
+        let ev = |node: &str, actor: &str, event: &str, ms: u64, detail: &str| TraceEvent {
+            node: node.into(),
+            actor: actor.into(),
+            event: event.into(),
+            token: None,
+            mono_ns: 1_000_000_000 + ms * 1_000_000,
+            detail: detail.into(),
+        };
+        let kills = [
+            fault(FaultKind::KillLeader, "n1", 5, 1000, 0),
+            fault(FaultKind::PauseLeader, "n2", 6, 5000, 300),
+            fault(FaultKind::KillLeader, "n3", 7, 9000, 0),
+        ];
+        let events = [
+            // Before the kill, about another node, by the killed node itself, another event:
+            ev("n2", "elector", "peer-dead", 900, "n1"),
+            ev("n2", "elector", "peer-dead", 1200, "n4"),
+            ev("n1", "elector", "peer-dead", 1300, "n1"),
+            ev("n2", "elector", "won", 1350, ""),
+            ev("n5", "elector", "peer-dead", 1450, "n1"),
+            ev("n2", "elector", "peer-dead", 1500, "n1"),
+            // The pause's confirmation is no kill's; the second kill is never confirmed.
+            ev("n4", "elector", "peer-dead", 5400, "n2"),
+        ];
+        assert_eq!(detections(&events, &kills), vec![450.0]);
+        // More than 10 s later is not this kill's detection.
+        let late = [ev("n2", "elector", "peer-dead", 11_500, "n1")];
+        assert!(detections(&late, &kills[..1]).is_empty());
     }
 
     #[test]

@@ -568,6 +568,180 @@ fn ms_cell(s: &Value) -> String {
     )
 }
 
+/// Kill → first new write gaps (ms) of a run's leader kills, from its JSON.
+fn kill_gaps_of(v: &Value) -> Vec<f64> {
+    v["transitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| t["cause_kind"] == "kill-leader")
+        .filter_map(|t| f(&t["gap_ms"]))
+        .collect()
+}
+
+/// Per pause of the leader in a run's JSON: `(length ms rounded to 50 ms, whether a leadership
+/// change followed it)`.
+fn pauses_of(v: &Value) -> Vec<(f64, bool)> {
+    let causes: Vec<u64> = v["transitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["cause"].as_u64())
+        .collect();
+    v["faults"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter(|(_, fi)| fi["kind"] == "pause-leader")
+        .filter_map(|(i, fi)| {
+            let len_ms = (f(&fi["healed_s"])? - f(&fi["applied_s"])?) * 1000.0;
+            Some(((len_ms / 50.0).round() * 50.0, causes.contains(&(i as u64))))
+        })
+        .collect()
+}
+
+/// The failure-detector runs (those with a `detectors` sweep), when there are any: per run the
+/// detection latency, failover, false positives and what they cost, backend requests and the
+/// detector's datagrams per second; `failover-by-detector.svg` (failover CDFs) and, when the
+/// runs paused the leader, `false-positives-vs-pause.svg`. Returns the plots made.
+fn write_detector_section(
+    md: &mut String,
+    out: &Path,
+    spec: &ExpSpec,
+    runs: &[Value],
+) -> anyhow::Result<Vec<&'static str>> {
+    let runs: Vec<&Value> = runs.iter().filter(|v| !v["verdict"].is_null()).collect();
+    if runs.is_empty() || spec.detectors.is_empty() {
+        return Ok(Vec::new());
+    }
+    let _ = writeln!(md, "## Failure detector\n");
+    let _ = writeln!(
+        md,
+        "Detection: `kill -9` of the leader → the first survivor's `peer-dead` (actor traces, one host clock). Failover: the old leader's last fenced `next` → the new leader's first (`fence_log.committed_at`). *Declared dead*: live node processes that learned the others had declared them dead (`baton_detector_declared_self_dead_total`, false positives they survived); *confirmations*: every observer's confirmations (`baton_detector_confirmed_dead_total`, about 8 per killed node at 9 nodes). False failovers: leadership changes after no fault, or after a pause / partition shorter than the TTL. Datagrams: UDP in each node's namespace during the load (only the detector speaks UDP there), per node and second. p99 of n ≤ 100 samples is close to the largest.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| run | neighbour | detection ms (p50 / p99 / max, n) | failover ms (p50 / p99 / max, n) | kill → won ms (p50 / p99 / max) | declared dead | confirmations | false failovers | fence refusals | backend req/s | detector datagrams/s per node: sent / received (busiest sent) | checker |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut failovers: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut pauses: BTreeMap<String, Vec<(f64, f64, Option<f64>)>> = BTreeMap::new();
+    for v in &runs {
+        let label = v["label"].as_str().unwrap_or("?").to_owned();
+        let counts = &v["detector_counts"];
+        let count = |k: &str| counts[k].as_u64().unwrap_or(0);
+        let dur = f(&v["duration_s"]).unwrap_or(0.0);
+        let req_s = v["backend_requests"]["total"]
+            .as_f64()
+            .filter(|_| dur > 0.0)
+            .map(|t| format!("{:.1}", t / dur))
+            .unwrap_or_else(|| "–".into());
+        let p = &v["detector_packets"];
+        let packets = if p.is_null() {
+            "–".to_owned()
+        } else {
+            format!(
+                "{:.1} / {:.1} ({:.1})",
+                f(&p["sent_per_node_s"]).unwrap_or(f64::NAN),
+                f(&p["received_per_node_s"]).unwrap_or(f64::NAN),
+                f(&p["max_sent_node_s"]).unwrap_or(f64::NAN)
+            )
+        };
+        let neighbour = &v["neighbour"];
+        let neighbour = if neighbour.is_null() {
+            "none".to_owned()
+        } else {
+            format!(
+                "{} % CPU, {}",
+                neighbour["cpu_percent"],
+                match neighbour["slice_ms"].as_u64() {
+                    Some(0) | None => "bursty (random 0–500 ms slices)".to_owned(),
+                    Some(ms) => format!("steady ({ms} ms slices)"),
+                }
+            )
+        };
+        let violations = v["verdict"]["violations"]
+            .as_array()
+            .map(|a| a.len())
+            .unwrap_or(0);
+        let _ = writeln!(
+            md,
+            "| {label} | {neighbour} | {} | {} | {} | {} | {} | {} | {} | {req_s} | {packets} | {} ({violations} violations) |",
+            ms_cell(&v["detection_ms"]),
+            ms_cell(&v["failover_ms"]),
+            ms_cell(&v["kill_to_won_ms"]),
+            count(baton::metrics::DETECTOR_DECLARED_DEAD),
+            count(baton::metrics::DETECTOR_CONFIRMED_DEAD),
+            false_failovers_of(v),
+            v["rejections_total"],
+            if v["verdict"]["pass"].as_bool().unwrap_or(false) {
+                "PASS"
+            } else {
+                "FAIL"
+            },
+        );
+        let gaps = kill_gaps_of(v);
+        if !gaps.is_empty() {
+            failovers.insert(label.clone(), gaps);
+        }
+        let mut by_len: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+        for (len, changed) in pauses_of(v) {
+            let e = by_len.entry(len as u64).or_default();
+            e.0 += 1;
+            e.1 += changed as usize;
+        }
+        if !by_len.is_empty() {
+            pauses.insert(
+                label,
+                by_len
+                    .into_iter()
+                    .map(|(len, (n, changed))| {
+                        (len as f64, 100.0 * changed as f64 / n as f64, None)
+                    })
+                    .collect(),
+            );
+        }
+    }
+    let _ = writeln!(md);
+    let mut made = Vec::new();
+    if !failovers.is_empty() {
+        let series: BTreeMap<String, Vec<f64>> = failovers.into_iter().take(10).collect();
+        plots::cdf(
+            &out.join("failover-by-detector.svg"),
+            &format!(
+                "{}: failover after kill -9 of the leader, lease vs swim",
+                spec.name
+            ),
+            "ms, last old write → first new write (fence_log.committed_at)",
+            &series,
+        )?;
+        made.push("failover-by-detector.svg");
+    }
+    if !pauses.is_empty() {
+        let x_max = pauses.values().flatten().map(|p| p.0).fold(0.0, f64::max) + 100.0;
+        plots::lines(
+            &out.join("false-positives-vs-pause.svg"),
+            &plots::Axes {
+                title: &format!(
+                    "{}: pauses of the leader (SIGSTOP) that cost it its term",
+                    spec.name
+                ),
+                x_desc: "pause length, ms",
+                y_desc: "% of the pauses followed by a new leader",
+                x_range: (0.0, x_max),
+                marker: None,
+            },
+            &pauses,
+        )?;
+        made.push("false-positives-vs-pause.svg");
+    }
+    Ok(made)
+}
+
 /// `GET /read` results, when any run read: per run and mode, reads answered and stale ones, and
 /// `stale-reads-vs-drift.svg` (stale reads against how far the clock is slower than the bound).
 fn write_reads_section(
@@ -900,6 +1074,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
     }
     let _ = writeln!(md, "\n```text\n{verdicts}```\n");
     write_reads_section(&mut md, out, spec, &runs)?;
+    plots_made.extend(write_detector_section(&mut md, out, spec, &runs)?);
     let stale: Vec<String> = runs
         .iter()
         .flat_map(|v| {

@@ -111,6 +111,23 @@ pub struct RunResult {
     /// Every node's `[detector] kind` (`lease`, `swim`).
     #[serde(default)]
     pub detector: baton::config::DetectorKind,
+    /// The CPU neighbour beside the load (`None`: none).
+    #[serde(default)]
+    pub neighbour: Option<super::spec::NeighbourCfg>,
+    /// `kill -9` of the leader → the first survivor's confirmation of it (actor traces,
+    /// `peer-dead`), ms: the failure detector's detection latency (`None` with the lease).
+    #[serde(default)]
+    pub detection_ms: Option<Summary>,
+    /// The detector's counters summed over every node process during the load:
+    /// `baton_detector_confirmed_dead_total` (each observer's confirmations) and
+    /// `baton_detector_declared_self_dead_total` (live nodes that learned the others had
+    /// declared them dead: false positives they survived).
+    #[serde(default)]
+    pub detector_counts: BTreeMap<String, u64>,
+    /// UDP datagrams per node per second during the load, from each node's namespace
+    /// (`netns` runs; only the detector speaks UDP there).
+    #[serde(default)]
+    pub detector_packets: Option<DetectorPackets>,
     /// `GET /read`s answered, by the mode that answered, with the stale ones counted.
     pub reads: BTreeMap<String, check::reads::ModeCounts>,
     pub nodes: usize,
@@ -159,6 +176,54 @@ pub struct RunResult {
     /// Series for the plots and CSVs (not serialized into the JSON).
     #[serde(skip)]
     pub series: Series,
+}
+
+/// The failure detector's datagrams during the load, per node and second.
+#[derive(Clone, Debug, Serialize)]
+pub struct DetectorPackets {
+    pub sent_per_node_s: f64,
+    pub received_per_node_s: f64,
+    /// The busiest node's sent datagrams per second.
+    pub max_sent_node_s: f64,
+    /// Namespaces measured (one per node).
+    pub nodes: usize,
+}
+
+impl DetectorPackets {
+    /// From each node namespace's `(in, out)` UDP counters before and after `secs` of load.
+    pub fn of(before: &[(u64, u64)], after: &[(u64, u64)], secs: f64) -> Option<DetectorPackets> {
+        if before.len() != after.len() || before.is_empty() || secs <= 0.0 {
+            return None;
+        }
+        let n = before.len() as f64;
+        let deltas: Vec<(f64, f64)> = before
+            .iter()
+            .zip(after)
+            .map(|(b, a)| {
+                (
+                    a.0.saturating_sub(b.0) as f64 / secs,
+                    a.1.saturating_sub(b.1) as f64 / secs,
+                )
+            })
+            .collect();
+        Some(DetectorPackets {
+            sent_per_node_s: deltas.iter().map(|d| d.1).sum::<f64>() / n,
+            received_per_node_s: deltas.iter().map(|d| d.0).sum::<f64>() / n,
+            max_sent_node_s: deltas.iter().map(|d| d.1).fold(0.0, f64::max),
+            nodes: before.len(),
+        })
+    }
+}
+
+/// Every node namespace's UDP `(in, out)` counters, in node order (`None` without netns or
+/// when one cannot be read).
+fn udp_counters(state: &FleetState) -> Option<Vec<(u64, u64)>> {
+    let net = state.netns.as_ref()?;
+    state
+        .nodes
+        .iter()
+        .map(|n| crate::chaos::netns::udp_datagrams(net.ns_of(&n.id)?).ok())
+        .collect()
 }
 
 #[derive(Clone, Debug, Default)]
@@ -295,6 +360,27 @@ fn start_read_probes(
 pub(crate) struct RequestMeter {
     last: BTreeMap<(String, String), f64>,
     total: BTreeMap<String, f64>,
+    /// The same for the unlabelled [`DETECTOR_COUNTERS`], by metric name.
+    detector_last: BTreeMap<(String, &'static str), f64>,
+    detector_total: BTreeMap<&'static str, f64>,
+}
+
+/// The failure detector's counters the meter sums besides the backend's requests.
+const DETECTOR_COUNTERS: [&str; 2] = [
+    baton::metrics::DETECTOR_CONFIRMED_DEAD,
+    baton::metrics::DETECTOR_DECLARED_DEAD,
+];
+
+/// `(name, value)` of a line of one of the [`DETECTOR_COUNTERS`].
+fn detector_counter(line: &str) -> Option<(&'static str, f64)> {
+    DETECTOR_COUNTERS.iter().find_map(|name| {
+        let rest = line.strip_prefix(name)?;
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            return None;
+        }
+        let v = rest.rsplit(' ').next()?.trim().parse().ok()?;
+        Some((*name, v))
+    })
 }
 
 impl RequestMeter {
@@ -310,6 +396,14 @@ impl RequestMeter {
             };
             let text = String::from_utf8_lossy(&r.body).into_owned();
             for line in text.lines() {
+                if let Some((name, v)) = detector_counter(line) {
+                    let key = (format!("{}#{}", n.id, n.pid), name);
+                    let prev = self.detector_last.get(&key).copied().unwrap_or(0.0);
+                    let delta = if v >= prev { v - prev } else { v };
+                    *self.detector_total.entry(name).or_default() += delta;
+                    self.detector_last.insert(key, v);
+                    continue;
+                }
                 let Some(rest) = line.strip_prefix("baton_backend_requests_total{") else {
                     continue;
                 };
@@ -335,6 +429,15 @@ impl RequestMeter {
 
     pub(crate) fn baseline(&mut self) {
         self.total.clear();
+        self.detector_total.clear();
+    }
+
+    /// The detector's counters since the last [`RequestMeter::baseline`], by metric name.
+    pub(crate) fn detector_total(&self) -> BTreeMap<String, u64> {
+        self.detector_total
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.round() as u64))
+            .collect()
     }
 
     /// Requests by `op`, summed over nodes, since the last [`RequestMeter::baseline`].
@@ -529,6 +632,16 @@ async fn drive(
     let mut meter = RequestMeter::default();
     meter.scrape(&client, &snapshot).await;
     meter.baseline();
+    let neighbour = match plan.neighbour {
+        // In a session of its own: it competes with every process here, not only with this one.
+        Some(n) => Some(crate::bench::next::Neighbour::spawn(
+            n.cpu_percent,
+            n.slice_ms,
+            true,
+        )?),
+        None => None,
+    };
+    let udp_before = udp_counters(&snapshot);
 
     let clock = Clock0::now();
     let start = Instant::now();
@@ -588,6 +701,9 @@ async fn drive(
         }
     }
     let report: LoadReport = load_task.await.context("load task")??;
+    let load_s = start.elapsed().as_secs_f64();
+    drop(neighbour);
+    let udp_after = udp_counters(&state.lock().unwrap_or_else(|p| p.into_inner()).clone());
     probe_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut probe_ops = Vec::new();
     for p in probes {
@@ -650,6 +766,9 @@ async fn drive(
     );
     let mut result = result;
     result.faketime_observed_rates = faketime_observed;
+    if let (Some(b), Some(a)) = (&udp_before, &udp_after) {
+        result.detector_packets = DetectorPackets::of(b, a, load_s);
+    }
     if let (Some(n), Some(steps)) = (&spec.nemesis, &nemesis_steps) {
         let rep = nemesis::report(
             n,
@@ -711,6 +830,7 @@ fn assemble(
     let campaign: Vec<f64> = elections.iter().filter_map(|e| e.campaign_ms).collect();
     let election: Vec<f64> = elections.iter().filter_map(|e| e.election_ms).collect();
     let kill_to_won: Vec<f64> = elections.iter().filter_map(|e| e.after_fault_ms).collect();
+    let detection = analysis::detections(events, &records);
     let stale = analysis::stale_evidence(input, &records, events, clock);
     let expect = spec.expectation(plan);
     let expectation_met = match expect {
@@ -807,6 +927,10 @@ fn assemble(
         clock_rate_error: cfg.clock_rate_error,
         sequencer_mode: cfg.sequencer.mode.as_str().to_owned(),
         detector: cfg.detector.kind,
+        neighbour: plan.neighbour,
+        detection_ms: Summary::of(&detection),
+        detector_counts: meter.detector_total(),
+        detector_packets: None,
         reads: check::reads::stale_reads(input),
         nodes: node_ids.len(),
         workset_rows: plan.workset_rows,
@@ -864,5 +988,49 @@ fn assemble(
         nemesis: None,
         error: None,
         series,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detector_counters_are_read_by_exact_name() {
+        assert_eq!(
+            detector_counter("baton_detector_confirmed_dead_total 3"),
+            Some((baton::metrics::DETECTOR_CONFIRMED_DEAD, 3.0))
+        );
+        assert_eq!(
+            detector_counter("baton_detector_declared_self_dead_total{node=\"n1\"} 2"),
+            Some((baton::metrics::DETECTOR_DECLARED_DEAD, 2.0))
+        );
+        // Another counter sharing the prefix, and the HELP / TYPE lines, are not these.
+        assert_eq!(
+            detector_counter("baton_detector_confirmed_dead_totals 9"),
+            None
+        );
+        assert_eq!(
+            detector_counter("# TYPE baton_detector_confirmed_dead_total counter"),
+            None
+        );
+        assert_eq!(
+            detector_counter("baton_backend_requests_total{op=\"renew\"} 4"),
+            None
+        );
+    }
+
+    #[test]
+    fn detector_packets_are_per_node_and_second() {
+        let before = [(100, 200), (0, 0), (50, 60)];
+        let after = [(300, 400), (100, 100), (50, 660)];
+        let p = DetectorPackets::of(&before, &after, 2.0).unwrap();
+        // Sent: (200 + 100 + 600) / 2 s / 3 nodes; received: (200 + 100 + 0) / 2 / 3.
+        assert!((p.sent_per_node_s - 150.0).abs() < 1e-9, "{p:?}");
+        assert!((p.received_per_node_s - 50.0).abs() < 1e-9, "{p:?}");
+        assert!((p.max_sent_node_s - 300.0).abs() < 1e-9, "{p:?}");
+        assert_eq!(p.nodes, 3);
+        assert!(DetectorPackets::of(&before, &after[..2], 2.0).is_none());
+        assert!(DetectorPackets::of(&before, &after, 0.0).is_none());
     }
 }

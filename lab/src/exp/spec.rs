@@ -326,6 +326,30 @@ fn default_timeout_ms() -> u64 {
     2000
 }
 
+/// `[[neighbours]]`: a reproducible CPU neighbour for the load's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NeighbourCfg {
+    /// `stress-ng --cpu 2 --cpu-load P`: P % of both cores.
+    pub cpu_percent: u32,
+    /// `--cpu-load-slice` in ms: > 0 spreads the same P % evenly (a steady neighbour); 0 keeps
+    /// stress-ng's default, each busy slice a random 0–500 ms flat out (a bursty one).
+    #[serde(default)]
+    pub slice_ms: u32,
+}
+
+impl NeighbourCfg {
+    /// `steady15`, `bursty15`.
+    pub fn label(&self) -> String {
+        let shape = if self.slice_ms > 0 {
+            "steady"
+        } else {
+            "bursty"
+        };
+        format!("{shape}{}", self.cpu_percent)
+    }
+}
+
 /// `--quick` overrides (every field optional).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -413,6 +437,11 @@ pub struct ExpSpec {
     /// the backend's config file (`lease`). `swim` with `netns` needs root like any netns run.
     #[serde(default)]
     pub detectors: Vec<baton::config::DetectorKind>,
+    /// One run per value: a CPU neighbour beside the load (`stress-ng --cpu 2`, as `baton bench
+    /// next --neighbour-cpu-percent`), label `-steady15` (even busy slices) or `-bursty15`
+    /// (stress-ng's random 0–500 ms slices). Empty: no neighbour.
+    #[serde(default)]
+    pub neighbours: Vec<NeighbourCfg>,
     /// `[sequencer] window_ids` of the window-mode runs (default: the config's).
     #[serde(default)]
     pub window_ids: Option<u64>,
@@ -489,6 +518,8 @@ pub struct RunPlan {
     pub sequencer_mode: Option<SequencerMode>,
     /// Every node's `[detector] kind` in this run (the `detectors` sweep).
     pub detector: Option<baton::config::DetectorKind>,
+    /// The CPU neighbour beside this run's load (the `neighbours` sweep).
+    pub neighbour: Option<NeighbourCfg>,
     /// This run's seed (the experiment's seed mixed with the label).
     pub seed: u64,
 }
@@ -540,6 +571,13 @@ impl ExpSpec {
             .is_some_and(|b| !(0.0..0.5).contains(&b))
         {
             bail!("{}: clock_rate_error must be in [0, 0.5)", self.name);
+        }
+        if self
+            .neighbours
+            .iter()
+            .any(|n| !(1..=100).contains(&n.cpu_percent))
+        {
+            bail!("{}: neighbours' cpu_percent must be in [1, 100]", self.name);
         }
         if !(0.0..=1.0).contains(&self.load.read_fraction) {
             bail!("{}: load.read_fraction must be in [0, 1]", self.name);
@@ -699,15 +737,24 @@ impl ExpSpec {
             } else {
                 self.detectors.iter().map(|d| Some(*d)).collect()
             };
-            let points = detectors
-                .iter()
-                .flat_map(|d| modes.iter().map(move |m| (*m, *d)));
-            let points: Vec<_> = points.collect();
+            let neighbours: Vec<Option<NeighbourCfg>> = if self.neighbours.is_empty() {
+                vec![None]
+            } else {
+                self.neighbours.iter().map(|n| Some(*n)).collect()
+            };
+            let mut points = Vec::new();
+            for &n in &neighbours {
+                for &d in &detectors {
+                    for &m in &modes {
+                        points.push((m, d, n));
+                    }
+                }
+            }
             for ttl in &ttl_points {
                 for &fencing in &self.fencing {
                     for &w in &rows {
                         for &(drift, faketime) in &clocks {
-                            for &(mode, detector) in &points {
+                            for &(mode, detector, neighbour) in &points {
                                 let mut label = b.as_str().to_owned();
                                 if let Some(d) = drift {
                                     label.push_str(&format!("-drift{d:+.2}"));
@@ -736,6 +783,9 @@ impl ExpSpec {
                                         baton::config::DetectorKind::Swim => "-swim",
                                     });
                                 }
+                                if let Some(n) = neighbour {
+                                    label.push_str(&format!("-{}", n.label()));
+                                }
                                 runs.push(RunPlan {
                                     seed: mix_seed(self.seed, &label),
                                     label,
@@ -747,6 +797,7 @@ impl ExpSpec {
                                     faketime_rate: faketime,
                                     sequencer_mode: mode,
                                     detector,
+                                    neighbour,
                                 });
                             }
                         }
@@ -962,5 +1013,69 @@ mod tests {
         assert_eq!(cfg.detector.kind, DetectorKind::Swim);
         // The same faults in both runs of a backend: the schedule is the spec's, not the seed's.
         assert!(spec.faults.iter().all(|f| f.jitter_ms == 0));
+    }
+
+    #[test]
+    fn the_detector_variants_sweep_neighbours_and_keep_one_schedule() {
+        let (spec, _) = ExpSpec::load("detector-neighbour").unwrap();
+        let runs = spec.plan(Some(&[BackendKind::Redis]), None).unwrap();
+        let labels: Vec<&str> = runs.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "redis-lease-steady15",
+                "redis-swim-steady15",
+                "redis-lease-bursty15",
+                "redis-swim-bursty15"
+            ]
+        );
+        assert_eq!(
+            runs[1].neighbour,
+            Some(NeighbourCfg {
+                cpu_percent: 15,
+                slice_ms: 10
+            })
+        );
+        assert_eq!(runs[3].neighbour.map(|n| n.slice_ms), Some(0));
+        // No pause or partition beside the neighbour: a false failover is the neighbour's.
+        assert!(spec
+            .faults
+            .iter()
+            .all(|f| f.kind == FaultKind::KillLeader && f.jitter_ms == 0));
+        // More kills per run than `detector`'s two, and every pause shorter than the lease.
+        let (kills, _) = ExpSpec::load("detector-kills").unwrap();
+        let ttl = 3000;
+        let occ = super::super::faults::schedule(
+            &kills.faults,
+            ttl,
+            kills.duration.eval(ttl),
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1),
+        );
+        assert!(occ.len() >= 10, "{} kills", occ.len());
+        let (pauses, _) = ExpSpec::load("detector-pauses").unwrap();
+        let occ = super::super::faults::schedule(
+            &pauses.faults,
+            ttl,
+            pauses.duration.eval(ttl),
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1),
+        );
+        assert_eq!(occ.len(), 16);
+        assert!(occ
+            .iter()
+            .all(|o| o.length.is_some_and(|l| l < Duration::from_millis(ttl))));
+        let bad = toml::from_str::<ExpSpec>(
+            r#"
+            name = "t"
+            backends = ["etcd"]
+            seed = 1
+            duration = "5s"
+            [[neighbours]]
+            cpu_percent = 0
+            [load]
+            rate = 10.0
+        "#,
+        )
+        .unwrap();
+        assert!(bad.validate().is_err());
     }
 }
