@@ -69,6 +69,14 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Replaces `path` with `bytes` atomically and durably.
+/// How long a vote write waits for a descriptor before the storage error stands.
+const VOTE_WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// EMFILE or ENFILE: this process, or the system, has no descriptor free right now.
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
+}
+
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
     {
@@ -250,10 +258,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        let mut g = lock(&self.inner);
         let bytes = serde_json::to_vec(vote).map_err(io::Error::other)?;
-        write_atomic(&g.dir, "vote.json", &bytes)?;
-        g.vote = Some(*vote);
+        // Writing the vote opens a file. Out of descriptors (a flood of client connections, a
+        // lowered limit) that fails, and openraft stops a member whose storage fails, for good:
+        // the node then stays a candidate that never hears its leader. A descriptor shortage
+        // passes (the node steps down and sheds clients), so it is waited out for a bounded time;
+        // raft goes nowhere meanwhile (the vote is not taken until it is on disk).
+        let until = std::time::Instant::now() + VOTE_WRITE_PATIENCE;
+        loop {
+            let written = {
+                let g = lock(&self.inner);
+                write_atomic(&g.dir, "vote.json", &bytes)
+            };
+            match written {
+                Ok(()) => break,
+                Err(e) if out_of_descriptors(&e) && std::time::Instant::now() < until => {
+                    tracing::warn!(error = %e, "raft: no descriptor to write the vote; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        lock(&self.inner).vote = Some(*vote);
         Ok(())
     }
 
