@@ -503,6 +503,20 @@ impl RaftElector {
         Ok(raft)
     }
 
+    /// Stops this node standing for election for two election timeouts, the successor's head
+    /// start. The transfer message can fail to reach the successor (a leader stepping down
+    /// because it is out of descriptors cannot connect to it); the leader then only stops
+    /// heartbeating, and without this its own election timer could win the next term back —
+    /// the unserviceable node re-elected. It still votes, so the others elect among themselves.
+    fn stand_aside(&self, raft: &RaftHandle) {
+        raft.runtime_config().elect(false);
+        let (raft, head_start) = (raft.clone(), self.shared.election_max * 2);
+        tokio::spawn(async move {
+            tokio::time::sleep(head_start).await;
+            raft.runtime_config().elect(true);
+        });
+    }
+
     /// The most up-to-date follower (by replicated log id), for a hand-over without a name.
     fn best_follower(&self, raft: &RaftHandle) -> Option<u64> {
         let m = raft.metrics().borrow_watched().clone();
@@ -689,6 +703,7 @@ impl Elector for RaftElector {
         if target == me {
             return Ok(());
         }
+        self.stand_aside(&raft);
         raft.trigger()
             .transfer_leader(target)
             .await
