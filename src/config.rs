@@ -586,6 +586,14 @@ pub struct HttpConfig {
     /// the core PostgreSQL and the node's own runtime need; more where there are cores to
     /// spare, since one thread tops out near 100k requests/s. At most 64.
     pub threads: usize,
+    /// Threads of its own for the sequencers' group commits (0..=64). 0, the default: a shard's
+    /// commit path (its sequencer, commit loop and database connection) runs on one of the
+    /// client threads, shard s on thread s mod `threads`, so on a one-thread server a request
+    /// crosses no thread inside the node. N > 0: N more threads, `baton-commit-i`, shard s on
+    /// commit thread s mod N. A commit loop on a client thread waits, after each commit, behind
+    /// that thread's own requests, a wait that grows with the load; on a machine with cores to
+    /// spare a thread of its own keeps that wait out of the serial stage (FINDINGS §17.7).
+    pub commit_threads: usize,
     /// PEM certificate chain to serve HTTPS with (feature `tls`); with `tls_key_file`, the
     /// server speaks HTTPS only. The TLS handshake must complete within `header_read_timeout_ms`.
     pub tls_cert_file: Option<PathBuf>,
@@ -610,6 +618,7 @@ impl Default for HttpConfig {
             accept_failure_stepdown_ms: 5_000,
             thread_nice: 5,
             threads: 0,
+            commit_threads: 0,
             tls_cert_file: None,
             tls_key_file: None,
             member_ca_file: None,
@@ -675,6 +684,12 @@ impl HttpConfig {
             return bad(format!(
                 "threads must be in 0..={MAX_HTTP_THREADS} (0: half the cores), got {}",
                 self.threads
+            ));
+        }
+        if self.commit_threads > MAX_HTTP_THREADS {
+            return bad(format!(
+                "commit_threads must be in 0..={MAX_HTTP_THREADS} (0: on the client threads), got {}",
+                self.commit_threads
             ));
         }
         Ok(())
@@ -1674,6 +1689,10 @@ mod tests {
         for (threads, ok) in [(0, true), (1, true), (64, true), (65, false)] {
             c.http.threads = threads;
             assert_eq!(c.validate().is_ok(), ok, "threads = {threads}");
+            c.http.threads = 0;
+            c.http.commit_threads = threads;
+            assert_eq!(c.validate().is_ok(), ok, "commit_threads = {threads}");
+            c.http.commit_threads = 0;
         }
     }
 

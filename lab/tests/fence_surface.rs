@@ -541,10 +541,10 @@ async fn pipelined_commits_run_in_the_order_sent() {
     let fence = baton::work::Fence::new(&resource, "n1").unwrap();
     let token = FenceToken(7);
     assert_eq!(fence.seq_claim("seq", token).await.unwrap(), 0);
-    let pipe = Arc::new(fence.seq_pipe().await.unwrap());
+    let pipe = Arc::new(fence.seq_pipe("seq").await.unwrap());
     const COMMITS: i64 = 50;
     let mut sent: Vec<_> = (0..COMMITS)
-        .map(|k| pipe.send_commit("seq", token, k * 10 + 1, k * 10 + 10))
+        .map(|k| pipe.send_commit(token, k * 10 + 1, k * 10 + 10))
         .collect();
     sent.reverse();
     let outcomes = futures::future::join_all(sent).await;
@@ -569,8 +569,8 @@ async fn pipelined_commits_run_in_the_order_sent() {
     let last = last_seq(&admin).await;
     assert_eq!(last, COMMITS * 10);
     // A later commit after a refused one still runs: each is its own transaction.
-    let stale = pipe.send_commit("seq", token, 5, 6);
-    let fine = pipe.send_commit("seq", token, COMMITS * 10 + 1, COMMITS * 10 + 1);
+    let stale = pipe.send_commit(token, 5, 6);
+    let fine = pipe.send_commit(token, COMMITS * 10 + 1, COMMITS * 10 + 1);
     assert!(stale.await.is_err(), "a range that does not move forward");
     fine.await.expect("the commit behind a refused one");
 }
@@ -596,8 +596,8 @@ async fn a_commit_the_database_never_answers_fails_in_time_and_its_connection_is
     let fence = baton::work::Fence::new(&resource, "n1").unwrap();
     let token = FenceToken(3);
     assert_eq!(fence.seq_claim("seq", token).await.unwrap(), 0);
-    let pipe = Arc::new(fence.seq_pipe().await.unwrap());
-    pipe.send_commit("seq", token, 1, 10)
+    let pipe = Arc::new(fence.seq_pipe("seq").await.unwrap());
+    pipe.send_commit(token, 1, 10)
         .await
         .expect("first commit");
     let admin = connect(&pg.server.admin_url()).await;
@@ -623,7 +623,7 @@ async fn a_commit_the_database_never_answers_fails_in_time_and_its_connection_is
     let began = Instant::now();
     let outcome = tokio::time::timeout(
         bound + Duration::from_secs(5),
-        pipe.send_commit("seq", token, 11, 20),
+        pipe.send_commit(token, 11, 20),
     )
     .await
     .expect("the commit to a stopped backend must end by itself, not wait for it");
@@ -642,8 +642,8 @@ async fn a_commit_the_database_never_answers_fails_in_time_and_its_connection_is
 
     // The old backend is still stopped: a pipe that commits now is another connection.
     let fresh = tokio::time::timeout(Duration::from_secs(10), async {
-        let pipe = Arc::new(fence.seq_pipe().await?);
-        pipe.send_commit("seq", token, 21, 30).await
+        let pipe = Arc::new(fence.seq_pipe("seq").await?);
+        pipe.send_commit(token, 21, 30).await
     })
     .await
     .expect("the next pipe must not be the stopped connection");

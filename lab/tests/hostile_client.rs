@@ -744,6 +744,64 @@ fn closed_by_server(s: &mut StdTcpStream, wait: Duration) -> bool {
     }
 }
 
+/// On-CPU nanoseconds of the threads of `pid` named `name` (`/proc/…/schedstat`, exact, where
+/// `stat`'s ticks would round a few milliseconds down to 0).
+fn thread_cpu_ns(pid: u32, name: &str) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|t| {
+                let t = t.ok()?.path();
+                (std::fs::read_to_string(t.join("comm")).ok()?.trim() == name).then_some(())?;
+                std::fs::read_to_string(t.join("schedstat"))
+                    .ok()?
+                    .split_whitespace()
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `[http] commit_threads = 1`: the sequencer's commit path runs on a thread of its own,
+/// `baton-commit-0`, and `POST /next` is answered from it: 300 IDs, strictly increasing, and
+/// the commit thread's CPU time grew with them (left on a client thread, the commit thread
+/// would idle and its time stand still).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_thread_of_its_own_runs_the_sequencers_commits() {
+    let _g = SERIAL.lock().await;
+    let fleet = raft_fleet(None, "[http]\ncommit_threads = 1\n");
+    let (leader, addr, _token) = stable_leader(&fleet).await;
+    let pid = pid_of(&fleet, &leader);
+    let names = thread_names(pid);
+    assert!(
+        names.iter().any(|n| n == "baton-commit-0"),
+        "no baton-commit-0 thread: {names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n == "baton-commit-1"),
+        "a second commit thread: {names:?}"
+    );
+    let client = NodeClient::new(Duration::from_secs(3));
+    // The first answer comes once the term's claim is in: from then on every /next is a commit.
+    let (_, mut last) = common::issued(&client.post(&addr, "/next").await.unwrap());
+    let before = thread_cpu_ns(pid, "baton-commit-0");
+    for _ in 0..300 {
+        let r = client.post(&addr, "/next").await.unwrap();
+        assert_eq!(r.status, 200, "POST /next: {}", String::from_utf8_lossy(&r.body));
+        let (_, seq) = common::issued(&r);
+        assert!(seq > last, "{seq} after {last}");
+        last = seq;
+    }
+    let spent = thread_cpu_ns(pid, "baton-commit-0") - before;
+    eprintln!("300 commits: {spent} ns on baton-commit-0");
+    assert!(
+        spent > 300 * 5_000,
+        "baton-commit-0 spent {spent} ns over 300 commits: they did not run there"
+    );
+}
+
 /// `[http] threads = 2`: two client threads accept on the one listener, and `max_connections`
 /// bounds the node, not each thread. 40 connections that never send a request against a cap of
 /// 16: each one past the cap evicts the stalest, so at least 24 are closed by the server, and

@@ -44,7 +44,9 @@ if [ -n "${SMOKE:-}" ]; then
 else
   rates=${1-100000 250000 500000}
   duration=${2:-20s}
-  short=()
+  # BENCH_ARGS: more `bench next` arguments for every durable and window run, e.g.
+  # "--warmup 3s --baseline-duration 3s" to fit a short lease.
+  read -r -a short <<<"${BENCH_ARGS:-}"
   read_short=()
 fi
 read_rates=${READ_RATES-250000 500000 1000000}

@@ -195,6 +195,12 @@ pub(crate) fn spawn_server(
         let _ = stop_tx.send(true);
     });
     let slots = Arc::new(Slots::new(app.max_connections));
+    let commit_rts = spawn_commit_threads(&app, &stop_rx, &last_out)?;
+    for (s, shard) in app.shards.iter().enumerate() {
+        if let Some(rt) = commit_rts.get(s % commit_rts.len().max(1)) {
+            shard.sequencer.offer_commit_runtime(rt.clone());
+        }
+    }
     for (i, listener) in listeners.into_iter().enumerate() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -204,8 +210,10 @@ pub(crate) fn spawn_server(
         // `work::sequencer`), shard s on thread s mod threads, so K shards' commits use the
         // threads side by side; offered before the thread starts so no term that begins
         // meanwhile runs elsewhere.
-        for shard in app.shards.iter().skip(i).step_by(threads) {
-            shard.sequencer.offer_commit_runtime(rt.handle().clone());
+        if commit_rts.is_empty() {
+            for shard in app.shards.iter().skip(i).step_by(threads) {
+                shard.sequencer.offer_commit_runtime(rt.handle().clone());
+            }
         }
         let (app, slots, last_out) = (app.clone(), slots.clone(), last_out.clone());
         let (first_stop, mut stop_rx) = (shutdown.take(), stop_rx.clone());
@@ -435,6 +443,38 @@ fn step_down_unserviceable(
                 .await;
         });
     }
+}
+
+/// `[http] commit_threads` threads of their own for the shards' commit paths (none by default:
+/// they run on the client threads), each a single-threaded runtime that lives until the
+/// server stops. Client work like the client threads, so at the same nice value: the node's
+/// timer-critical tasks still come first.
+fn spawn_commit_threads(
+    app: &Arc<HttpApp>,
+    stop_rx: &tokio::sync::watch::Receiver<bool>,
+    last_out: &Arc<LastOut>,
+) -> std::io::Result<Vec<tokio::runtime::Handle>> {
+    let mut handles = Vec::with_capacity(app.limits.commit_threads);
+    for i in 0..app.limits.commit_threads {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("baton-commit")
+            .build()?;
+        handles.push(rt.handle().clone());
+        let (mut stop_rx, last_out) = (stop_rx.clone(), last_out.clone());
+        let nice = app.limits.thread_nice;
+        std::thread::Builder::new()
+            .name(format!("baton-commit-{i}"))
+            .spawn(move || {
+                crate::rlimit::nice_this_thread(nice);
+                rt.block_on(async move {
+                    let _ = stop_rx.wait_for(|stopped| *stopped).await;
+                });
+                drop(rt);
+                drop(last_out);
+            })?;
+    }
+    Ok(handles)
 }
 
 /// How the accept loop is doing: since when it fails, and when it last logged.

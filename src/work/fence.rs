@@ -149,7 +149,6 @@ pub struct Fence {
 
 /// The three columns every fenced function returns first.
 struct Verdict {
-    accepted: bool,
     max_token: i64,
     max_holder: String,
     reason: Option<String>,
@@ -158,7 +157,6 @@ struct Verdict {
 impl Verdict {
     fn from_row(row: &tokio_postgres::Row) -> Verdict {
         Verdict {
-            accepted: row.get(0),
             max_token: row.get(1),
             max_holder: row.get(2),
             // Functions that can refuse for a reason other than the token say which.
@@ -325,7 +323,10 @@ impl Fence {
         Ok(self.ask(&client, asked).await??)
     }
 
-    /// The row of a fenced function, or its refusal as [`FenceError::Rejected`].
+    /// The row of a fenced function, or its refusal as [`FenceError::Rejected`]. An accepted
+    /// row is judged by its first column alone: the group commit's answer is read here once per
+    /// commit on the sequencer's serial path, and the rest (the holder's name, the reason looked
+    /// up by column name) only matters to a refusal.
     fn judge(
         &self,
         resource: &str,
@@ -333,14 +334,14 @@ impl Fence {
         token: FenceToken,
         row: tokio_postgres::Row,
     ) -> Result<tokio_postgres::Row, FenceError> {
-        let verdict = Verdict::from_row(&row);
+        let accepted: bool = row.get(0);
         if op == "claim" {
-            self.count_claim(verdict.accepted);
+            self.count_claim(accepted);
         }
-        if verdict.accepted {
+        if accepted {
             return Ok(row);
         }
-        Err(self.rejected(resource, op, token, verdict))
+        Err(self.rejected(resource, op, token, Verdict::from_row(&row)))
     }
 
     /// How many of this node's terms in a row had their claim refused (0 after an accepted one).
@@ -385,7 +386,8 @@ impl Fence {
     /// connection's I/O runs on the runtime that opened it, and this one is opened by the first
     /// commit, so its I/O runs where the sequencer's commits do (the HTTP thread, see
     /// `work::sequencer`) instead of waking another thread for every reply.
-    pub async fn seq_pipe(&self) -> Result<SeqPipe, FenceError> {
+    /// The pipe commits ranges of the sequence `resource` only.
+    pub async fn seq_pipe(&self, resource: &str) -> Result<SeqPipe, FenceError> {
         let client = Conn::new(self.seq_pool.get().await?);
         let stmt = self
             .ask(&client, client.prepare_cached(SEQ_COMMIT_SQL))
@@ -393,6 +395,7 @@ impl Fence {
         Ok(SeqPipe {
             client,
             stmt,
+            resource: self.named(resource).into(),
             fence: self.clone(),
         })
     }
@@ -483,23 +486,25 @@ pub struct SeqPipe {
     /// Closed, not returned to the pool, once a commit on it went unanswered.
     client: Conn,
     stmt: tokio_postgres::Statement,
+    /// The sequence's resource name as this shard writes it, built once per pipe rather than
+    /// once per commit.
+    resource: Arc<str>,
     fence: Fence,
 }
 
 impl SeqPipe {
-    /// Sends the commit of `[lo, hi]` under `token` before it returns, behind every commit sent
-    /// on this pipe before; what it returns resolves with that commit's outcome. Commits sent
-    /// after a failed one still run (each is its own transaction).
+    /// Sends the commit of `[lo, hi]` of the pipe's sequence under `token` before it returns,
+    /// behind every commit sent on this pipe before; what it returns resolves with that
+    /// commit's outcome. Commits sent after a failed one still run (each is its own transaction).
     pub fn send_commit(
         self: &Arc<Self>,
-        resource: &str,
         token: FenceToken,
         lo: i64,
         hi: i64,
     ) -> impl Future<Output = Result<(), FenceError>> + Send + 'static {
         let pipe = self.clone();
-        let resource = pipe.fence.named(resource);
         let mut outcome = Box::pin(async move {
+            let resource: &str = &pipe.resource;
             let row = pipe
                 .client
                 .query_one(
@@ -507,7 +512,7 @@ impl SeqPipe {
                     &[&resource, &token.0, &pipe.fence.holder, &lo, &hi],
                 )
                 .await?;
-            pipe.fence.judge(&resource, "next", token, row).map(drop)
+            pipe.fence.judge(resource, "next", token, row).map(drop)
         });
         // The first poll encodes the call and hands it to the connection (the statement is
         // already prepared, so nothing is awaited before that). Nothing is woken by this poll;
@@ -797,7 +802,6 @@ impl Fence {
             );
             let row = self.ask(&client, asked).await??;
             Ok::<_, FenceError>(Verdict {
-                accepted: !row.get::<_, bool>(0),
                 max_token: row.get(1),
                 max_holder: row.get(2),
                 reason: None,
@@ -810,7 +814,6 @@ impl Fence {
             Err(e) => {
                 tracing::warn!(resource, token = token.0, error = %e, "could not record a refused user write");
                 Verdict {
-                    accepted: false,
                     max_token: -1,
                     max_holder: String::new(),
                     reason: Some("stale-token (not recorded)".into()),

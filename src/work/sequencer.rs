@@ -49,12 +49,15 @@
 //! awaits PostgreSQL in `handle()`: claims and window extensions run in spawned tasks that report
 //! back with a message.
 //!
-//! Where it all runs: on the HTTP server's first client thread when there is one (it offers its
-//! runtime, [`SequencerHandle::offer_commit_runtime`]), else on the node's runtime. The actor, its
-//! commit loop and its database connection's I/O then share the thread that parses the requests
-//! and writes the answers, so on a one-thread server a request crosses no thread inside the node
-//! (FINDINGS §11.8); with more server threads each other thread is woken once per commit, not
-//! once per request. Nothing timer-critical moves: heartbeats, renewals and the watchdog stay on
+//! Where it all runs: on one of the HTTP server's client threads when there is one (it offers
+//! its runtime, [`SequencerHandle::offer_commit_runtime`]), or on a thread of its own with
+//! `[http] commit_threads`, else on the node's runtime. On a client thread the actor, its commit
+//! loop and its database connection's I/O share the thread that parses the requests and writes
+//! the answers, so on a one-thread server a request crosses no thread inside the node (FINDINGS
+//! §11.8); with more server threads each other thread is woken once per commit, not once per
+//! request. The price is that the loop, woken by its commit's answer, waits behind that
+//! thread's ready requests, a wait that grows with the load; a commit thread of its own trades
+//! that for one more wake-up across threads per commit (FINDINGS §17.7). Nothing timer-critical moves: heartbeats, renewals and the watchdog stay on
 //! the node's runtime, and a stopped term is still refused by the fence whatever thread its last
 //! commit left from.
 
@@ -1057,10 +1060,10 @@ impl SequencerState {
         let (fence, token, me) = (self.ctx.fence.clone(), self.ctx.token, myself.clone());
         let sent = Instant::now();
         tokio::spawn(async move {
-            let res = match fence.seq_pipe().await {
+            let res = match fence.seq_pipe(SEQUENCE_RESOURCE).await {
                 Ok(pipe) => {
                     Arc::new(pipe)
-                        .send_commit(SEQUENCE_RESOURCE, token, lo, hi)
+                        .send_commit(token, lo, hi)
                         .await
                 }
                 Err(e) => Err(e),

@@ -133,7 +133,7 @@ impl CommitLoop {
     ) -> CommitLoop {
         let opening = warm.then(|| {
             let fence = ctx.fence.clone();
-            let open = async move { fence.seq_pipe().await.ok().map(Arc::new) };
+            let open = async move { fence.seq_pipe(SEQUENCE_RESOURCE).await.ok().map(Arc::new) };
             Box::pin(open) as BoxFuture<Option<Arc<SeqPipe>>>
         });
         CommitLoop {
@@ -298,16 +298,16 @@ impl CommitLoop {
         let token = self.ctx.token;
         match &self.pipe {
             Some(pipe) => {
-                let outcome = pipe.send_commit(SEQUENCE_RESOURCE, token, lo, hi);
+                let outcome = pipe.send_commit(token, lo, hi);
                 Box::pin(async move { (outcome.await, None) })
             }
             None => {
                 let fence = self.ctx.fence.clone();
                 Box::pin(async move {
-                    match fence.seq_pipe().await {
+                    match fence.seq_pipe(SEQUENCE_RESOURCE).await {
                         Ok(pipe) => {
                             let pipe = Arc::new(pipe);
-                            let res = pipe.send_commit(SEQUENCE_RESOURCE, token, lo, hi).await;
+                            let res = pipe.send_commit(token, lo, hi).await;
                             (res, Some(pipe))
                         }
                         Err(e) => (Err(e), None),
