@@ -195,7 +195,7 @@ pub(crate) fn spawn_server(
         let _ = stop_tx.send(true);
     });
     let slots = Arc::new(Slots::new(app.max_connections));
-    let commit_rts = spawn_commit_threads(&app, &stop_rx, &last_out)?;
+    let commit_rts = spawn_commit_threads(&app, app.limits.commit_threads(cores), &stop_rx, &last_out)?;
     for (s, shard) in app.shards.iter().enumerate() {
         if let Some(rt) = commit_rts.get(s % commit_rts.len().max(1)) {
             shard.sequencer.offer_commit_runtime(rt.clone());
@@ -445,17 +445,18 @@ fn step_down_unserviceable(
     }
 }
 
-/// `[http] commit_threads` threads of their own for the shards' commit paths (none by default:
-/// they run on the client threads), each a single-threaded runtime that lives until the
+/// `count` (`[http] commit_threads`) threads of their own for the shards' commit paths (with
+/// none they run on the client threads), each a single-threaded runtime that lives until the
 /// server stops. Client work like the client threads, so at the same nice value: the node's
 /// timer-critical tasks still come first.
 fn spawn_commit_threads(
     app: &Arc<HttpApp>,
+    count: usize,
     stop_rx: &tokio::sync::watch::Receiver<bool>,
     last_out: &Arc<LastOut>,
 ) -> std::io::Result<Vec<tokio::runtime::Handle>> {
-    let mut handles = Vec::with_capacity(app.limits.commit_threads);
-    for i in 0..app.limits.commit_threads {
+    let mut handles = Vec::with_capacity(count);
+    for i in 0..count {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .thread_name("baton-commit")
