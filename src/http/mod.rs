@@ -202,10 +202,7 @@ pub(crate) fn spawn_server(
         }
     }
     for (i, listener) in listeners.into_iter().enumerate() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .thread_name("baton-http")
-            .build()?;
+        let rt = client_runtime("baton-http")?;
         // A shard's sequencer commit path runs on one of these threads (see
         // `work::sequencer`), shard s on thread s mod threads, so K shards' commits use the
         // threads side by side; offered before the thread starts so no term that begins
@@ -215,35 +212,53 @@ pub(crate) fn spawn_server(
                 shard.sequencer.offer_commit_runtime(rt.handle().clone());
             }
         }
-        let (app, slots, last_out) = (app.clone(), slots.clone(), last_out.clone());
         let (first_stop, mut stop_rx) = (shutdown.take(), stop_rx.clone());
-        let nice = app.limits.thread_nice;
-        std::thread::Builder::new()
-            .name(format!("baton-http-{i}"))
-            .spawn(move || {
-                crate::rlimit::nice_this_thread(nice);
-                rt.block_on(async move {
-                    let stop = async move {
-                        match first_stop {
-                            Some(f) => f.await,
-                            None => {
-                                let _ = stop_rx.wait_for(|stopped| *stopped).await;
-                            }
-                        }
-                    };
-                    match TcpListener::from_std(listener) {
-                        Ok(listener) => serve(listener, app, slots, stop).await,
-                        Err(e) => {
-                            tracing::error!(error = %e, "HTTP listener lost between runtimes")
-                        }
+        let (served, slots) = (app.clone(), slots.clone());
+        run_client_thread(format!("baton-http-{i}"), rt, &app, &last_out, async move {
+            let stop = async move {
+                match first_stop {
+                    Some(f) => f.await,
+                    None => {
+                        let _ = stop_rx.wait_for(|stopped| *stopped).await;
                     }
-                });
-                // The runtime drops here, on its own thread (never inside an async context).
-                drop(rt);
-                drop(last_out);
-            })?;
+                }
+            };
+            match TcpListener::from_std(listener) {
+                Ok(listener) => serve(listener, served, slots, stop).await,
+                Err(e) => tracing::error!(error = %e, "HTTP listener lost between runtimes"),
+            }
+        })?;
     }
     Ok(done_rx)
+}
+
+/// A single-threaded runtime for client work (a client thread's, or a commit thread's).
+fn client_runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name(name)
+        .build()
+}
+
+/// Runs `run` on `rt` on a thread of its own named `name`, at the client threads' nice value
+/// (`[http] thread_nice`: the node's timer-critical work comes first), and lets go of
+/// `last_out` once the runtime has dropped.
+fn run_client_thread(
+    name: String,
+    rt: tokio::runtime::Runtime,
+    app: &Arc<HttpApp>,
+    last_out: &Arc<LastOut>,
+    run: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (nice, last_out) = (app.limits.thread_nice, last_out.clone());
+    std::thread::Builder::new().name(name).spawn(move || {
+        crate::rlimit::nice_this_thread(nice);
+        rt.block_on(run);
+        // The runtime drops here, on its own thread (never inside an async context).
+        drop(rt);
+        drop(last_out);
+    })?;
+    Ok(())
 }
 
 /// Resolves `spawn_server`'s receiver when the last server thread lets go of it.
@@ -447,8 +462,7 @@ fn step_down_unserviceable(
 
 /// `count` (`[http] commit_threads`) threads of their own for the shards' commit paths (with
 /// none they run on the client threads), each a single-threaded runtime that lives until the
-/// server stops. Client work like the client threads, so at the same nice value: the node's
-/// timer-critical tasks still come first.
+/// server stops.
 fn spawn_commit_threads(
     app: &Arc<HttpApp>,
     count: usize,
@@ -457,23 +471,12 @@ fn spawn_commit_threads(
 ) -> std::io::Result<Vec<tokio::runtime::Handle>> {
     let mut handles = Vec::with_capacity(count);
     for i in 0..count {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .thread_name("baton-commit")
-            .build()?;
+        let rt = client_runtime("baton-commit")?;
         handles.push(rt.handle().clone());
-        let (mut stop_rx, last_out) = (stop_rx.clone(), last_out.clone());
-        let nice = app.limits.thread_nice;
-        std::thread::Builder::new()
-            .name(format!("baton-commit-{i}"))
-            .spawn(move || {
-                crate::rlimit::nice_this_thread(nice);
-                rt.block_on(async move {
-                    let _ = stop_rx.wait_for(|stopped| *stopped).await;
-                });
-                drop(rt);
-                drop(last_out);
-            })?;
+        let mut stop_rx = stop_rx.clone();
+        run_client_thread(format!("baton-commit-{i}"), rt, app, last_out, async move {
+            let _ = stop_rx.wait_for(|stopped| *stopped).await;
+        })?;
     }
     Ok(handles)
 }
