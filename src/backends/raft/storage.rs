@@ -68,7 +68,6 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Replaces `path` with `bytes` atomically and durably.
 /// How long a vote write waits for a descriptor before the storage error stands.
 const VOTE_WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -77,14 +76,25 @@ fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE))
 }
 
+/// Replaces `dir/name` with `bytes` atomically and durably.
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, dir.join(name))?;
+    let staged = stage(dir, name, bytes)?;
+    drop(staged);
+    put_in_place(dir, name)
+}
+
+/// The first half of [`write_atomic`]: `bytes` written and synced to `dir/name.tmp`, whose
+/// handle is returned positioned at its end. Nothing `name` names has changed yet.
+fn stage(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<File> {
+    let mut f = File::create(dir.join(format!("{name}.tmp")))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(f)
+}
+
+/// The second half of [`write_atomic`]: the staged file renamed over `name`, durably.
+fn put_in_place(dir: &Path, name: &str) -> io::Result<()> {
+    fs::rename(dir.join(format!("{name}.tmp")), dir.join(name))?;
     fsync_dir(dir)
 }
 
@@ -139,7 +149,12 @@ impl LogInner {
         Ok(())
     }
 
-    /// Rewrites the op log as `purge(last_purged)` + one `append` per live entry.
+    /// Rewrites the op log as `purge(last_purged)` + one `append` per live entry. Compaction
+    /// only saves space: out of descriptors before anything changed (the staged copy could not
+    /// be opened), it is left for the next write rather than failing the storage, which would
+    /// stop the raft member for good (as a vote write would, see `save_vote`). Later appends go
+    /// through the staged copy's own handle, so no reopen can fail after the rename and leave
+    /// them writing to the replaced file.
     fn compact(&mut self) -> io::Result<()> {
         let mut buf = Vec::new();
         if let Some(p) = &self.last_purged {
@@ -148,10 +163,16 @@ impl LogInner {
         for e in self.entries.values() {
             buf.extend(to_line(&LogOp::Append(e.clone()))?);
         }
-        write_atomic(&self.dir, "log.jsonl", &buf)?;
-        self.file = OpenOptions::new()
-            .append(true)
-            .open(self.dir.join("log.jsonl"))?;
+        let staged = match stage(&self.dir, "log.jsonl", &buf) {
+            Ok(f) => f,
+            Err(e) if out_of_descriptors(&e) => {
+                tracing::warn!(error = %e, "raft: no descriptor to compact the log; later");
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        put_in_place(&self.dir, "log.jsonl")?;
+        self.file = staged;
         self.ops_in_file = self.entries.len() + usize::from(self.last_purged.is_some());
         Ok(())
     }
