@@ -587,7 +587,9 @@ pub struct HttpConfig {
     /// spare, since one thread tops out near 100k requests/s. At most 64.
     pub threads: usize,
     /// Threads of their own for the sequencers' group commits (0..=64). Unset, the default: one
-    /// when the server has 4 or more client threads (8 cores or more), else none. None (0): a
+    /// when the node runs one shard and the server has 4 or more client threads (8 cores or
+    /// more), else none (K > 1 shards' commit paths spread over the client threads, the layout
+    /// FINDINGS §18.1 measured scaling with K; one thread for all of them was not). None (0): a
     /// shard's commit path (its sequencer, commit loop and database connection) runs on one of
     /// the client threads, shard s on thread s mod `threads`, so on a one-thread server a
     /// request crosses no thread inside the node. N > 0: N more threads, `baton-commit-i`,
@@ -655,10 +657,11 @@ impl HttpConfig {
         }
     }
 
-    /// [`HttpConfig::commit_threads`] resolved against the cores available (`cores`).
-    pub fn commit_threads(&self, cores: usize) -> usize {
-        self.commit_threads
-            .unwrap_or(if self.server_threads(cores) >= 4 { 1 } else { 0 })
+    /// [`HttpConfig::commit_threads`] resolved against the cores available (`cores`) and the
+    /// node's shard count (`shards`).
+    pub fn commit_threads(&self, cores: usize, shards: usize) -> usize {
+        let auto = shards == 1 && self.server_threads(cores) >= 4;
+        self.commit_threads.unwrap_or(usize::from(auto))
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -1692,18 +1695,20 @@ mod tests {
         assert_eq!(c.http.server_threads(2), 1);
         assert_eq!(c.http.server_threads(16), 8);
         // A commit thread of its own from 4 client threads up, unless the config says.
-        assert_eq!(c.http.commit_threads(2), 0);
-        assert_eq!(c.http.commit_threads(6), 0);
-        assert_eq!(c.http.commit_threads(8), 1);
-        assert_eq!(c.http.commit_threads(16), 1);
+        // One shard only: K shards' commit paths spread over the client threads.
+        assert_eq!(c.http.commit_threads(2, 1), 0);
+        assert_eq!(c.http.commit_threads(6, 1), 0);
+        assert_eq!(c.http.commit_threads(8, 1), 1);
+        assert_eq!(c.http.commit_threads(16, 1), 1);
+        assert_eq!(c.http.commit_threads(16, 4), 0);
         c.http.commit_threads = Some(0);
-        assert_eq!(c.http.commit_threads(16), 0);
+        assert_eq!(c.http.commit_threads(16, 1), 0);
         c.http.commit_threads = Some(3);
-        assert_eq!(c.http.commit_threads(2), 3);
+        assert_eq!(c.http.commit_threads(2, 16), 3);
         c.http.commit_threads = None;
         c.http.threads = 3;
         assert_eq!(c.http.server_threads(16), 3);
-        assert_eq!(c.http.commit_threads(16), 0);
+        assert_eq!(c.http.commit_threads(16, 1), 0);
         for (threads, ok) in [(0, true), (1, true), (64, true), (65, false)] {
             c.http.threads = threads;
             assert_eq!(c.validate().is_ok(), ok, "threads = {threads}");

@@ -597,9 +597,7 @@ async fn a_commit_the_database_never_answers_fails_in_time_and_its_connection_is
     let token = FenceToken(3);
     assert_eq!(fence.seq_claim("seq", token).await.unwrap(), 0);
     let pipe = Arc::new(fence.seq_pipe("seq").await.unwrap());
-    pipe.send_commit(token, 1, 10)
-        .await
-        .expect("first commit");
+    pipe.send_commit(token, 1, 10).await.expect("first commit");
     let admin = connect(&pg.server.admin_url()).await;
     let backend_of_pipe = || async {
         let rows = admin

@@ -789,7 +789,12 @@ async fn a_commit_thread_of_its_own_runs_the_sequencers_commits() {
     let before = thread_cpu_ns(pid, "baton-commit-0");
     for _ in 0..300 {
         let r = client.post(&addr, "/next").await.unwrap();
-        assert_eq!(r.status, 200, "POST /next: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(
+            r.status,
+            200,
+            "POST /next: {}",
+            String::from_utf8_lossy(&r.body)
+        );
         let (_, seq) = common::issued(&r);
         assert!(seq > last, "{seq} after {last}");
         last = seq;

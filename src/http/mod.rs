@@ -195,7 +195,12 @@ pub(crate) fn spawn_server(
         let _ = stop_tx.send(true);
     });
     let slots = Arc::new(Slots::new(app.max_connections));
-    let commit_rts = spawn_commit_threads(&app, app.limits.commit_threads(cores), &stop_rx, &last_out)?;
+    let commit_rts = spawn_commit_threads(
+        &app,
+        app.limits.commit_threads(cores, app.shards.len()),
+        &stop_rx,
+        &last_out,
+    )?;
     for (s, shard) in app.shards.iter().enumerate() {
         if let Some(rt) = commit_rts.get(s % commit_rts.len().max(1)) {
             shard.sequencer.offer_commit_runtime(rt.clone());

@@ -1061,11 +1061,7 @@ impl SequencerState {
         let sent = Instant::now();
         tokio::spawn(async move {
             let res = match fence.seq_pipe(SEQUENCE_RESOURCE).await {
-                Ok(pipe) => {
-                    Arc::new(pipe)
-                        .send_commit(token, lo, hi)
-                        .await
-                }
+                Ok(pipe) => Arc::new(pipe).send_commit(token, lo, hi).await,
                 Err(e) => Err(e),
             };
             metrics::histogram!(m::SEQ_COMMIT_SECONDS).record(sent.elapsed().as_secs_f64());
