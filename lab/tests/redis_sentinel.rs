@@ -731,7 +731,7 @@ async fn leader_among(
 ///
 /// - Every server refuses plain text (our probe gets no `PONG` without TLS, one with it).
 /// - The control: a node trusting another CA is refused, with an error that names the
-///   certificate.
+///   certificate and the Sentinels.
 /// - Three `redis` nodes (fence on) elect a leader and serve `POST /next` under load; `kill -9`
 ///   of the primary, the Sentinels promote the replica (and the old primary comes back as its
 ///   replica, in sync over TLS); the leader steps down and another node is elected on the
@@ -814,6 +814,10 @@ async fn sentinel_over_tls_with_passwords_fails_over_under_the_fence() {
     assert!(
         refused.to_lowercase().contains("certificate"),
         "the refusal does not name the certificate: {refused}"
+    );
+    assert!(
+        refused.contains("Sentinels"),
+        "the refusal does not say it was the Sentinels': {refused}"
     );
 
     // Three nodes over TLS, the fence on.
