@@ -628,9 +628,11 @@ fn test_ca(dir: &std::path::Path, name: &str) -> baton_lab::fleet::servers::Serv
     let issuer = Issuer::new(ca_params, ca_key);
     let key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.subject_alt_names.push(SanType::IpAddress(
-        std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-    ));
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::IpAddr::V4(
+            std::net::Ipv4Addr::LOCALHOST,
+        )));
     params
         .distinguished_name
         .push(DnType::CommonName, "127.0.0.1");
@@ -911,10 +913,9 @@ async fn sentinel_over_tls_with_passwords_fails_over_under_the_fence() {
         .step_down(None)
         .await
         .expect("the leader steps down");
-    let (next, next_token) =
-        leader_among(&nodes, Some(leader), token.max(fence_max), SETTLE)
-            .await
-            .expect("another node elected with a higher token after the failover");
+    let (next, next_token) = leader_among(&nodes, Some(leader), token.max(fence_max), SETTLE)
+        .await
+        .expect("another node elected with a higher token after the failover");
     let until = Instant::now() + Duration::from_secs(30);
     let (served_token, served_by) = loop {
         if let Some(found) = common::serving_claim(&db, ledger_before, fence_max + 1).await {

@@ -1001,7 +1001,10 @@ mod tests {
             (
                 "store-failover-100",
                 FaultKind::SentinelFailover,
-                &[(BackendKind::Redis, None), (BackendKind::RedisNaive, Some(210))][..],
+                &[
+                    (BackendKind::Redis, None),
+                    (BackendKind::RedisNaive, Some(210)),
+                ][..],
             ),
             (
                 "store-failover-pg-100",

@@ -116,14 +116,13 @@ impl RedisSentinelSet {
             set.replica.wait_replica_in_sync(Duration::from_secs(20))?;
             for (i, port) in ports[1..].iter().enumerate() {
                 let dir = root.join(format!("redis-sentinel-{}", i + 1));
-                set.sentinels
-                    .push(RedisServer::start_sentinel_with(
-                        &dir,
-                        *port,
-                        of.clone(),
-                        sentinel_password,
-                        primary.tls.as_ref(),
-                    )?);
+                set.sentinels.push(RedisServer::start_sentinel_with(
+                    &dir,
+                    *port,
+                    of.clone(),
+                    sentinel_password,
+                    primary.tls.as_ref(),
+                )?);
             }
             set.wait_ready(Duration::from_secs(30))
         })();
@@ -526,9 +525,8 @@ impl RedisServer {
         tcp.set_read_timeout(Some(Duration::from_secs(2)))?;
         tcp.set_write_timeout(Some(Duration::from_secs(2)))?;
         let config = baton::tls::client_config(&tls.ca_file).map_err(std::io::Error::other)?;
-        let name = rustls::pki_types::ServerName::IpAddress(
-            std::net::IpAddr::from([127, 0, 0, 1]).into(),
-        );
+        let name =
+            rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
         let conn =
             rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
         Ok(Probe::Tls(Box::new(rustls::StreamOwned::new(conn, tcp))))
