@@ -23,6 +23,8 @@ need_unless_files etcd-server        /usr/bin/etcd
 need_unless_files etcd-client        /usr/bin/etcdctl
 need_unless_files protobuf-compiler  /usr/bin/protoc
 need_unless_files libprotobuf-dev    /usr/include/google/protobuf/descriptor.proto
+# Debian's redis-server (7.x) is built with TLS (it links libssl3): the lab's TLS Redis and the
+# Sentinels over TLS (`redis-server --sentinel`, no separate redis-sentinel package) need nothing more.
 need_unless_files redis-server       /usr/bin/redis-server
 need_unless_files zookeeper          /usr/share/java/zookeeper.jar
 need_unless_files libslf4j-java      /usr/share/java/slf4j-simple.jar  # ZooKeeper's log backend
@@ -71,6 +73,11 @@ check_all() {
   [ -x /usr/bin/java ] || missing+=("java (default-jre-headless)")
   command -v etcd >/dev/null 2>&1 || missing+=("etcd (etcd-server)")
   command -v redis-server >/dev/null 2>&1 || missing+=("redis-server")
+  # The TLS tests (lab/tests/tls.rs, redis_sentinel.rs) start redis-server with --tls-port.
+  if command -v redis-server >/dev/null 2>&1 && command -v ldd >/dev/null 2>&1 \
+     && ! ldd "$(command -v redis-server)" | grep -q libssl; then
+    missing+=("redis-server built with TLS (this one does not link libssl)")
+  fi
   [ -x /usr/bin/chromium ] || missing+=("chromium")
   if [ ${#missing[@]} -gt 0 ]; then
     echo "ensure-deps: FAILED, still missing after install: ${missing[*]}" >&2

@@ -607,3 +607,353 @@ async fn sentinel_and_data_passwords() {
     );
     node.shutdown().await.unwrap();
 }
+
+/// A private CA (rcgen, at test time) and a server certificate it issued for 127.0.0.1 and
+/// `localhost`, as PEM files under `dir/name` (the key 0600).
+fn test_ca(dir: &std::path::Path, name: &str) -> baton_lab::fleet::servers::ServerTls {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        SanType,
+    };
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("baton sentinel test CA {name}"));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::IpAddr::V4(
+            std::net::Ipv4Addr::LOCALHOST,
+        )));
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let write = |file: &str, text: String| {
+        let path = dir.join(file);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let tls = baton_lab::fleet::servers::ServerTls {
+        cert_file: write("server.crt", cert.pem()),
+        key_file: write("server.key", key.serialize_pem()),
+        ca_file: write("ca.pem", ca_cert.pem()),
+    };
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&tls.key_file, private).unwrap();
+    tls
+}
+
+/// A `redis` node on `servers` over TLS: `rediss://` with the data servers' password, trusting
+/// exactly `ca_file`, the Sentinels' password; sequencer on, scheduler off.
+fn tls_node_config(
+    servers: &AuthServers,
+    id: &str,
+    data_password: &str,
+    sentinel_password: &str,
+    ca_file: &std::path::Path,
+    state: &std::path::Path,
+) -> baton::config::NodeConfig {
+    use baton::backends::BackendKind;
+    use baton::config::{NodeConfig, Secret};
+    let mut cfg = NodeConfig {
+        node_id: id.into(),
+        backend: BackendKind::Redis,
+        state_dir: state.join(id),
+        ..NodeConfig::for_backend(BackendKind::Redis)
+    };
+    std::fs::create_dir_all(&cfg.state_dir).unwrap();
+    cfg.scheduler.enabled = false;
+    cfg.resource.database_url =
+        baton_lab::fleet::servers::PgServer::multi_host_url(&[&servers.pg], "baton_app").unwrap();
+    // Behind Sentinel the URL gives the scheme (rediss: TLS to the data servers and to the
+    // Sentinels) and the data servers' credentials; its host and port are not used.
+    cfg.redis.url = format!("rediss://:{data_password}@127.0.0.1:1/");
+    cfg.redis.tls_ca_file = Some(ca_file.to_owned());
+    cfg.redis.sentinels = servers.set.addrs();
+    cfg.redis.master_name = Some(servers.set.master_name.clone());
+    cfg.redis.sentinel_password = Some(Secret::new(sentinel_password));
+    cfg.validate().expect("a valid config");
+    cfg
+}
+
+/// One request through the configured backend (`leader()`): its error, or `None` when it was
+/// answered within 10 s.
+async fn leader_error(cfg: &baton::config::NodeConfig) -> Option<String> {
+    let elector = match baton::backends::build(cfg).await {
+        Err(e) => return Some(e.to_string()),
+        Ok(elector) => elector,
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), elector.leader()).await;
+    let _ = elector.close().await;
+    match answer {
+        Err(_) => Some("timed out".into()),
+        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Ok(_)) => None,
+    }
+}
+
+/// The node among `nodes` that leads, other than `not`, with a token above `above`, within
+/// `within`: its index and token.
+async fn leader_among(
+    nodes: &[(baton::node::NodeHandle, String)],
+    not: Option<usize>,
+    above: i64,
+    within: Duration,
+) -> Option<(usize, i64)> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        let leading: Vec<(usize, i64)> = nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, (n, _))| Some(*i) != not && n.is_leading())
+            .filter_map(|(i, (n, _))| n.token().map(|t| (i, t.0)))
+            .filter(|(_, t)| *t > above)
+            .collect();
+        if let [one] = leading[..] {
+            return Some(one);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Sentinel over TLS (issue 32), against real servers: a primary and a replica that speak TLS
+/// only and replicate over TLS, three Sentinels that listen on TLS only and reach the data
+/// servers and each other over TLS, passwords on both (the data servers' in the `rediss://` URL,
+/// the Sentinels' in `sentinel_password`), all certificates from a private CA made here.
+///
+/// - Every server refuses plain text (our probe gets no `PONG` without TLS, one with it).
+/// - The control: a node trusting another CA is refused, with an error that names the
+///   certificate and the Sentinels.
+/// - Three `redis` nodes (fence on) elect a leader and serve `POST /next` under load; `kill -9`
+///   of the primary, the Sentinels promote the replica (and the old primary comes back as its
+///   replica, in sync over TLS); the leader steps down and another node is elected on the
+///   promoted replica with a higher token, which the fence accepts and serves under; the
+///   checker passes over the ledger and the load's history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_over_tls_with_passwords_fails_over_under_the_fence() {
+    use baton_lab::fleet::random_hex;
+    use baton_lab::fleet::redis_server::RedisSentinelSet;
+    use baton_lab::fleet::servers::{free_ports, stop_pid, PgServer};
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::Builder::new()
+        .prefix("baton-sentinel-tls-")
+        .tempdir()
+        .unwrap();
+    let root = dir.path().to_owned();
+    let ours = test_ca(&root, "ca-ours");
+    let other = test_ca(&root, "ca-other");
+    let (data_pw, sentinel_pw) = (random_hex(16), random_hex(16));
+    let (dp, sp, tls) = (data_pw.clone(), sentinel_pw.clone(), ours.clone());
+    let (pg, primary, set) = tokio::task::spawn_blocking(move || {
+        let pg = PgServer::start_on_free_port(&root.join("pg")).expect("postgres");
+        let port = free_ports(1).unwrap()[0];
+        let primary =
+            RedisServer::start_tls_with_password(&root.join("redis-primary"), port, &tls, &dp)
+                .expect("the Redis primary, TLS only");
+        let set = RedisSentinelSet::start_with_password(&root, &primary, Some(&sp))
+            .expect("a TLS replica in sync and three TLS Sentinels that found each other");
+        (pg, primary, set)
+    })
+    .await
+    .unwrap();
+    let servers = AuthServers {
+        pg,
+        primary,
+        set,
+        _dir: dir,
+    };
+    baton::work::fence::migrate(&servers.pg.admin_url(), Some(true))
+        .await
+        .expect("migrate (fence on)");
+
+    // TLS only, everywhere: the same probe without TLS gets nothing back.
+    let all: Vec<RedisServer> = [servers.primary.clone(), servers.set.replica.clone()]
+        .into_iter()
+        .chain(servers.set.sentinels.iter().cloned())
+        .collect();
+    let plain_answers = tokio::task::spawn_blocking(move || {
+        all.iter()
+            .map(|s| {
+                assert!(s.tls.is_some(), "port {} started without TLS", s.port);
+                let mut plain = s.clone();
+                plain.tls = None;
+                (s.port, s.ping(), plain.ping())
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for (port, over_tls, plain) in plain_answers {
+        assert!(over_tls, "port {port} does not answer PING over TLS");
+        assert!(!plain, "port {port} answers PING in plain text");
+    }
+
+    let state = tempfile::tempdir().unwrap();
+    // The control: a node that trusts another CA is refused by the Sentinels' certificates,
+    // and says so.
+    let stranger = tls_node_config(
+        &servers,
+        "x1",
+        &data_pw,
+        &sentinel_pw,
+        &other.ca_file,
+        state.path(),
+    );
+    let refused = leader_error(&stranger)
+        .await
+        .expect("a node trusting another CA was answered through the TLS Sentinels");
+    eprintln!("trusting another CA: {refused}");
+    assert!(
+        refused.to_lowercase().contains("certificate"),
+        "the refusal does not name the certificate: {refused}"
+    );
+    assert!(
+        refused.contains("Sentinels"),
+        "the refusal does not say it was the Sentinels': {refused}"
+    );
+
+    // Three nodes over TLS, the fence on.
+    let mut nodes = Vec::new();
+    for id in ["t1", "t2", "t3"] {
+        let cfg = tls_node_config(
+            &servers,
+            id,
+            &data_pw,
+            &sentinel_pw,
+            &ours.ca_file,
+            state.path(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let node = baton::node::NodeBuilder::new(cfg)
+            .with_default_work()
+            .serve_http(listener)
+            .start()
+            .await
+            .expect("start the node");
+        nodes.push((node, addr));
+    }
+    let (first, first_token) = leader_among(&nodes, None, 0, Duration::from_secs(40))
+        .await
+        .expect("one of three nodes leads over TLS within 40 s");
+    next_within(&nodes[first].1, Duration::from_secs(30))
+        .await
+        .expect("the leader serves POST /next over TLS to Redis");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut spec = LoadSpec::new(
+        nodes.iter().map(|(_, a)| a.clone()).collect(),
+        100.0,
+        Duration::from_secs(180),
+    );
+    spec.connections = 4;
+    spec.stop = Some(stop.clone());
+    let run = tokio::spawn(load::run(spec));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The failover, as `baton chaos sentinel-failover` does it: kill -9 of the primary, the
+    // Sentinels (over TLS) name the replica, the old primary comes back as its replica (over
+    // TLS) and syncs.
+    let mut old = servers.primary.clone();
+    let (set, replica_port) = (servers.set.clone(), servers.set.replica.port);
+    let (named_after, in_sync) = tokio::task::spawn_blocking(move || {
+        stop_pid(old.pid, libc::SIGKILL, Duration::from_secs(5));
+        let killed = Instant::now();
+        let until = killed + Duration::from_secs(30);
+        while set.named_primary() != Some(replica_port) {
+            assert!(
+                Instant::now() < until,
+                "the TLS Sentinels did not name the replica within 30 s; first Sentinel's log: {}",
+                set.sentinels[0].log().display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let named_after = killed.elapsed();
+        let agreed_by = Instant::now() + Duration::from_secs(10);
+        while !set.all_name(replica_port) && Instant::now() < agreed_by {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        old.restart_as_replica_of(replica_port)
+            .expect("the old primary back as a replica");
+        let in_sync = old.wait_replica_in_sync(Duration::from_secs(15)).is_ok();
+        old.stop();
+        (named_after, in_sync)
+    })
+    .await
+    .unwrap();
+    eprintln!("the TLS Sentinels named the replica {named_after:.2?} after the kill");
+    assert!(
+        in_sync,
+        "the old primary did not sync from the promoted replica over TLS"
+    );
+
+    // After the failover the leader steps down; another node is elected through the TLS
+    // Sentinels, on the promoted replica, with a higher token, and serves under it.
+    let db = common::connect(&servers.pg.admin_url()).await;
+    let (leader, token) = leader_among(&nodes, None, 0, Duration::from_secs(30))
+        .await
+        .expect("a leader after the failover");
+    let fence_max = max_token(&db).await;
+    let ledger_before: i64 = db
+        .query_one("SELECT coalesce(max(pos), 0) FROM baton.fence_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    nodes[leader]
+        .0
+        .step_down(None)
+        .await
+        .expect("the leader steps down");
+    let (next, next_token) = leader_among(&nodes, Some(leader), token.max(fence_max), SETTLE)
+        .await
+        .expect("another node elected with a higher token after the failover");
+    let until = Instant::now() + Duration::from_secs(30);
+    let (served_token, served_by) = loop {
+        if let Some(found) = common::serving_claim(&db, ledger_before, fence_max + 1).await {
+            break found;
+        }
+        assert!(
+            Instant::now() < until,
+            "no term above {fence_max} claimed and served within 30 s of the step-down"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "over TLS: t{} led at token {first_token}; after the failover t{} (token {token}) stepped down, t{} elected at token {next_token}; the fence accepted and served {served_by} at {served_token} (max before {fence_max})",
+        first + 1,
+        leader + 1,
+        next + 1
+    );
+    assert!(served_token > fence_max);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let report = run.await.unwrap().unwrap();
+    let acked_after = report
+        .ops
+        .iter()
+        .filter(|o| o.outcome == Outcome::Ok && o.token.is_some_and(|t| t >= served_token))
+        .count();
+    assert!(
+        acked_after > 0,
+        "no ID acknowledged under the new term: {:?}",
+        report.summary()
+    );
+    let mut input = check::load::read(&db, None).await.unwrap();
+    input.acks = acks_from_ops("load", &report.ops);
+    let verdict = check::run(&input);
+    eprintln!("{}", verdict.line());
+    assert!(verdict.pass, "{}", verdict.render());
+    assert!(verdict.acked > 0);
+    for (node, _) in &nodes {
+        node.shutdown().await.unwrap();
+    }
+}

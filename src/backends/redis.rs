@@ -312,7 +312,7 @@ struct SentinelLink {
 
 impl Link {
     /// The connection to use now, and its generation (for [`Link::failed`]).
-    async fn get(&self) -> ::redis::RedisResult<(u64, ConnectionManager)> {
+    async fn get(&self) -> ElectorResult<(u64, ConnectionManager)> {
         let s = match self {
             Link::Direct(c) => return Ok((0, c.clone())),
             Link::Sentinel(s) => s,
@@ -331,9 +331,18 @@ impl Link {
         }
         // Asks the Sentinels for the primary, then that server whether it is one (`ROLE`): a
         // demoted old primary that a Sentinel has not yet forgotten is not taken.
-        let client = resolver.async_get_client().await?;
+        // A failed lookup says it was the Sentinels' (and which master): a TLS handshake they
+        // refuse (a CA that did not issue their certificate) or a wrong `sentinel_password`
+        // would otherwise read like the data server's error, and the two are configured apart.
+        let client = resolver.async_get_client().await.map_err(|e| {
+            ElectorError::Unavailable(format!(
+                "redis: asking the Sentinels for master {:?}: {e}",
+                s.master_name
+            ))
+        })?;
         let addr = client.get_connection_info().addr().to_string();
-        let conn = ConnectionManager::new_lazy_with_config(client, s.mcfg.clone())?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, s.mcfg.clone()).map_err(unavailable)?;
         {
             let mut named = s.named.lock().unwrap_or_else(|p| p.into_inner());
             if named.as_deref() != Some(addr.as_str()) {
@@ -495,7 +504,7 @@ impl RedisElector {
     /// request failed), within the request timeout.
     async fn conn(&self) -> ElectorResult<(u64, ConnectionManager)> {
         match tokio::time::timeout(self.timeout, self.link.get()).await {
-            Ok(r) => r.map_err(unavailable),
+            Ok(r) => r,
             Err(_) => Err(ElectorError::Unavailable(format!(
                 "redis: no primary reached within {:?}",
                 self.timeout

@@ -2,12 +2,20 @@
 //! machine's service). Deliberately **without persistence** (`--save '' --appendonly no`): a
 //! restart loses every key, which is exactly the hazard the `redis` backend documents (its token
 //! counter regresses). [`RedisServer::restart`] reproduces it on demand.
+//!
+//! **TLS.** A data server started with a certificate ([`RedisServer::start_tls`],
+//! [`RedisServer::start_tls_with_password`]) speaks TLS only (`port 0`, `tls-port`) and replicates
+//! over TLS (`tls-replication yes`): a replica of it inherits its certificate, and so do the
+//! Sentinels of a [`RedisSentinelSet`] started beside it, which then listen on TLS only and reach
+//! the data servers and each other over TLS. Our own probes (`PING`, `INFO`, `SENTINEL ...`)
+//! speak TLS to such a server, verified against its CA.
 
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +30,8 @@ pub struct RedisServer {
     /// When `pid` started ([`super::servers::start_ticks`]).
     #[serde(default)]
     pub started_ticks: Option<u64>,
-    /// Set when `port` speaks TLS only (see [`RedisServer::start_tls`]).
+    /// Set when `port` speaks TLS only (see [`RedisServer::start_tls`]); a Sentinel's too, when
+    /// it monitors TLS data servers (see [`RedisSentinelSet::start_with_password`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ServerTls>,
     /// A replica: the port of the primary it replicates (`--replicaof 127.0.0.1 PORT`).
@@ -78,6 +87,10 @@ impl RedisSentinelSet {
     /// [`RedisSentinelSet::start`] with passwords: the replica asks for the primary's
     /// (`primary.password`, also its `masterauth`), the Sentinels reach both with it (`sentinel
     /// auth-pass`) and ask their own clients for `sentinel_password` (`requirepass`).
+    ///
+    /// A TLS `primary` ([`RedisServer::tls`]) makes the whole set TLS: the replica replicates
+    /// over TLS with the primary's certificate, and the Sentinels serve TLS only with it and
+    /// speak TLS to the data servers and to each other (`tls-replication yes`).
     pub fn start_with_password(
         root: &Path,
         primary: &RedisServer,
@@ -103,13 +116,13 @@ impl RedisSentinelSet {
             set.replica.wait_replica_in_sync(Duration::from_secs(20))?;
             for (i, port) in ports[1..].iter().enumerate() {
                 let dir = root.join(format!("redis-sentinel-{}", i + 1));
-                set.sentinels
-                    .push(RedisServer::start_sentinel_with_password(
-                        &dir,
-                        *port,
-                        of.clone(),
-                        sentinel_password,
-                    )?);
+                set.sentinels.push(RedisServer::start_sentinel_with(
+                    &dir,
+                    *port,
+                    of.clone(),
+                    sentinel_password,
+                    primary.tls.as_ref(),
+                )?);
             }
             set.wait_ready(Duration::from_secs(30))
         })();
@@ -249,6 +262,17 @@ impl RedisServer {
         RedisServer::start_with(root, port, None, Some(password.to_owned()))
     }
 
+    /// [`RedisServer::start_tls`] asking its clients for `password` (as
+    /// [`RedisServer::start_with_password`]).
+    pub fn start_tls_with_password(
+        root: &Path,
+        port: u16,
+        tls: &ServerTls,
+        password: &str,
+    ) -> Result<RedisServer, ServerError> {
+        RedisServer::start_with(root, port, Some(tls.clone()), Some(password.to_owned()))
+    }
+
     fn start_with(
         root: &Path,
         port: u16,
@@ -270,7 +294,8 @@ impl RedisServer {
         Ok(server)
     }
 
-    /// A replica of `primary` on `port` (plain, no persistence, like the primary).
+    /// A replica of `primary` on `port` (no persistence, and TLS with its certificate, like the
+    /// primary).
     pub fn start_replica(
         root: &Path,
         port: u16,
@@ -282,7 +307,7 @@ impl RedisServer {
             root: root.to_owned(),
             pid: 0,
             started_ticks: None,
-            tls: None,
+            tls: primary.tls.clone(),
             replica_of: Some(primary.port),
             sentinel: None,
             password: primary.password.clone(),
@@ -307,13 +332,26 @@ impl RedisServer {
         of: SentinelOf,
         password: Option<&str>,
     ) -> Result<RedisServer, ServerError> {
+        RedisServer::start_sentinel_with(root, port, of, password, None)
+    }
+
+    /// [`RedisServer::start_sentinel_with_password`], over TLS with `tls`'s certificate when
+    /// given: it listens on TLS only, and reaches the data servers it monitors (which must then
+    /// speak TLS, with a certificate from the same CA) and the other Sentinels over TLS.
+    pub fn start_sentinel_with(
+        root: &Path,
+        port: u16,
+        of: SentinelOf,
+        password: Option<&str>,
+        tls: Option<&ServerTls>,
+    ) -> Result<RedisServer, ServerError> {
         fs::create_dir_all(root).map_err(|e| ServerError::Io(root.display().to_string(), e))?;
         let mut server = RedisServer {
             port,
             root: root.to_owned(),
             pid: 0,
             started_ticks: None,
-            tls: None,
+            tls: tls.cloned(),
             replica_of: None,
             sentinel: Some(of),
             password: password.map(str::to_owned),
@@ -378,7 +416,10 @@ impl RedisServer {
                     .arg(&tls.key_file)
                     .arg("--tls-ca-cert-file")
                     .arg(&tls.ca_file)
-                    .args(["--tls-auth-clients", "no"]);
+                    .args(["--tls-auth-clients", "no"])
+                    // A replica connects to its primary over TLS (the primary has no plain
+                    // port); a primary uses it once a Sentinel makes it a replica.
+                    .args(["--tls-replication", "yes"]);
             }
         }
         cmd.args(["--bind", "127.0.0.1"])
@@ -395,15 +436,28 @@ impl RedisServer {
     }
 
     /// A Sentinel reads, and rewrites, its own config file: written here, in its directory.
+    /// With TLS it listens on `tls-port` only (`port 0`), and `tls-replication yes` makes its
+    /// own connections, to the data servers and to the other Sentinels, TLS too (Sentinel then
+    /// announces its TLS port in its hellos).
     fn spawn_sentinel(&mut self, of: SentinelOf) -> Result<(), ServerError> {
         let conf = self.root.join("sentinel.conf");
+        let listen = match &self.tls {
+            None => format!("port {}\n", self.port),
+            Some(tls) => format!(
+                "port 0\ntls-port {}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+                 tls-auth-clients no\ntls-replication yes\n",
+                self.port,
+                tls.cert_file.display(),
+                tls.key_file.display(),
+                tls.ca_file.display()
+            ),
+        };
         let text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile \"\"\nloglevel notice\n\
+            "{listen}bind 127.0.0.1\ndir {dir}\nlogfile \"\"\nloglevel notice\n\
              sentinel monitor {name} 127.0.0.1 {primary} {quorum}\n\
              sentinel down-after-milliseconds {name} {down}\n\
              sentinel failover-timeout {name} {failover}\n\
              sentinel parallel-syncs {name} 1\n{auth}",
-            port = self.port,
             dir = self.root.display(),
             name = of.master_name,
             primary = of.primary_port,
@@ -432,12 +486,13 @@ impl RedisServer {
     /// Sends one inline command and reads the reply until `complete` says it is whole (or 2 s
     /// pass, or the server closes): the raw RESP text, `None` when nothing came back.
     pub fn ask(&self, cmd: &str, complete: impl Fn(&str) -> bool) -> Option<String> {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
+        let mut s = self.connect().ok()?;
         self.authenticate(&mut s)?;
         let until = Instant::now() + Duration::from_secs(2);
-        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        // Written before the short read timeout: a TLS handshake (on the first write when there
+        // was no AUTH) waits up to the connection's 2 s.
         s.write_all(format!("{cmd}\r\n").as_bytes()).ok()?;
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
         let mut reply = Vec::new();
         let mut buf = [0u8; 4096];
         while Instant::now() < until && reply.len() < 1 << 16 {
@@ -457,9 +512,29 @@ impl RedisServer {
         (!reply.is_empty()).then(|| String::from_utf8_lossy(&reply).into_owned())
     }
 
+    /// A connection for our probes: plain TCP, or TLS verified against [`RedisServer::tls`]'s CA
+    /// (the server's name: 127.0.0.1, which its certificate must carry). The TLS handshake
+    /// happens on the first read or write.
+    pub fn connect(&self) -> std::io::Result<Probe> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let tcp = TcpStream::connect_timeout(&addr, Duration::from_millis(300))?;
+        let Some(tls) = &self.tls else {
+            return Ok(Probe::Plain(tcp));
+        };
+        // The handshake's reads wait at most this long (the callers set their own after).
+        tcp.set_read_timeout(Some(Duration::from_secs(2)))?;
+        tcp.set_write_timeout(Some(Duration::from_secs(2)))?;
+        let config = baton::tls::client_config(&tls.ca_file).map_err(std::io::Error::other)?;
+        let name =
+            rustls::pki_types::ServerName::IpAddress(std::net::IpAddr::from([127, 0, 0, 1]).into());
+        let conn =
+            rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
+        Ok(Probe::Tls(Box::new(rustls::StreamOwned::new(conn, tcp))))
+    }
+
     /// `AUTH` with [`RedisServer::password`] on a fresh connection, when there is one; `None` when
     /// the server did not answer `+OK`.
-    fn authenticate(&self, s: &mut TcpStream) -> Option<()> {
+    fn authenticate(&self, s: &mut Probe) -> Option<()> {
         let Some(pw) = &self.password else {
             return Some(());
         };
@@ -481,13 +556,9 @@ impl RedisServer {
         self.command(b"PING\r\n", b"+PONG")
     }
 
-    /// Plain servers: answers PING. TLS servers: accepts TCP (our PING would need a TLS client).
+    /// Answers PING (over TLS for a TLS server).
     fn ready(&self) -> bool {
-        if self.tls.is_none() {
-            return self.ping();
-        }
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok()
+        self.ping()
     }
 
     fn wait_ready(&self, within: Duration) -> Result<(), ServerError> {
@@ -540,8 +611,7 @@ impl RedisServer {
 
     /// Sends one inline command; true when the answer starts with `want`.
     fn command(&self, cmd: &[u8], want: &[u8]) -> bool {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else {
+        let Ok(mut s) = self.connect() else {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
@@ -566,5 +636,50 @@ impl RedisServer {
     pub fn restart(&mut self) -> Result<(), ServerError> {
         self.stop();
         self.spawn()
+    }
+}
+
+/// One probe connection ([`RedisServer::connect`]): plain TCP, or TLS over it.
+pub enum Probe {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Probe {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Probe::Plain(s) => s,
+            Probe::Tls(s) => &s.sock,
+        }
+    }
+
+    /// The socket's read timeout (a TLS read that times out keeps its state: read again).
+    pub fn set_read_timeout(&self, d: Option<Duration>) -> std::io::Result<()> {
+        self.tcp().set_read_timeout(d)
+    }
+}
+
+impl Read for Probe {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Probe::Plain(s) => s.read(buf),
+            Probe::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Probe {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Probe::Plain(s) => s.write(buf),
+            Probe::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Probe::Plain(s) => s.flush(),
+            Probe::Tls(s) => s.flush(),
+        }
     }
 }
