@@ -608,50 +608,6 @@ async fn sentinel_and_data_passwords() {
     node.shutdown().await.unwrap();
 }
 
-/// A private CA (rcgen, at test time) and a server certificate it issued for 127.0.0.1 and
-/// `localhost`, as PEM files under `dir/name` (the key 0600).
-fn test_ca(dir: &std::path::Path, name: &str) -> baton_lab::fleet::servers::ServerTls {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-        SanType,
-    };
-    let dir = dir.join(name);
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, format!("baton sentinel test CA {name}"));
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress(std::net::IpAddr::V4(
-            std::net::Ipv4Addr::LOCALHOST,
-        )));
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "127.0.0.1");
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let write = |file: &str, text: String| {
-        let path = dir.join(file);
-        std::fs::write(&path, text).unwrap();
-        path
-    };
-    let tls = baton_lab::fleet::servers::ServerTls {
-        cert_file: write("server.crt", cert.pem()),
-        key_file: write("server.key", key.serialize_pem()),
-        ca_file: write("ca.pem", ca_cert.pem()),
-    };
-    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
-    std::fs::set_permissions(&tls.key_file, private).unwrap();
-    tls
-}
-
 /// A `redis` node on `servers` over TLS: `rediss://` with the data servers' password, trusting
 /// exactly `ca_file`, the Sentinels' password; sequencer on, scheduler off.
 fn tls_node_config(
@@ -750,8 +706,8 @@ async fn sentinel_over_tls_with_passwords_fails_over_under_the_fence() {
         .tempdir()
         .unwrap();
     let root = dir.path().to_owned();
-    let ours = test_ca(&root, "ca-ours");
-    let other = test_ca(&root, "ca-other");
+    let ours = common::test_ca(&root, "ca-ours");
+    let other = common::test_ca(&root, "ca-other");
     let (data_pw, sentinel_pw) = (random_hex(16), random_hex(16));
     let (dp, sp, tls) = (data_pw.clone(), sentinel_pw.clone(), ours.clone());
     let (pg, primary, set) = tokio::task::spawn_blocking(move || {

@@ -2,8 +2,10 @@
 //! PostgreSQL (fenced resource and pg-lease store), Redis and etcd. Every certificate comes from
 //! a private CA generated here, at test time; every server is ours, on loopback.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,9 +15,6 @@ use baton::node::{NodeBuilder, NodeHandle};
 use baton_lab::fleet::client::NodeClient;
 use baton_lab::fleet::redis_server::RedisServer;
 use baton_lab::fleet::servers::{free_ports, EtcdCluster, PgServer, ServerTls};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
 
 /// A CA (its certificate in `ca.pem`) and a server certificate it issued for 127.0.0.1 and
 /// `localhost`, all PEM files in `dir`.
@@ -26,41 +25,10 @@ struct TestCa {
 
 impl TestCa {
     fn generate(dir: &Path, name: &str) -> TestCa {
-        let dir = dir.join(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, format!("baton test CA {name}"));
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-        let issuer = Issuer::new(ca_params, ca_key);
-
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "127.0.0.1");
-        let cert = params.signed_by(&key, &issuer).unwrap();
-
-        let write = |file: &str, text: String| {
-            let path = dir.join(file);
-            std::fs::write(&path, text).unwrap();
-            path
-        };
-        let server = ServerTls {
-            cert_file: write("server.crt", cert.pem()),
-            key_file: write("server.key", key.serialize_pem()),
-            ca_file: write("ca.pem", ca_cert.pem()),
-        };
-        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
-        std::fs::set_permissions(&server.key_file, private).unwrap();
-        TestCa { dir, server }
+        TestCa {
+            dir: dir.join(name),
+            server: common::test_ca(dir, name),
+        }
     }
 
     fn ca_file(&self) -> &Path {

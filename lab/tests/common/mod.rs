@@ -593,3 +593,47 @@ pub fn raft_leader(fleet: &Fleet) -> String {
     }
     format!("n{}", best.expect("no committed raft vote on any member").1)
 }
+
+/// A private CA (rcgen, at test time) and a server certificate it issued for 127.0.0.1 and
+/// `localhost`, as PEM files under `dir/name` (the key 0600).
+pub fn test_ca(dir: &std::path::Path, name: &str) -> baton_lab::fleet::servers::ServerTls {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        SanType,
+    };
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, format!("baton test CA {name}"));
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress(std::net::IpAddr::V4(
+            std::net::Ipv4Addr::LOCALHOST,
+        )));
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "127.0.0.1");
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let write = |file: &str, text: String| {
+        let path = dir.join(file);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let tls = baton_lab::fleet::servers::ServerTls {
+        cert_file: write("server.crt", cert.pem()),
+        key_file: write("server.key", key.serialize_pem()),
+        ca_file: write("ca.pem", ca_cert.pem()),
+    };
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&tls.key_file, private).unwrap();
+    tls
+}
