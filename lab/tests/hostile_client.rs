@@ -711,15 +711,28 @@ async fn leader_out_of_descriptors_steps_down() {
     eprintln!("new leader {new_leader} (token {new_token})");
 }
 
-/// The name of each thread of process `pid`.
-fn thread_names(pid: u32) -> Vec<String> {
+/// Each thread of process `pid`: its name, and its on-CPU nanoseconds (`/proc/…/schedstat`,
+/// exact, where `stat`'s ticks would round a few milliseconds down to 0; 0 when unreadable).
+fn threads(pid: u32) -> Vec<(String, u64)> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
-            d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-                .map(|c| c.trim().to_owned())
-                .collect()
+            d.filter_map(|t| {
+                let t = t.ok()?.path();
+                let name = std::fs::read_to_string(t.join("comm")).ok()?;
+                let cpu_ns = std::fs::read_to_string(t.join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                    .unwrap_or(0);
+                Some((name.trim().to_owned(), cpu_ns))
+            })
+            .collect()
         })
         .unwrap_or_default()
+}
+
+/// The name of each thread of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    threads(pid).into_iter().map(|(name, _)| name).collect()
 }
 
 /// Whether the server has closed `s` (read sees EOF or a reset) within `wait`.
@@ -744,24 +757,13 @@ fn closed_by_server(s: &mut StdTcpStream, wait: Duration) -> bool {
     }
 }
 
-/// On-CPU nanoseconds of the threads of `pid` named `name` (`/proc/…/schedstat`, exact, where
-/// `stat`'s ticks would round a few milliseconds down to 0).
+/// On-CPU nanoseconds of the threads of `pid` named `name`.
 fn thread_cpu_ns(pid: u32, name: &str) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.filter_map(|t| {
-                let t = t.ok()?.path();
-                (std::fs::read_to_string(t.join("comm")).ok()?.trim() == name).then_some(())?;
-                std::fs::read_to_string(t.join("schedstat"))
-                    .ok()?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-        })
-        .unwrap_or(0)
+    threads(pid)
+        .into_iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, ns)| ns)
+        .sum()
 }
 
 /// `[http] commit_threads = 1`: the sequencer's commit path runs on a thread of its own,

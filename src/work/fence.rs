@@ -147,7 +147,8 @@ pub struct Fence {
     unanswered_claim_token: Arc<AtomicI64>,
 }
 
-/// The three columns every fenced function returns first.
+/// What a refusal says: the columns every fenced function returns after `accepted`, read only
+/// when it is false ([`Fence::judge`]).
 struct Verdict {
     max_token: i64,
     max_holder: String,
@@ -384,8 +385,9 @@ impl Fence {
     /// A connection for a run of group commits (see [`SeqPipe`]); it goes back when the last
     /// `Arc` of it drops. It comes from a pool of one of its own, not the shared pool: a pooled
     /// connection's I/O runs on the runtime that opened it, and this one is opened by the first
-    /// commit, so its I/O runs where the sequencer's commits do (the HTTP thread, see
+    /// commit, so its I/O runs where the sequencer's commits do (a client or commit thread, see
     /// `work::sequencer`) instead of waking another thread for every reply.
+    ///
     /// The pipe commits ranges of the sequence `resource` only.
     pub async fn seq_pipe(&self, resource: &str) -> Result<SeqPipe, FenceError> {
         let client = Conn::new(self.seq_pool.get().await?);

@@ -57,9 +57,9 @@
 //! §11.8); with more server threads each other thread is woken once per commit, not once per
 //! request. The price is that the loop, woken by its commit's answer, waits behind that
 //! thread's ready requests, a wait that grows with the load; a commit thread of its own trades
-//! that for one more wake-up across threads per commit (FINDINGS §17.7). Nothing timer-critical moves: heartbeats, renewals and the watchdog stay on
-//! the node's runtime, and a stopped term is still refused by the fence whatever thread its last
-//! commit left from.
+//! that for one more wake-up across threads per commit (FINDINGS §17.7). Nothing timer-critical
+//! moves: heartbeats, renewals and the watchdog stay on the node's runtime, and a stopped term is
+//! still refused by the fence whatever thread its last commit left from.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
