@@ -11,7 +11,8 @@
 //! leader may write is still the fence's decision, so two nodes whose views disagree for a moment
 //! can at worst both campaign for a shard: one wins, the other waits in line.
 //!
-//! * **Live**: a member that answered `200` within `down_after_ms`, and has done so for at
+//! * **Live**: a member whose last `200` is less than `down_after_ms` old (a probe may take up
+//!   to `down_after_ms` to answer: see [`Prober`]), and that has answered for at
 //!   least `down_after_ms` (and two probe intervals): a member that just came up seeks no shard
 //!   for its own warm-up (below), which is that long from its start, so a holder that handed it
 //!   a shard any sooner would leave the shard dark until the warm-up ended. Counted this way, the
@@ -28,11 +29,13 @@
 //!   and K = 256 on two cores that stampede, 2,304 candidacies, starved ZooKeeper's session
 //!   renewals and never settled).
 
-use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use futures::stream::{FuturesUnordered, StreamExt};
 use ractor::ActorRef;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -101,9 +104,130 @@ enum Probe {
 
 #[derive(Default, Clone, Copy)]
 struct MemberHealth {
+    /// Whether any probe of this member has been answered (or timed out) yet.
+    answered: bool,
     /// The start of the current run of successful probes.
     up_since: Option<Instant>,
     last_up: Option<Instant>,
+}
+
+/// A probe in flight: which member, and how it went.
+type ProbeAnswer = Pin<Box<dyn Future<Output = (usize, Probe)> + Send>>;
+
+/// The other members' health, from their `GET /healthz`: at most one probe in flight per
+/// member, each given `down_after_ms` to answer. A probe is asked every `probe_interval_ms`, but
+/// is *not* bounded by it: on a loaded machine `/healthz` (served at nice 5, behind the timers)
+/// can take several intervals, and a member that answers late is alive. Bounding each probe by
+/// the interval (as this did before) counted such members dead on a saturated 2-core host, moved
+/// their shards, which loaded the host more: the etcd fleet at K = 256 (FINDINGS §13.9) churned
+/// that way without end.
+struct Prober {
+    client: MemberClient,
+    others: Vec<MemberSpec>,
+    down_after: Duration,
+    live_after: Duration,
+    health: Vec<MemberHealth>,
+    asking: Vec<bool>,
+    answers: FuturesUnordered<ProbeAnswer>,
+}
+
+impl Prober {
+    fn new(
+        client: MemberClient,
+        others: Vec<MemberSpec>,
+        down_after: Duration,
+        live_after: Duration,
+    ) -> Prober {
+        let n = others.len();
+        Prober {
+            client,
+            others,
+            down_after,
+            live_after,
+            health: vec![MemberHealth::default(); n],
+            asking: vec![false; n],
+            answers: FuturesUnordered::new(),
+        }
+    }
+
+    /// Asks every member that has no probe in flight.
+    fn ask_all(&mut self) {
+        for (i, m) in self.others.iter().enumerate() {
+            if std::mem::replace(&mut self.asking[i], true) {
+                continue;
+            }
+            let (client, addr, bound) = (self.client.clone(), m.addr.clone(), self.down_after);
+            self.answers
+                .push(Box::pin(async move { (i, probe(&client, &addr, bound).await) }));
+        }
+    }
+
+    /// The next probe to end (pending while none is in flight).
+    async fn next_answer(&mut self) -> (usize, Probe) {
+        match self.answers.next().await {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Takes in how member `i`'s probe went, at `now`.
+    fn record(&mut self, i: usize, p: Probe, now: Instant) {
+        self.asking[i] = false;
+        let h = &mut self.health[i];
+        let first = !std::mem::replace(&mut h.answered, true);
+        match p {
+            Probe::Up => {
+                // A member up at its first answer was up when this node started: it is not
+                // "just joined", and need not wait out `live_after`.
+                h.up_since.get_or_insert(if first {
+                    now.checked_sub(self.live_after).unwrap_or(now)
+                } else {
+                    now
+                });
+                h.last_up = Some(now);
+            }
+            Probe::Draining => {
+                h.up_since = None;
+                h.last_up = None;
+            }
+            Probe::Down => {
+                // Down for `down_after`: when it answers again it has just joined. One probe
+                // that failed on a loaded machine is not that (it stays live, and keeps its
+                // shards, until `down_after` has passed without an answer).
+                if h
+                    .last_up
+                    .is_none_or(|t| now.duration_since(t) >= self.down_after)
+                {
+                    h.up_since = None;
+                }
+            }
+        }
+    }
+
+    /// The failure detector confirmed `dead`: down at once; its next answer is a join.
+    fn confirmed_dead(&mut self, dead: &str) {
+        if let Some(i) = self.others.iter().position(|m| m.id == dead) {
+            self.health[i] = MemberHealth {
+                answered: true,
+                ..MemberHealth::default()
+            };
+        }
+    }
+
+    /// The other members live at `now` (see the module docs), in member order.
+    fn live(&self, now: Instant) -> Vec<&str> {
+        self.others
+            .iter()
+            .zip(&self.health)
+            .filter(|(_, h)| {
+                h.last_up
+                    .is_some_and(|t| now.duration_since(t) < self.down_after)
+                    && h.up_since
+                        .is_some_and(|t| now.duration_since(t) >= self.live_after)
+            })
+            .map(|(m, _)| m.id.as_str())
+            .collect()
+    }
 }
 
 /// Runs until the owning node drops the returned handle's task (see `tasks::AbortOnDrop`).
@@ -114,11 +238,21 @@ pub(crate) async fn run(args: PlacementArgs) {
     let live_after = down_after.max(2 * every);
     let orphan_grace = Duration::from_millis(args.cfg.orphan_grace_ms);
     let k = args.supervisors.len() as u32;
-    let mut health: HashMap<String, MemberHealth> = HashMap::new();
+    let others: Vec<MemberSpec> = args
+        .members
+        .iter()
+        .filter(|m| m.id != args.node_id)
+        .cloned()
+        .collect();
+    let mut prober = Prober::new(
+        args.client.clone(),
+        others,
+        down_after.max(every),
+        live_after,
+    );
     let mut sent: Vec<Option<bool>> = vec![None; k as usize];
     let mut leaderless_since: Vec<Option<Instant>> = vec![None; k as usize];
     let started = Instant::now();
-    let mut first_round = true;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut peer_events = args.peer_events;
@@ -128,55 +262,25 @@ pub(crate) async fn run(args: PlacementArgs) {
         // their electors end its leases (see `actors::elector`). When it answers again it has
         // just joined, like any member that was down. A false confirmation costs moves, never
         // safety: placement only decides who campaigns.
-        match peer_events.as_mut() {
-            Some(rx) => tokio::select! {
-                _ = tick.tick() => {}
-                ev = rx.recv() => match ev {
-                    Ok(crate::actors::PeerEvent::ConfirmedDead(dead)) => {
-                        args.trace.step("placement", "peer-dead", None, &dead);
-                        health.insert(dead, MemberHealth::default());
-                    }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => peer_events = None,
-                },
+        tokio::select! {
+            _ = tick.tick() => prober.ask_all(),
+            (i, p) = prober.next_answer() => {
+                prober.record(i, p, Instant::now());
+                continue;
+            }
+            ev = next_peer_event(&mut peer_events) => match ev {
+                Ok(crate::actors::PeerEvent::ConfirmedDead(dead)) => {
+                    args.trace.step("placement", "peer-dead", None, &dead);
+                    prober.confirmed_dead(&dead);
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    peer_events = None;
+                    continue;
+                }
             },
-            None => {
-                tick.tick().await;
-            }
         }
-        let others: Vec<&MemberSpec> = args
-            .members
-            .iter()
-            .filter(|m| m.id != args.node_id)
-            .collect();
-        let probes =
-            futures::future::join_all(others.iter().map(|m| probe(&args.client, &m.addr, every)))
-                .await;
         let now = Instant::now();
-        for (m, p) in others.iter().zip(probes) {
-            let h = health.entry(m.id.clone()).or_default();
-            if p == Probe::Up {
-                // A member already up when this node started is not "just joined".
-                h.up_since.get_or_insert(if first_round {
-                    now.checked_sub(live_after).unwrap_or(now)
-                } else {
-                    now
-                });
-                h.last_up = Some(now);
-            } else if p == Probe::Draining {
-                h.up_since = None;
-                h.last_up = None;
-            } else if h
-                .last_up
-                .is_none_or(|t| now.duration_since(t) >= down_after)
-            {
-                // Down for `down_after`: when it answers again it has just joined. One probe
-                // answered late on a loaded machine is not that (it stays live, and keeps its
-                // shards, until `down_after` has passed without an answer).
-                h.up_since = None;
-            }
-        }
-        first_round = false;
         // Warm-up: a node that just started has not heard from every member yet and would
         // otherwise claim everything for a moment (then hand most of it straight back). It says
         // nothing until `down_after` has passed; a shard nobody holds by then is an orphan.
@@ -184,18 +288,7 @@ pub(crate) async fn run(args: PlacementArgs) {
             continue;
         }
         let draining = args.state.is_draining();
-        let mut live: Vec<&str> = others
-            .iter()
-            .filter(|m| {
-                health.get(&m.id).is_some_and(|h| {
-                    h.last_up
-                        .is_some_and(|t| now.duration_since(t) < down_after)
-                        && h.up_since
-                            .is_some_and(|t| now.duration_since(t) >= live_after)
-                })
-            })
-            .map(|m| m.id.as_str())
-            .collect();
+        let mut live = prober.live(now);
         if !draining {
             live.push(&args.node_id);
         }
@@ -238,6 +331,16 @@ pub(crate) async fn run(args: PlacementArgs) {
             v.live = live.iter().map(|m| (*m).to_owned()).collect();
             v.owners = owners;
         }
+    }
+}
+
+/// The failure detector's next event (pending for ever without a detector).
+async fn next_peer_event(
+    rx: &mut Option<tokio::sync::broadcast::Receiver<crate::actors::PeerEvent>>,
+) -> Result<crate::actors::PeerEvent, tokio::sync::broadcast::error::RecvError> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -364,4 +467,76 @@ async fn exchange<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
         status_line,
         body: raw[split + 4..].to_vec(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A member whose `/healthz` answers `200` after `delay`, or never (`None`: it reads the
+    /// question and keeps the connection open).
+    async fn member(id: &str, delay: Option<Duration>) -> MemberSpec {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut question = [0u8; 1024];
+                    let _ = conn.read(&mut question).await;
+                    let Some(delay) = delay else {
+                        return std::future::pending().await;
+                    };
+                    tokio::time::sleep(delay).await;
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                });
+            }
+        });
+        MemberSpec {
+            id: id.into(),
+            addr,
+        }
+    }
+
+    /// A loaded member answers late but answers: it is live. One that never answers is not,
+    /// once `down_after` has passed. (With each probe bounded by the probe interval, as before
+    /// `Prober`, the slow member was never live: every probe of it timed out.)
+    #[tokio::test]
+    async fn a_member_slower_to_answer_than_the_probe_interval_stays_live() {
+        let every = Duration::from_millis(100);
+        let down_after = Duration::from_millis(1500);
+        let slow = member("slow", Some(Duration::from_millis(400))).await;
+        let quick = member("quick", Some(Duration::ZERO)).await;
+        let hung = member("hung", None).await;
+        let mut prober = Prober::new(
+            MemberClient::default(),
+            vec![slow, quick, hung],
+            down_after,
+            down_after,
+        );
+        let mut tick = tokio::time::interval(every);
+        let started = Instant::now();
+        let mut live_seen: Vec<Vec<String>> = Vec::new();
+        while started.elapsed() < Duration::from_millis(4000) {
+            tokio::select! {
+                _ = tick.tick() => {
+                    prober.ask_all();
+                    if started.elapsed() > down_after {
+                        let live = prober.live(Instant::now());
+                        live_seen.push(live.iter().map(|m| (*m).to_owned()).collect());
+                    }
+                }
+                (i, p) = prober.next_answer() => prober.record(i, p, Instant::now()),
+            }
+        }
+        assert!(!live_seen.is_empty());
+        for live in &live_seen {
+            assert_eq!(live, &["slow", "quick"], "every look after down_after: {live_seen:?}");
+        }
+    }
 }

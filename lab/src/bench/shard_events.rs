@@ -10,9 +10,9 @@
 //! Per event: shards moved (placement before vs after), balance after (max/min shards per live
 //! node), per-shard dark time on the resource's clock (for each shard whose term changed inside
 //! the event's window: the first `next` commit of the new term − the last of the old one, from
-//! `baton.fence_log.committed_at`; the window closes once every claimed term has served, not
-//! when every shard is led, so slow first commits are counted too), and the backend requests/s the fleet sent meanwhile
-//! (`baton_backend_requests_total`). Then the history check per shard: each shard's ledger
+//! `baton.fence_log.committed_at`; the window closes once every shard's led term has served,
+//! not when every shard is led, so slow first commits are counted too), and the backend
+//! requests/s the fleet sent meanwhile (`baton_backend_requests_total`). Then the history check per shard: each shard's ledger
 //! strictly increasing across terms, and every acknowledged `(shard, token, seq)` in that shard's
 //! ledger exactly once. With `--fencing off` the same schedule must fail it.
 //!
@@ -430,6 +430,17 @@ async fn experiment(
     };
     let load = tokio::spawn(load::run(load_spec));
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let db = connect_admin(state).await?;
+    let sequences: Vec<String> = (0..k)
+        .map(|s| baton::shard::ShardId(s).resource("sequence"))
+        .collect();
+    // Every shard serving before the first event: a shard whose term has committed nothing
+    // has no dark time to measure (there is no last commit before the event), so a kill just
+    // after the load began counted only the shards moved by hand-over.
+    let unserved = await_first_commits(state, &db, &sequences, settle_bound).await?;
+    if unserved > 0 {
+        println!("before the first event: {unserved} shards had served nothing yet");
+    }
 
     let victim = state.nodes[0].id.clone();
     let spare = state.nodes[state.nodes.len() - 1].id.clone();
@@ -445,10 +456,6 @@ async fn experiment(
         events.push("partition-leader");
     }
     let sampler = sample_placement(state, t_start, stop.clone());
-    let db = connect_admin(state).await?;
-    let sequences: Vec<String> = (0..k)
-        .map(|s| baton::shard::ShardId(s).resource("sequence"))
-        .collect();
     let mut rows = Vec::new();
     let mut windows = Vec::new();
     for event in events {
@@ -494,8 +501,9 @@ async fn experiment(
         let (after, settled) = settle(state, k, settle_bound).await;
         // Every shard led is not every shard serving: a new term's first commit can come
         // seconds later (at a few IDs/s per shard, and after the claim). The event's window
-        // runs until each claimed term has served, so its dark time counts every moved shard.
-        let unserved = await_first_commits(&db, &sequences, settle_bound).await?;
+        // runs until each shard's led term has served, so its dark time counts every moved
+        // shard.
+        let unserved = await_first_commits(state, &db, &sequences, settle_bound).await?;
         if unserved > 0 {
             println!("{event}: {unserved} claimed terms had served nothing when the window closed");
         }
@@ -623,26 +631,42 @@ async fn experiment(
     })
 }
 
-/// Waits (up to `within`) until every shard's newest claimed sequencer term has committed a
-/// `next`; returns how many had not when it stopped waiting.
+/// Waits (up to `within`) until every shard's current term, as its leader's `/status` gives
+/// it, has committed a `next`; returns how many had not when it stopped waiting. The term that
+/// counts is the *led* one, not the newest claimed one: a shard whose new owner has won but not
+/// yet claimed (a killed node's shards, won as its leases run out, seconds after the kill)
+/// would otherwise close the event's window before its dark time could be taken.
 async fn await_first_commits(
+    state: &FleetState,
     db: &tokio_postgres::Client,
     sequences: &[String],
     within: Duration,
 ) -> anyhow::Result<i64> {
     let until = Instant::now() + within;
     loop {
-        let unserved: i64 = db
-            .query_one(
-                "SELECT count(*) FROM (
-                     SELECT max(token) FILTER (WHERE op = 'claim') AS claimed,
-                            max(token) FILTER (WHERE op = 'next') AS served
-                       FROM baton.fence_log WHERE resource = ANY($1) GROUP BY resource) t
-                  WHERE t.claimed > coalesce(t.served, 0)",
+        let mut led: BTreeMap<u32, i64> = BTreeMap::new();
+        for r in fleet::status(state).await.iter().filter(|r| r.alive) {
+            for &(s, token) in &r.shards_led {
+                let t = led.entry(s).or_insert(token);
+                *t = (*t).max(token);
+            }
+        }
+        let served: BTreeMap<String, i64> = db
+            .query(
+                "SELECT resource, max(token) FROM baton.fence_log
+                  WHERE op = 'next' AND resource = ANY($1) GROUP BY resource",
                 &[&sequences],
             )
             .await?
-            .get(0);
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let unserved = (0..sequences.len())
+            .filter(|&s| {
+                let served = served.get(&sequences[s]).copied().unwrap_or(0);
+                led.get(&(s as u32)).is_none_or(|&token| token > served)
+            })
+            .count() as i64;
         if unserved == 0 || Instant::now() >= until {
             return Ok(unserved);
         }
