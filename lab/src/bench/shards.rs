@@ -113,8 +113,12 @@ pub struct ShardRun {
     /// Why this K has no figures (it did not settle: not every shard led in time), with the
     /// PostgreSQL connections then; the run goes on to the next K.
     pub error: Option<String>,
-    /// Shards led per node when the window began (node id, count).
+    /// Shards led per node when every shard first had a leader (node id, count): before the
+    /// idle settle, so a large K may still be moving.
     pub placement: Vec<(String, usize)>,
+    /// Shards led per node at the end of the idle window (`None` when it was skipped): the
+    /// balance the idle cost was measured at.
+    pub idle_placement: Option<Vec<(String, usize)>>,
     /// PostgreSQL client connections at the end of the idle window (before any load): every
     /// one the fleet's resource server holds, and those of the sequencers alone
     /// (`application_name = baton-sequencer`). `None` when the window was skipped.
@@ -271,6 +275,7 @@ fn without_load(k: u32, pg: (Option<i64>, Option<i64>)) -> ShardRun {
         not_ok_by_reason: BTreeMap::new(),
         error: None,
         placement: Vec::new(),
+        idle_placement: None,
         idle_pg_connections: pg.0,
         idle_pg_sequencer_connections: pg.1,
         idle_backend_requests_per_s: None,
@@ -291,6 +296,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
     let placement = settled(state, k, Duration::from_secs(120)).await?;
     let mut idle_backend_requests_by_op = BTreeMap::new();
     let mut idle_pg = (None, None);
+    let mut idle_placement = None;
     let idle_backend_requests_per_s = if args.idle > 0 {
         tokio::time::sleep(Duration::from_millis(args.idle_settle)).await;
         let a = super::shard_events::fleet_backend_requests_by_op(state).await;
@@ -304,6 +310,9 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         println!("K={k}: idle backend requests/s by operation: {idle_backend_requests_by_op:?}");
         let (all, seq) = pg_connections(state).await?;
         idle_pg = (Some(all), Some(seq));
+        let led = led_per_node(&fleet::status(state).await, k);
+        println!("K={k}: shards led per node at the window's end: {led:?}");
+        idle_placement = Some(led);
         println!(
             "K={k}: PostgreSQL client connections at the window's end: {all} ({seq} sequencers')"
         );
@@ -315,6 +324,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         return Ok(ShardRun {
             ratio: 1.0,
             placement,
+            idle_placement,
             idle_backend_requests_per_s,
             idle_backend_requests_by_op,
             ..without_load(k, idle_pg)
@@ -403,6 +413,7 @@ async fn measure(args: &ShardsArgs, state: &FleetState, k: u32) -> anyhow::Resul
         not_ok_by_reason,
         error: None,
         placement,
+        idle_placement,
         idle_pg_connections: idle_pg.0,
         idle_pg_sequencer_connections: idle_pg.1,
         idle_backend_requests_per_s,
@@ -464,6 +475,20 @@ async fn pg_connections(state: &FleetState) -> anyhow::Result<(i64, i64)> {
     Ok((row.get(0), row.get(1)))
 }
 
+/// Shards led per node (node id, count), from one `/status` sweep.
+fn led_per_node(rows: &[fleet::NodeRow], k: u32) -> Vec<(String, usize)> {
+    rows.iter()
+        .map(|r| {
+            let n = if k == 1 {
+                usize::from(r.role.as_deref() == Some("leader"))
+            } else {
+                r.shards_led.len()
+            };
+            (r.id.clone(), n)
+        })
+        .collect()
+}
+
 /// Every shard has exactly one leader among the nodes; returns the shards led per node.
 async fn settled(
     state: &FleetState,
@@ -473,17 +498,7 @@ async fn settled(
     let until = tokio::time::Instant::now() + within;
     loop {
         let rows = fleet::status(state).await;
-        let led: Vec<(String, usize)> = rows
-            .iter()
-            .map(|r| {
-                let n = if k == 1 {
-                    usize::from(r.role.as_deref() == Some("leader"))
-                } else {
-                    r.shards_led.len()
-                };
-                (r.id.clone(), n)
-            })
-            .collect();
+        let led = led_per_node(&rows, k);
         let covered: std::collections::HashSet<u32> = rows
             .iter()
             .flat_map(|r| r.shards_led.iter().map(|(s, _)| *s))
