@@ -186,8 +186,11 @@ pub enum DeadHolderExpiry {
     /// goes on, keeping its place in the queue.
     EndedCampaignWakes,
     /// The dead holder's lease is ended, but a waiting campaign polls for a free seat and would
-    /// see it only at its next poll (pg-lease, redis): the caller restarts the campaign now.
-    EndedCampaignMustRestart,
+    /// see it only at its next poll (pg-lease, redis, sharded raft): the caller wakes it
+    /// ([`Elector::wake_campaign`]) to poll now. Waking, not restarting: a restarted campaign
+    /// would drop a poll in flight, whose acquisition can still land (for the old candidacy, if
+    /// the restart also closed it) and hold the seat for a whole lease.
+    EndedCampaignPolls,
 }
 
 impl DeadHolderExpiry {
@@ -289,13 +292,19 @@ pub trait Elector: Send + Sync + 'static {
     /// is left alone. `Ok(true)` when a lease was ended. The fence is untouched: whoever wins
     /// next gets a higher token, so the dead holder's late writes (if it was only paused) are
     /// refused. The answer also says whether this candidate's campaign in flight, if any, must be
-    /// restarted to see the seat free now (see [`DeadHolderExpiry`]): the caller acts on it, so
+    /// woken to see the seat free now (see [`DeadHolderExpiry`]): the caller acts on it, so
     /// that no caller needs to know how a backend's campaign waits. The default does nothing
     /// ([`DeadHolderExpiry::NotEnded`]): the lease runs out as before.
     async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         let _ = dead;
         Ok(DeadHolderExpiry::NotEnded)
     }
+
+    /// A campaign of this elector that is waiting between polls polls now (after
+    /// [`DeadHolderExpiry::EndedCampaignPolls`]); one in the middle of a poll polls again as
+    /// soon as it is answered. With no campaign waiting, the next one's first wait is cut short.
+    /// The default does nothing: campaigns that wait on a watch need no waking.
+    fn wake_campaign(&self) {}
 
     /// End the session: revoke the lease, withdraw any candidacy. Idempotent.
     async fn close(&self) -> ElectorResult<()>;

@@ -309,7 +309,7 @@ impl ElectorState {
         if known.is_some_and(|l| l.node_id != dead) {
             return;
         }
-        // Once per confirmation: a campaign the expiry restarts must not expire again (a
+        // Once per confirmation: a later campaign must not expire the same lease again (a
         // failed expiry puts it back, see `on_dead_holder_expired`).
         let confirmed_at = self
             .recently_dead
@@ -354,12 +354,12 @@ impl ElectorState {
                     .step("elector", "dead-holder-expired", None, &dead);
                 tracing::info!(dead = %dead, "the failure detector confirmed the leader dead; its lease is ended, campaigning now");
                 // The backend says how its waiting campaign learns of the free seat: a polling
-                // one would see it only at its next poll, so it starts over now; one woken by
-                // the holder key's deletion goes on, keeping its place in the queue.
-                if self.mode == Mode::Campaigning
-                    && expiry == DeadHolderExpiry::EndedCampaignMustRestart
+                // one would see it only at its next poll, so it is woken to poll now (not
+                // restarted: a poll dropped in flight can still land and hold the seat for a
+                // lease); one woken by the holder key's deletion goes on by itself.
+                if self.mode == Mode::Campaigning && expiry == DeadHolderExpiry::EndedCampaignPolls
                 {
-                    self.withdraw_campaign(myself);
+                    self.args.backend.wake_campaign();
                 }
             }
             Ok(_) => {}

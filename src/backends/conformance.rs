@@ -837,8 +837,8 @@ where
 /// ends nothing: the holder keeps its term (its leadership confirmed at its token) and its
 /// renewals go on succeeding, nobody else wins. Naming the holder, once it has gone silent,
 /// ends its lease: a waiter wins before that lease would have run out (so not by expiry), with
-/// a higher token, and the old holder's next renew says `LeaseLost`. The waiters restart their
-/// campaigns when the backend says a waiting campaign must be restarted, as the elector actor does.
+/// a higher token, and the old holder's next renew says `LeaseLost`. The waiters' campaigns are
+/// woken when the backend says a waiting campaign polls, as the elector actor does.
 pub async fn expiring_a_dead_holder_ends_only_its_lease<F, Fut>(
     make: &F,
     opts: Options,
@@ -912,13 +912,9 @@ where
                     f.id(w)
                 ));
             }
-            if expiry == DeadHolderExpiry::EndedCampaignMustRestart {
+            if expiry == DeadHolderExpiry::EndedCampaignPolls {
                 for &i in &waiters {
-                    f.cancel_campaign(i);
-                    bounded(f.cands[i].e.close())
-                        .await
-                        .map_err(|e| format!("closing {} to restart its campaign: {e}", f.id(i)))?;
-                    f.campaign(i);
+                    f.cands[i].e.wake_campaign();
                 }
             }
             let within = expires.saturating_duration_since(Instant::now());

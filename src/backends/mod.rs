@@ -138,3 +138,13 @@ impl BackendKind {
         }
     }
 }
+
+/// A polling campaign's wait between polls: `d`, cut short by
+/// [`Elector::wake_campaign`](crate::elector::Elector::wake_campaign) (a `notify_one` on `wake`;
+/// one given while no campaign waits is kept for the next wait).
+pub(crate) async fn nap(wake: &tokio::sync::Notify, d: std::time::Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = wake.notified() => {}
+    }
+}

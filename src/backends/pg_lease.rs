@@ -156,6 +156,8 @@ pub struct PgLeaseElector {
     schema: Arc<OnceCell<()>>,
     /// This elector's candidacy: its holder id and, while leading, its epoch.
     held: EpochLease,
+    /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
+    wake: tokio::sync::Notify,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ElectorError {
@@ -223,6 +225,7 @@ impl PgLeaseElector {
                 timeout,
                 schema: schema.clone(),
                 held: EpochLease::default(),
+                wake: tokio::sync::Notify::new(),
             })
             .collect())
     }
@@ -379,7 +382,7 @@ impl Elector for PgLeaseElector {
                 });
             }
             seen_held_at = Some(sent_at);
-            tokio::time::sleep(self.jittered_retry()).await;
+            super::nap(&self.wake, self.jittered_retry()).await;
         }
     }
 
@@ -448,7 +451,7 @@ impl Elector for PgLeaseElector {
         Ok(row.is_some())
     }
 
-    /// A waiting campaign polls the row: it is restarted to see the seat free now.
+    /// A waiting campaign polls the row: it is woken to see the seat free now.
     async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if dead == self.node_id {
             return Ok(DeadHolderExpiry::NotEnded);
@@ -466,9 +469,13 @@ impl Elector for PgLeaseElector {
             tracing::info!(lease = %self.name, dead, epoch, "ended a dead holder's lease");
         }
         Ok(match row {
-            Some(_) => DeadHolderExpiry::EndedCampaignMustRestart,
+            Some(_) => DeadHolderExpiry::EndedCampaignPolls,
             None => DeadHolderExpiry::NotEnded,
         })
+    }
+
+    fn wake_campaign(&self) {
+        self.wake.notify_one();
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -158,6 +158,8 @@ pub struct RedisElector {
     renew_script: Script,
     release_script: Script,
     expire_dead_script: Script,
+    /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
+    wake: tokio::sync::Notify,
     acquire_script: Script,
     state: StdMutex<State>,
 }
@@ -441,6 +443,7 @@ impl RedisElector {
                 renew_script: Script::new(RENEW_LUA),
                 release_script: Script::new(RELEASE_LUA),
                 expire_dead_script: Script::new(EXPIRE_DEAD_LUA),
+                wake: tokio::sync::Notify::new(),
                 acquire_script: Script::new(ACQUIRE_FENCED_LUA),
                 state: StdMutex::new(State::default()),
             })
@@ -646,7 +649,7 @@ impl Elector for RedisElector {
                 });
             }
             seen_held_at = Some(sent_at);
-            tokio::time::sleep(self.jittered_retry()).await;
+            super::nap(&self.wake, self.jittered_retry()).await;
         }
     }
 
@@ -730,7 +733,7 @@ impl Elector for RedisElector {
         Ok(v.as_deref() == Some(value.as_bytes()))
     }
 
-    /// A waiting campaign polls the key: it is restarted to see the seat free now.
+    /// A waiting campaign polls the key: it is woken to see the seat free now.
     async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if dead == self.node_id {
             return Ok(DeadHolderExpiry::NotEnded);
@@ -744,9 +747,13 @@ impl Elector for RedisElector {
             .await?;
         if n == 1 {
             tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
-            return Ok(DeadHolderExpiry::EndedCampaignMustRestart);
+            return Ok(DeadHolderExpiry::EndedCampaignPolls);
         }
         Ok(DeadHolderExpiry::NotEnded)
+    }
+
+    fn wake_campaign(&self) {
+        self.wake.notify_one();
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -925,6 +925,8 @@ pub struct RaftShardElector {
     shard: u32,
     /// This shard's candidacy: its holder id and, while leading, its epoch.
     held: EpochLease,
+    /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
+    wake: tokio::sync::Notify,
 }
 
 /// Starts this node's raft member (serving the shard lease table to its peers) and returns one
@@ -976,6 +978,7 @@ pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<RaftShardE
             group: group.clone(),
             shard,
             held: EpochLease::default(),
+            wake: tokio::sync::Notify::new(),
         })
         .collect())
 }
@@ -1036,7 +1039,7 @@ impl Elector for RaftShardElector {
                 // No raft leader yet, or it is changing: ask again.
                 Err(e) => tracing::debug!(shard = self.shard, error = %e, "shard acquire"),
             }
-            tokio::time::sleep(self.jittered_retry()).await;
+            crate::backends::nap(&self.wake, self.jittered_retry()).await;
         }
     }
 
@@ -1108,7 +1111,7 @@ impl Elector for RaftShardElector {
 
     /// A `Release` of the table's holder of this shard if it is on node `dead`, at the epoch
     /// the raft leader sees (a log entry, like every release). The campaign polls `acquire`,
-    /// so it restarts to see the seat free now.
+    /// so it is woken to see the seat free now.
     async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
         if dead == self.group.node_id {
             return Ok(DeadHolderExpiry::NotEnded);
@@ -1119,10 +1122,14 @@ impl Elector for RaftShardElector {
                 dead,
                 "ended a dead holder's shard lease"
             );
-            DeadHolderExpiry::EndedCampaignMustRestart
+            DeadHolderExpiry::EndedCampaignPolls
         } else {
             DeadHolderExpiry::NotEnded
         })
+    }
+
+    fn wake_campaign(&self) {
+        self.wake.notify_one();
     }
 
     async fn close(&self) -> ElectorResult<()> {
