@@ -25,15 +25,48 @@ pub enum ServerError {
 
 const INSTALL_HINT: &str = "run scripts/ensure-deps.sh to install the Debian packages";
 
-/// Picks `n` distinct free loopback ports (all bound at once, then released together).
+/// Picks `n` distinct free loopback ports (all bound at once, then released together), at
+/// random from below the kernel's ephemeral range. A port is only known free until it is
+/// released, and a port from the ephemeral range (what binding port 0 gives) can be taken
+/// meanwhile as the *local* port of any outgoing connection on the machine: a node then failed
+/// to bind its raft listener ("Address already in use", `exp_short` in CI). Ports below the
+/// range are never handed to outgoing connections.
 pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<io::Result<_>>()?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect()
+    use rand::Rng;
+    let (lo, hi) = listen_port_range();
+    let mut rng = rand::thread_rng();
+    let mut listeners: Vec<std::net::TcpListener> = Vec::with_capacity(n);
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    let mut tries = 0;
+    while ports.len() < n {
+        tries += 1;
+        if tries > 100 * n + 1000 {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("no {n} free loopback ports in {lo}..={hi}"),
+            ));
+        }
+        let port = rng.gen_range(lo..=hi);
+        if ports.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            listeners.push(l);
+            ports.push(port);
+        }
+    }
+    Ok(ports)
+}
+
+/// The ports [`free_ports`] picks from: the 10,000 below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768 by default), not below 1024.
+fn listen_port_range() -> (u16, u16) {
+    let ephemeral_start = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let hi = ephemeral_start.saturating_sub(1).max(11_024);
+    (hi.saturating_sub(10_000).max(1024), hi)
 }
 
 /// The last `lines` lines of the file at `path` (empty if unreadable): a server's or a node's
@@ -1090,5 +1123,31 @@ impl ScratchPg {
 impl Drop for ScratchPg {
     fn drop(&mut self) {
         self.server.stop();
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    /// Distinct, below the ephemeral range (so no outgoing connection can hold one), and free.
+    #[test]
+    fn free_ports_are_distinct_free_and_below_the_ephemeral_range() {
+        let (lo, hi) = listen_port_range();
+        let ports = free_ports(50).unwrap();
+        let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), 50, "{ports:?}");
+        for p in &ports {
+            assert!((lo..=hi).contains(p), "{p} outside {lo}..={hi}");
+            std::net::TcpListener::bind(("127.0.0.1", *p)).expect("a picked port is free");
+        }
+        let ephemeral_start: u16 = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(hi < ephemeral_start, "{hi} is inside the ephemeral range from {ephemeral_start}");
     }
 }
