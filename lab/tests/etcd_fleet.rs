@@ -251,7 +251,7 @@ async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
         assert_eq!(err.as_db_error().map(|e| e.code().code()), Some("42501"), "{sql}: {err}");
     }
     // The leader itself was never disturbed.
-    assert_eq!(fleet.client.post(&addr, "/next").await.unwrap().status, 200);
+    assert_eq!(fleet.post_at_leader(&addr, "/next").await.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,14 +315,14 @@ async fn etcdctl_elect_holds_leadership_and_our_nodes_take_over_after_it() {
     let _ = elect.wait();
     let (_, addr, t2) = fleet.leader(SETTLE).await;
     assert!(t2 > t1);
-    assert_eq!(fleet.client.post(&addr, "/next").await.unwrap().status, 200);
+    assert_eq!(fleet.post_at_leader(&addr, "/next").await.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_precise_4xx_and_changes_nothing() {
     let fleet = Fleet::up(2, &[]);
     let (_, addr, token) = fleet.leader(SETTLE).await;
-    assert_eq!(fleet.client.post(&addr, "/next").await.unwrap().status, 200);
+    assert_eq!(fleet.post_at_leader(&addr, "/next").await.status, 200);
     let db = fleet.admin_db().await;
     let snapshot = || async {
         let r = db

@@ -267,7 +267,7 @@ async fn whole_fleet_restart_every_token_after_exceeds_every_token_before() {
             .await
             .unwrap();
     }
-    assert_eq!(fleet.client.post(&addr, "/next").await.unwrap().status, 200);
+    assert_eq!(fleet.post_at_leader(&addr, "/next").await.status, 200);
     let row = db
         .query_one(
             "SELECT min(token), count(*) FROM baton.fence_log WHERE pos > $1",

@@ -513,7 +513,7 @@ async fn per_shard_fence_failover_and_rebalance(backend: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // A write to shard 3 under the new term makes the fence row move (the claim already did).
-    let r = next_at_leader(&fleet, &new3.1, 3).await;
+    let r = fleet.post_at_leader(&new3.1, "/next?shard=3").await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let db = fleet.node_db(&old3).await;
     let stale = db
@@ -527,7 +527,7 @@ async fn per_shard_fence_failover_and_rebalance(backend: &str) {
     // Shard 4's leader keeps writing, and its fence row is untouched by shard 3's.
     let p = settled_placement(&fleet, K, SETTLE).await;
     let (l4, addr4, token4) = p[&4].clone();
-    let r = next_at_leader(&fleet, &addr4, 4).await;
+    let r = fleet.post_at_leader(&addr4, "/next?shard=4").await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     let db4 = fleet.node_db(&l4).await;
     db4.query_one(
@@ -712,24 +712,6 @@ async fn rolling_restart_moves_every_shard_without_losing_an_id() {
     }
     settled_placement(&fleet, K, SETTLE).await;
     assert!(assert_handover_order(&traces(&fleet)) >= 4);
-}
-
-/// `POST /next?shard=S` to the shard's leader at `addr`, retried while it answers `503` (a term
-/// shows in `/status` as soon as it is won, and its work starts a moment later: the `503
-/// not_ready` in between asks the client to retry), for at most `SETTLE`.
-async fn next_at_leader(fleet: &Fleet, addr: &str, shard: u32) -> baton_lab::fleet::client::Reply {
-    let until = Instant::now() + SETTLE;
-    loop {
-        let r = fleet
-            .client
-            .post(addr, &format!("/next?shard={shard}"))
-            .await
-            .unwrap();
-        if r.status != 503 || Instant::now() >= until {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// One `POST /next?shard=S` to each shard's leader; every one must answer 200.

@@ -157,8 +157,9 @@ impl Prober {
                 continue;
             }
             let (client, addr, bound) = (self.client.clone(), m.addr.clone(), self.down_after);
-            self.answers
-                .push(Box::pin(async move { (i, probe(&client, &addr, bound).await) }));
+            self.answers.push(Box::pin(
+                async move { (i, probe(&client, &addr, bound).await) },
+            ));
         }
     }
 
@@ -194,8 +195,7 @@ impl Prober {
                 // Down for `down_after`: when it answers again it has just joined. One probe
                 // that failed on a loaded machine is not that (it stays live, and keeps its
                 // shards, until `down_after` has passed without an answer).
-                if h
-                    .last_up
+                if h.last_up
                     .is_none_or(|t| now.duration_since(t) >= self.down_after)
                 {
                     h.up_since = None;
@@ -536,7 +536,11 @@ mod tests {
         }
         assert!(!live_seen.is_empty());
         for live in &live_seen {
-            assert_eq!(live, &["slow", "quick"], "every look after down_after: {live_seen:?}");
+            assert_eq!(
+                live,
+                &["slow", "quick"],
+                "every look after down_after: {live_seen:?}"
+            );
         }
     }
 }

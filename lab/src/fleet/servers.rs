@@ -1148,6 +1148,9 @@ mod port_tests {
             .unwrap()
             .parse()
             .unwrap();
-        assert!(hi < ephemeral_start, "{hi} is inside the ephemeral range from {ephemeral_start}");
+        assert!(
+            hi < ephemeral_start,
+            "{hi} is inside the ephemeral range from {ephemeral_start}"
+        );
     }
 }

@@ -179,6 +179,20 @@ impl Fleet {
         }
     }
 
+    /// `POST path` at the leader `addr`, retried for up to 10 s while it answers `503`: a term
+    /// shows in `/status` as soon as it is won, and its work starts a moment later; the
+    /// `503 not_ready` in between asks the client to retry.
+    pub async fn post_at_leader(&self, addr: &str, path: &str) -> baton_lab::fleet::client::Reply {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = self.client.post(addr, path).await.unwrap();
+            if r.status != 503 || Instant::now() >= until {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Like [`Fleet::leader`], but only once the same leader has held the same term for `hold`:
     /// for tests whose subject is a settled fleet, not its first second (a raft leader elected
     /// while its peers are still starting can miss its first renewal on a loaded machine and
