@@ -18,7 +18,7 @@ async fn one_leader_among_three_and_followers_redirect_to_it() {
     let (leader_id, leader_addr, token) = fleet.leader(SETTLE).await;
     assert!(token > 0);
 
-    let ok = fleet.client.post(&leader_addr, "/next").await.unwrap();
+    let ok = fleet.post_at_leader(&leader_addr, "/next").await;
     assert_eq!(ok.status, 200, "{:?}", ok.body);
     assert_eq!(ok.json()["token"].as_i64(), Some(token));
 
@@ -162,7 +162,7 @@ async fn seq_strictly_increases_across_stepdown_and_kill9() {
 async fn stale_token_sent_straight_to_the_resource_is_rejected_and_recorded() {
     let fleet = Fleet::up(1, &[]);
     let (leader, addr, token) = fleet.leader(SETTLE).await;
-    let r = fleet.client.post(&addr, "/next").await.unwrap();
+    let r = fleet.post_at_leader(&addr, "/next").await;
     assert_eq!(r.status, 200);
     let node = fleet.node_db(&leader).await;
     let admin = fleet.admin_db().await;

@@ -139,12 +139,27 @@ impl BackendKind {
     }
 }
 
-/// A polling campaign's wait between polls: `d`, cut short by
-/// [`Elector::wake_campaign`](crate::elector::Elector::wake_campaign) (a `notify_one` on `wake`;
-/// one given while no campaign waits is kept for the next wait).
-pub(crate) async fn nap(wake: &tokio::sync::Notify, d: std::time::Duration) {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => {}
-        _ = wake.notified() => {}
+/// A polling campaign's wait between polls, which
+/// [`Elector::wake_campaign`](crate::elector::Elector::wake_campaign) cuts short: the detector's
+/// takeover wakes the campaign instead of restarting it, so an `acquire` already at the server
+/// is never dropped for a closed candidacy (FINDINGS §19.8). A wake given while no campaign
+/// waits is kept for the next wait.
+#[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
+#[derive(Default)]
+pub(crate) struct CampaignWake(tokio::sync::Notify);
+
+#[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
+impl CampaignWake {
+    /// Ends the current (or the next) [`CampaignWake::nap`] now.
+    pub(crate) fn wake(&self) {
+        self.0.notify_one();
+    }
+
+    /// Waits `d`, or less if woken.
+    pub(crate) async fn nap(&self, d: std::time::Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.0.notified() => {}
+        }
     }
 }

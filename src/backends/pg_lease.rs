@@ -157,7 +157,7 @@ pub struct PgLeaseElector {
     /// This elector's candidacy: its holder id and, while leading, its epoch.
     held: EpochLease,
     /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
-    wake: tokio::sync::Notify,
+    wake: crate::backends::CampaignWake,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ElectorError {
@@ -225,7 +225,7 @@ impl PgLeaseElector {
                 timeout,
                 schema: schema.clone(),
                 held: EpochLease::default(),
-                wake: tokio::sync::Notify::new(),
+                wake: Default::default(),
             })
             .collect())
     }
@@ -382,7 +382,7 @@ impl Elector for PgLeaseElector {
                 });
             }
             seen_held_at = Some(sent_at);
-            super::nap(&self.wake, self.jittered_retry()).await;
+            self.wake.nap(self.jittered_retry()).await;
         }
     }
 
@@ -475,7 +475,7 @@ impl Elector for PgLeaseElector {
     }
 
     fn wake_campaign(&self) {
-        self.wake.notify_one();
+        self.wake.wake();
     }
 
     async fn close(&self) -> ElectorResult<()> {

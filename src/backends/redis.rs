@@ -159,7 +159,7 @@ pub struct RedisElector {
     release_script: Script,
     expire_dead_script: Script,
     /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
-    wake: tokio::sync::Notify,
+    wake: crate::backends::CampaignWake,
     acquire_script: Script,
     state: StdMutex<State>,
 }
@@ -443,7 +443,7 @@ impl RedisElector {
                 renew_script: Script::new(RENEW_LUA),
                 release_script: Script::new(RELEASE_LUA),
                 expire_dead_script: Script::new(EXPIRE_DEAD_LUA),
-                wake: tokio::sync::Notify::new(),
+                wake: Default::default(),
                 acquire_script: Script::new(ACQUIRE_FENCED_LUA),
                 state: StdMutex::new(State::default()),
             })
@@ -649,7 +649,7 @@ impl Elector for RedisElector {
                 });
             }
             seen_held_at = Some(sent_at);
-            super::nap(&self.wake, self.jittered_retry()).await;
+            self.wake.nap(self.jittered_retry()).await;
         }
     }
 
@@ -753,7 +753,7 @@ impl Elector for RedisElector {
     }
 
     fn wake_campaign(&self) {
-        self.wake.notify_one();
+        self.wake.wake();
     }
 
     async fn close(&self) -> ElectorResult<()> {

@@ -926,7 +926,7 @@ pub struct RaftShardElector {
     /// This shard's candidacy: its holder id and, while leading, its epoch.
     held: EpochLease,
     /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
-    wake: tokio::sync::Notify,
+    wake: crate::backends::CampaignWake,
 }
 
 /// Starts this node's raft member (serving the shard lease table to its peers) and returns one
@@ -978,7 +978,7 @@ pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<RaftShardE
             group: group.clone(),
             shard,
             held: EpochLease::default(),
-            wake: tokio::sync::Notify::new(),
+            wake: Default::default(),
         })
         .collect())
 }
@@ -1039,7 +1039,7 @@ impl Elector for RaftShardElector {
                 // No raft leader yet, or it is changing: ask again.
                 Err(e) => tracing::debug!(shard = self.shard, error = %e, "shard acquire"),
             }
-            crate::backends::nap(&self.wake, self.jittered_retry()).await;
+            self.wake.nap(self.jittered_retry()).await;
         }
     }
 
@@ -1129,7 +1129,7 @@ impl Elector for RaftShardElector {
     }
 
     fn wake_campaign(&self) {
-        self.wake.notify_one();
+        self.wake.wake();
     }
 
     async fn close(&self) -> ElectorResult<()> {
