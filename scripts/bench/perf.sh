@@ -69,7 +69,10 @@
 #                                      # OLD, ...), `baton load` at RATE (30k) and, over 6 s of it,
 #                                      # perf --call-graph dwarf on the leader's commit thread
 #                                      # (baton-http-0) and every thread's CPU from schedstat
-#                                      # (ROUNDS=2; CONNECTIONS=256; CONFIG= a base node config)
+#                                      # (ROUNDS=2; CONNECTIONS=256; CONFIG= a base node config;
+#                                      # OLD_CONFIG= / NEW_CONFIG= one per side: the same build
+#                                      # at two batch sizes, e.g. a linger, shows the per-commit
+#                                      # cost is flat in the batch)
 #   scripts/bench/perf.sh modes [ROUNDS]  # `POST /next` durable and window, and `GET /healthz`,
 #                                      # wrk closed loop on one fleet of each mode, in turn: the
 #                                      # ratios to plain HTTP of issue 31 (SECONDS_EACH=15)
@@ -518,11 +521,13 @@ thread_times() { # PID -> "tid comm ns" per thread
 serial() {
   local old=$1 new=$2 rate=${3:-30000} rounds=${4:-2} dir=state/bench/serial
   local log="$OUT/serial.txt"
-  echo "# serial: old=$old new=$new; rate $rate; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
+  echo "# serial: old=$old${OLD_CONFIG:+ ($OLD_CONFIG)} new=$new${NEW_CONFIG:+ ($NEW_CONFIG)}; rate $rate; $(nproc) cores; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)" | tee "$log"
   for round in $(seq 1 "$rounds"); do
     for side in old new; do
-      local bin=${!side} tag="$OUT/serial-$round-$side" leader pid tid
-      fresh_fleet "$bin" "$dir" ${CONFIG:+--config "$CONFIG"}
+      local bin=${!side} tag="$OUT/serial-$round-$side" leader pid tid cfg
+      # OLD_CONFIG / NEW_CONFIG: a config per side (e.g. one build at two batch sizes).
+      cfg=$([ "$side" = old ] && echo "${OLD_CONFIG:-${CONFIG:-}}" || echo "${NEW_CONFIG:-${CONFIG:-}}")
+      fresh_fleet "$bin" "$dir" ${cfg:+--config "$cfg"}
       down_on_exit "$bin" "$dir"
       leader=$(leader_of "$bin" "$dir")
       pid=$("$bin" fleet status --dir "$dir" --json | python3 -c \
