@@ -92,9 +92,15 @@ def machine_words(r):
     return f"{w['busy_cores']:.2f}, {w['steal_percent']:.1f}%" if w else "-"
 
 
+def commit_words(r):
+    """The commit threads' CPU per ID (the serial stage), where the node ran commit threads."""
+    us = r.get("commit_thread_us_per_id")
+    return f"{us:.3f}" if us is not None else "-"
+
+
 def next_rows(paths):
-    print("| run | backend | offered | neighbour | achieved IDs/s | p50 ms | p99 ms | service p99 ms | errors | leadership changes | mean batch | machine busy cores, steal |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | backend | offered | neighbour | achieved IDs/s | p50 ms | p99 ms | service p99 ms | errors | leadership changes | mean batch | commit thread µs CPU/ID | machine busy cores, steal |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     p99s = []
     runs = [(p, json.load(open(p))) for p in paths]
     for p, r in runs:
@@ -103,7 +109,7 @@ def next_rows(paths):
         print(f"| {p.rsplit('/', 1)[-1]} | {r['backend']} | {r['offered_rate']:.0f} | "
               f"{neighbour_words(r)} | {b['ids_per_s']:.0f} | {b['p50_ms']:.2f} | "
               f"**{b['p99_ms']:.2f}** | {b.get('service_p99_ms') or float('nan'):.2f} | {b['errors']} | "
-              f"{r.get('leadership_changes', '?')} | {r['mean_batch_ids']:.1f} | {machine_words(r)} |")
+              f"{r.get('leadership_changes', '?')} | {r['mean_batch_ids']:.1f} | {commit_words(r)} | {machine_words(r)} |")
     if len(p99s) > 1:
         print(f"\np99 over {len(p99s)} runs: median {statistics.median(p99s):.2f} ms, "
               f"min {min(p99s):.2f}, max {max(p99s):.2f}")

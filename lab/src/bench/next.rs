@@ -172,6 +172,10 @@ pub struct NextReport {
     pub ratio: f64,
     pub commits: i64,
     pub mean_batch_ids: f64,
+    /// The leader's commit threads' CPU per acknowledged ID, µs (`None`: the commits ran on
+    /// client threads, as on a machine under 8 cores): the serial stage from thread counters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit_thread_us_per_id: Option<f64>,
     pub max_batch_ids: i64,
     pub ledger_violations: Option<i64>,
     /// New terms that claimed during the measured window (0 = no leadership change; a term
@@ -404,6 +408,13 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
             w.busy_cores - pw.busy_cores
         );
     }
+    let commit_thread_us_per_id = threads_window
+        .iter()
+        .find(|p| p.what.starts_with("leader"))
+        .and_then(|p| p.commit_us_per_id(baton.ids_per_s));
+    if let Some(us) = commit_thread_us_per_id {
+        println!("commit threads: {us:.3} µs of CPU per ID");
+    }
     println!(
         "ratio {:.1}x; group commits {} (mean {:.1} IDs, max {}); ledger violations {:?}",
         ratio,
@@ -430,6 +441,7 @@ async fn measure(args: &NextArgs, state: &FleetState) -> anyhow::Result<NextRepo
         ratio,
         commits: batches.get(0),
         mean_batch_ids: batches.get(1),
+        commit_thread_us_per_id,
         max_batch_ids: batches.get(2),
         ledger_violations: violations,
         leadership_changes,

@@ -111,6 +111,26 @@ pub struct ProcessThreads {
     pub total_cores: f64,
     /// Its busiest threads, busiest first (at most [`TOP_THREADS`]).
     pub busiest: Vec<ThreadBusy>,
+    /// Its sequencer commit threads (`baton-commit-*`, `[http] commit_threads`), busy or not:
+    /// the serial stage's thread, whose CPU per ID issue 31 asks for, is seldom among the
+    /// busiest.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub commit_threads: Vec<ThreadBusy>,
+}
+
+/// The prefix of a sequencer commit thread's name (`src/http/mod.rs` names them).
+pub const COMMIT_THREAD_PREFIX: &str = "baton-commit-";
+
+impl ProcessThreads {
+    /// µs of CPU on the commit threads per ID, at `ids_per_s` over this window: the serial
+    /// stage's cost per ID, read from thread counters (`None` without a commit thread).
+    pub fn commit_us_per_id(&self, ids_per_s: f64) -> Option<f64> {
+        if self.commit_threads.is_empty() || ids_per_s <= 0.0 {
+            return None;
+        }
+        let busy: f64 = self.commit_threads.iter().map(|t| t.busy).sum();
+        Some(busy * 1e6 / ids_per_s)
+    }
 }
 
 /// Threads a [`ProcessThreads`] lists.
@@ -147,6 +167,11 @@ impl Window {
                     busy.retain(|t| t.name.starts_with(prefix));
                 }
                 let total_cores = busy.iter().map(|t| t.busy).sum();
+                let commit_threads = busy
+                    .iter()
+                    .filter(|t| t.name.starts_with(COMMIT_THREAD_PREFIX))
+                    .cloned()
+                    .collect();
                 busy.retain(|t| t.busy >= 0.005);
                 busy.truncate(TOP_THREADS);
                 ProcessThreads {
@@ -155,6 +180,7 @@ impl Window {
                     seconds: secs,
                     total_cores,
                     busiest: busy,
+                    commit_threads,
                 }
             })
             .collect()
@@ -179,6 +205,7 @@ pub fn generator(busy: &[f64], seconds: f64) -> ProcessThreads {
                 busy: *b,
             })
             .collect(),
+        commit_threads: Vec::new(),
     }
 }
 
@@ -232,6 +259,46 @@ mod tests {
         assert_eq!(b.len(), 2, "thread 3 left, thread 4 came: neither counts");
         assert_eq!((b[0].tid, b[0].busy), (2, 1.0));
         assert_eq!((b[1].tid, b[1].busy), (1, 0.5));
+    }
+
+    #[test]
+    fn a_commit_thread_is_reported_busy_or_not_and_its_cpu_per_id_is_busy_over_the_rate() {
+        let me = std::process::id();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let idle = std::thread::Builder::new()
+            .name(format!("{COMMIT_THREAD_PREFIX}0"))
+            .spawn(move || stop_rx.recv().ok())
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let w = Window::start(&[("me".into(), me)]);
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let p = w.finish(&[None]).remove(0);
+        stop_tx.send(()).unwrap();
+        idle.join().unwrap();
+        assert!(
+            !p.busiest
+                .iter()
+                .any(|t| t.name.starts_with(COMMIT_THREAD_PREFIX)),
+            "an idle thread is not among the busiest: {:?}",
+            p.busiest
+        );
+        assert_eq!(
+            p.commit_threads
+                .iter()
+                .map(|t| t.name.as_str())
+                .collect::<Vec<_>>(),
+            ["baton-commit-0"]
+        );
+        // A quarter of a core at 500k IDs/s is 0.5 µs per ID; no commit thread, no figure.
+        let mut q = p.clone();
+        q.commit_threads[0].busy = 0.25;
+        assert_eq!(q.commit_us_per_id(500_000.0), Some(0.5));
+        q.commit_threads.clear();
+        assert_eq!(q.commit_us_per_id(500_000.0), None);
     }
 
     #[test]
