@@ -75,7 +75,8 @@
 #                                      # cost is flat in the batch)
 #   scripts/bench/perf.sh modes [ROUNDS]  # `POST /next` durable and window, and `GET /healthz`,
 #                                      # wrk closed loop on one fleet of each mode, in turn: the
-#                                      # ratios to plain HTTP of issue 31 (SECONDS_EACH=15)
+#                                      # ratios to plain HTTP of issue 31 (SECONDS_EACH=15;
+#                                      # WRK_CONNECTIONS=256, the same for all three routes)
 #
 # Uses the release binary (cargo build --release --bin baton). ratio, ab and pipe first drive each
 # leader's /next for WARMUP_SECONDS (10), unmeasured. The neighbour is
@@ -560,7 +561,8 @@ serial() {
 # `GET /healthz`, wrk closed loop (-t1 -c256, SECONDS_EACH s each), one fleet per mode up in
 # turn, the three alternating for ROUNDS rounds; `baton check` on each fleet's ledger.
 modes() {
-  local rounds=${1:-3} secs=${SECONDS_EACH:-15} log="$OUT/wrk-modes.txt"
+  local rounds=${1:-3} secs=${SECONDS_EACH:-15} conns=${WRK_CONNECTIONS:-256}
+  local log="$OUT/wrk-modes${WRK_CONNECTIONS:+-c$WRK_CONNECTIONS}.txt"
   local a=state/bench/modes-durable b=state/bench/modes-window
   two_fleets "$BATON" "$BATON" "$a" "$b" "" experiments/bench-configs/raft-window.toml
   local la lb
@@ -574,8 +576,8 @@ modes() {
       set -- $what
       local url="http://$3/$2" script=()
       [ "$2" = next ] && script=(-s scripts/bench/post-next.lua)
-      echo "## round $round: $1 wrk -t1 -c256 -d${secs}s ${script[*]} $url" | tee -a "$log"
-      wrk -t1 -c256 -d"${secs}"s --latency "${script[@]}" "$url" | tee -a "$log"
+      echo "## round $round: $1 wrk -t1 -c$conns -d${secs}s ${script[*]} $url" | tee -a "$log"
+      wrk -t1 -c"$conns" -d"${secs}"s --latency "${script[@]}" "$url" | tee -a "$log"
     done
   done
   "$BATON" check --dir "$a" | tail -1 | tee -a "$log"
