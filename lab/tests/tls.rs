@@ -121,14 +121,7 @@ async fn wait_leading(node: &NodeHandle, within: Duration) {
 
 /// `POST /next` once the leader's work is up (it answers 503 `not_ready` while it starts).
 async fn next_when_ready(client: &NodeClient, addr: &str) -> baton_lab::fleet::client::Reply {
-    let until = Instant::now() + Duration::from_secs(15);
-    loop {
-        let reply = client.post(addr, "/next").await.expect("POST /next");
-        if reply.status != 503 || Instant::now() > until {
-            return reply;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::post_when_ready(client, addr, "/next", Duration::from_secs(15)).await
 }
 
 /// What a plain-text HTTP request to `addr` gets back before the server closes (or 3 s pass).

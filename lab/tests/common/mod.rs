@@ -179,18 +179,10 @@ impl Fleet {
         }
     }
 
-    /// `POST path` at the leader `addr`, retried for up to 10 s while it answers `503`: a term
-    /// shows in `/status` as soon as it is won, and its work starts a moment later; the
-    /// `503 not_ready` in between asks the client to retry.
+    /// `POST path` at the leader `addr`, retried for up to 10 s while it answers `503`
+    /// ([`post_when_ready`]).
     pub async fn post_at_leader(&self, addr: &str, path: &str) -> baton_lab::fleet::client::Reply {
-        let until = Instant::now() + Duration::from_secs(10);
-        loop {
-            let r = self.client.post(addr, path).await.unwrap();
-            if r.status != 503 || Instant::now() >= until {
-                return r;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        post_when_ready(&self.client, addr, path, Duration::from_secs(10)).await
     }
 
     /// Like [`Fleet::leader`], but only once the same leader has held the same term for `hold`:
@@ -362,6 +354,25 @@ impl Fleet {
             let log = baton_lab::fleet::servers::log_tail(&node.log, n);
             eprintln!("--- {} log, last {n} lines:\n{log}", node.id);
         }
+    }
+}
+
+/// `POST path` at a leader `addr`, retried for up to `within` while it answers `503`: a term
+/// shows in `/status` as soon as it is won, and its work starts a moment later; the
+/// `503 not_ready` in between asks the client to retry.
+pub async fn post_when_ready(
+    client: &NodeClient,
+    addr: &str,
+    path: &str,
+    within: Duration,
+) -> baton_lab::fleet::client::Reply {
+    let until = Instant::now() + within;
+    loop {
+        let r = client.post(addr, path).await.expect("POST to the leader");
+        if r.status != 503 || Instant::now() >= until {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
