@@ -74,8 +74,10 @@ check_all() {
   command -v etcd >/dev/null 2>&1 || missing+=("etcd (etcd-server)")
   command -v redis-server >/dev/null 2>&1 || missing+=("redis-server")
   # The TLS tests (lab/tests/tls.rs, redis_sentinel.rs) start redis-server with --tls-port.
+  # grep reads all of ldd's output: under pipefail, `grep -q` exiting at the first match can leave
+  # ldd dying of SIGPIPE, and the check then failed on a redis-server that does link libssl.
   if command -v redis-server >/dev/null 2>&1 && command -v ldd >/dev/null 2>&1 \
-     && ! ldd "$(command -v redis-server)" | grep -q libssl; then
+     && ! ldd "$(command -v redis-server)" | grep libssl >/dev/null; then
     missing+=("redis-server built with TLS (this one does not link libssl)")
   fi
   [ -x /usr/bin/chromium ] || missing+=("chromium")
