@@ -16,6 +16,7 @@ pub enum BudgetCmd {
     /// The shard's failed terms within the window, whether that spends the budget, and the
     /// latest failures and resets.
     Status {
+        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
         #[arg(long)]
         admin_url: String,
         /// The shard (0 on an unsharded fleet).
@@ -33,6 +34,7 @@ pub enum BudgetCmd {
     /// `baton.failure_budget_resets`. Fix what made the work fail first. (The library's
     /// `baton::work::fence::reset_failure_budget`.)
     Reset {
+        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
         #[arg(long)]
         admin_url: String,
         /// The shard (0 on an unsharded fleet).

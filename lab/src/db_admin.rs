@@ -15,6 +15,7 @@ pub enum DbCmd {
     /// is written to DIR/<role>.url (0600) with --out, else printed once. A role that already has
     /// a password keeps it unless --rotate.
     Init {
+        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
         #[arg(long)]
         admin_url: String,
         /// Node ids, comma-separated (n1,n2,n3).
@@ -33,6 +34,7 @@ pub enum DbCmd {
     /// Let the application role and every node role read and write TABLE, and use the
     /// sequences it owns (a serial or identity column's).
     Grant {
+        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
         #[arg(long)]
         admin_url: String,
         /// The table, as SQL names it (ledger, app.ledger, "Ledger").

@@ -12,6 +12,7 @@ use tokio_postgres::{Client, NoTls};
 pub enum FenceCmd {
     /// The fence row, the switch, the sequences and cursors, and the latest refusals with reasons.
     Status {
+        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
         #[arg(long)]
         admin_url: String,
         /// How many of the latest rejections to show.
@@ -24,8 +25,10 @@ pub enum FenceCmd {
     /// node still running could hold: a stale node holding a token above TOKEN could write again.
     /// Recorded in fence_log as op `operator-reset`. (The library's `baton::work::fence::reset`.)
     Reset {
+        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
         #[arg(long)]
         admin_url: String,
+        /// The new max_token (0 lets a new backend's first term in).
         #[arg(long)]
         max_token: i64,
         /// Required: this lowers the fence on purpose.

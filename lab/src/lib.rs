@@ -9,6 +9,8 @@
 //! check/             the history checker: one invariant per file over the ledger + histories (`baton check`)
 //! bench/             `baton bench failover|next`: kill -9 / step-down trials, the sequencer benchmark
 //! exp/               `baton exp NAME`: experiments/NAME.toml → fleet, load, faults, checker, results + SVG plots
+//! cli.rs            the `baton` command line (clap): every command and flag, parsed by main.rs and the docs test
+//! cli_doc.rs         `baton cli-reference`: docs/cli.md, generated from cli.rs
 //! config_doc.rs      `baton config reference|init`: the node config's reference and a host's config, from the code
 //! fence_admin.rs     `baton fence status|reset`: inspect the fence, recover from a poisoned max_token
 //! budget_admin.rs    `baton budget status|reset`: the fleet-wide failure budget, and its reset
@@ -21,6 +23,8 @@ pub mod bench;
 pub mod budget_admin;
 pub mod chaos;
 pub mod check;
+pub mod cli;
+pub mod cli_doc;
 pub mod config_doc;
 pub mod db_admin;
 pub mod exp;

@@ -61,7 +61,7 @@ pub enum BenchCmd {
     Read(read::ReadArgs),
     /// Aggregate POST /next throughput against the shard count K (a fresh fleet per K).
     Shards(shards::ShardsArgs),
-    /// Issue 28's experiment: membership events on a sharded fleet under load (moves, dark
+    /// Membership events on a sharded fleet under load (moves, dark
     /// time per shard, balance, backend load, the history check per shard).
     ShardEvents(shard_events::ShardEventsArgs),
 }

@@ -39,8 +39,10 @@ const BASELINE_RESOURCE: &str = "bench-baseline";
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct NextArgs {
+    /// The election backend: raft, etcd, redis, redis-naive, zk or pg-lease.
     #[arg(long, default_value = "raft")]
     pub backend: BackendKind,
+    /// Nodes in the fleet.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
     /// Fleet directory (scratch; default state/bench/next-<backend>).
@@ -52,6 +54,7 @@ pub struct NextArgs {
     /// Offered rate, requests (= IDs) per second.
     #[arg(long, default_value_t = 50_000.0)]
     pub rate: f64,
+    /// How long to measure, e.g. 20s.
     #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
     pub duration: u64,
     /// Keep-alive connections (the most requests in flight at once). Default: Little's law on
@@ -71,8 +74,10 @@ pub struct NextArgs {
     /// Unmeasured warm-up at the same rate first (it also sizes the connections).
     #[arg(long, value_parser = parse_duration_ms, default_value = "5s")]
     pub warmup: u64,
+    /// How long the plain-HTTP baseline runs.
     #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
     pub baseline_duration: u64,
+    /// Connections of the plain-HTTP baseline.
     #[arg(long, default_value_t = 64)]
     pub baseline_connections: usize,
     /// Write the report as JSON here.

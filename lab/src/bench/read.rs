@@ -49,6 +49,7 @@ pub struct ReadArgs {
         default_value = "raft,etcd,pg-lease,redis,zk"
     )]
     pub backends: Vec<BackendKind>,
+    /// Nodes in the fleet.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
     /// Read modes, measured one after another on each fleet.
@@ -57,6 +58,7 @@ pub struct ReadArgs {
     /// Offered reads per second.
     #[arg(long, default_value_t = 2000.0)]
     pub rate: f64,
+    /// How long to measure, e.g. 20s.
     #[arg(long, value_parser = parse_duration_ms, default_value = "10s")]
     pub duration: u64,
     /// Keep-alive connections. Default: Little's law on the warm-up's service time (offered

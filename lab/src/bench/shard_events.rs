@@ -38,10 +38,13 @@ use baton::config::{parse_duration_ms, Fencing};
 
 #[derive(Args, Clone)]
 pub struct ShardEventsArgs {
+    /// The election backend: raft, etcd, redis, redis-naive, zk or pg-lease.
     #[arg(long, default_value = "etcd")]
     pub backend: BackendKind,
+    /// Nodes in the fleet.
     #[arg(long, default_value_t = 9)]
     pub nodes: usize,
+    /// The shard count K.
     #[arg(long, default_value_t = 64)]
     pub shards: u32,
     /// Offered IDs/s per shard.
@@ -59,10 +62,13 @@ pub struct ShardEventsArgs {
     /// Each node in its own network namespace (root, iptables): adds the partition event.
     #[arg(long)]
     pub netns: bool,
+    /// A base node config for the fleet (default: config/<backend>.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// The fleet's directory (its state file, configs, logs and servers).
     #[arg(long, default_value = "state/bench/shard-events")]
     pub dir: PathBuf,
+    /// Write the report here (default: under experiments/results/).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }

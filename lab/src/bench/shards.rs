@@ -24,6 +24,7 @@ pub struct ShardsArgs {
     /// Any backend (raft with K > 1 and no --config runs on config/raft-shards.toml).
     #[arg(long, default_value = "etcd")]
     pub backend: BackendKind,
+    /// Nodes in the fleet.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
     /// The shard counts to run, in order; ratios are against the first.
@@ -36,8 +37,10 @@ pub struct ShardsArgs {
     /// as much as K = 1 is. Mutually exclusive with `--rate`.
     #[arg(long, conflicts_with = "rate")]
     pub rate_per_shard: Option<f64>,
+    /// How long to measure, e.g. 20s.
     #[arg(long, value_parser = parse_duration_ms, default_value = "20s")]
     pub duration: u64,
+    /// Load before measuring begins, not counted.
     #[arg(long, value_parser = parse_duration_ms, default_value = "3s")]
     pub warmup: u64,
     /// Keep-alive connections in total (rounded up to a multiple of K, at least one per shard).

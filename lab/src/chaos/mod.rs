@@ -51,6 +51,7 @@ pub struct ChaosArgs {
 pub enum ChaosCmd {
     /// kill -9 the current leader.
     KillLeader {
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -64,18 +65,22 @@ pub enum ChaosCmd {
         /// What the leader is cut from.
         #[arg(long, value_enum, default_value = "backend")]
         from: CutTarget,
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
     /// Stop-the-world pause of the leader (SIGSTOP, then SIGCONT after N ms).
     GcPauseLeader {
+        /// Pause length in milliseconds.
         #[arg(long)]
         ms: u64,
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
     /// Set one node's clock skew (and drift) and restart it.
     Skew {
+        /// The node whose clock to skew (its id).
         #[arg(long)]
         node: String,
         /// Wall-clock offset, e.g. 200ms, -1.5s.
@@ -84,12 +89,14 @@ pub enum ChaosCmd {
         /// Clock rate error, e.g. 0.01 (1 % fast), -0.01 (slow).
         #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
         drift: f64,
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
     /// kill -9 the fenced resource's PostgreSQL primary and promote its standby (a fleet
     /// started with `--resource-standby`); the promoted standby is the fleet's from then on.
     PgPromote {
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
@@ -97,11 +104,13 @@ pub enum ChaosCmd {
     /// when the Sentinels named the replica as primary. The old primary then runs again as the
     /// new one's replica.
     SentinelFailover {
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },
     /// Undo every fault: remove all baton iptables rules, SIGCONT stopped nodes.
     Heal {
+        /// The fleet's directory (its state file, configs, logs and servers).
         #[arg(long, default_value = "state/fleet")]
         dir: PathBuf,
     },

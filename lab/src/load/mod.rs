@@ -887,6 +887,7 @@ pub struct LoadArgs {
     /// e.g. 10s.
     #[arg(long, default_value = "10s", value_parser = baton::config::parse_duration_ms)]
     pub duration: u64,
+    /// Concurrent connections.
     #[arg(long, default_value_t = 8)]
     pub connections: usize,
     /// Per-request deadline, e.g. 2s.
