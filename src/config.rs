@@ -554,7 +554,7 @@ pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
 /// Most client-serving threads `[http] threads` may ask for.
 const MAX_HTTP_THREADS: usize = 64;
 
-/// Bounds on what one client may hold of the node's HTTP server (SPEC §10): a client that
+/// Bounds on what one client may hold of the node's HTTP server: a client that
 /// trickles headers or a body, or never sends one, is cut off instead of holding a descriptor.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -589,14 +589,14 @@ pub struct HttpConfig {
     /// Threads of their own for the sequencers' group commits (0..=64). Unset, the default: one
     /// when the node runs one shard and the server has 4 or more client threads (8 cores or
     /// more), else none (K > 1 shards' commit paths spread over the client threads, the layout
-    /// FINDINGS §18.1 measured scaling with K; one thread for all of them was not). None (0): a
+    /// `experiments/FINDINGS.md` measured scaling with K; one thread for all of them was not). None (0): a
     /// shard's commit path (its sequencer, commit loop and database connection) runs on one of
     /// the client threads, shard s on thread s mod `threads`, so on a one-thread server a
     /// request crosses no thread inside the node. N > 0: N more threads, `baton-commit-i`,
     /// shard s on commit thread s mod N. A commit loop on a client thread waits, after each
     /// commit, behind that thread's own requests, a wait that grows with the load: on 16 cores
     /// a thread of its own halved the commit cycle and took durable `/next` at 500k offered
-    /// from 477k IDs/s (p99 382 ms) to 499k (p99 6.8 ms) (FINDINGS §17.7).
+    /// from 477k IDs/s (p99 382 ms) to 499k (p99 6.8 ms) (`experiments/FINDINGS.md`).
     pub commit_threads: Option<usize>,
     /// PEM certificate chain to serve HTTPS with (feature `tls`); with `tls_key_file`, the
     /// server speaks HTTPS only. The TLS handshake must complete within `header_read_timeout_ms`.
@@ -953,7 +953,7 @@ pub struct SequencerConfig {
     /// while the one before it is flushed (one goes behind another only once it carries at
     /// least as many IDs): more IDs/s where commits, not CPU, are the limit (few clients, or
     /// cores to spare). 1, the default: each commit waits for the answer to the last, which on
-    /// a saturated 2-core machine is the faster of the two (FINDINGS §11.4).
+    /// a saturated 2-core machine is the faster of the two (`experiments/FINDINGS.md`).
     pub commits_in_flight: usize,
     /// The least time between the starts of two group commits sent one after the other
     /// (0..=20). 0, the default: the next commit goes as soon as the last is answered. Above

@@ -53,7 +53,7 @@ impl fmt::Display for FenceToken {
     }
 }
 
-/// Which backend elects. Six are specified (SPEC §3); each lives in its own module.
+/// Which backend elects. Six are built in; each lives in its own module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BackendKind {
@@ -94,7 +94,7 @@ impl BackendKind {
 }
 
 impl BackendKind {
-    /// Every built-in backend, in the order of SPEC §3 ([`BackendKind::Custom`] is not one).
+    /// Every built-in backend ([`BackendKind::Custom`] is not one).
     pub const ALL: [BackendKind; 6] = [
         BackendKind::Etcd,
         BackendKind::Raft,

@@ -406,7 +406,7 @@ impl Leadership {
     }
 
     /// One consistent snapshot of what a read needs: `None` unless this node holds a term.
-    /// Takes no lock (see [`ReadSnapshot`]): it never waits for, nor delays, a writer such as
+    /// Takes no lock (see `ReadSnapshot`): it never waits for, nor delays, a writer such as
     /// the sequencer publishing a group commit; it sees every write whose lock was released
     /// before it began.
     pub fn read_view(&self) -> Option<ReadView> {

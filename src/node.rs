@@ -4,7 +4,7 @@
 //!
 //! [`NodeBuilder::start`] returns a [`NodeHandle`]: ask it whether this node leads and with which
 //! token, watch the leader, step down, shut down. baton's HTTP server is optional
-//! ([`NodeBuilder::serve_http`], feature `http`): a service may answer `/status` from its own
+//! (`NodeBuilder::serve_http`, feature `http`): a service may answer `/status` from its own
 //! server by reading the handle, or not at all.
 //!
 //! ```no_run

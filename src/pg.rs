@@ -86,8 +86,8 @@ pub(crate) async fn admin_session(
 /// round trip. A healthy server answers within it, if only with its statement-timeout error;
 /// past it the packets are being lost (a partition drops them, it does not refuse them) or the
 /// server is stopped. TCP alone would keep the call waiting for its retransmissions: after a
-/// 15 s cut from PostgreSQL the sequencer's next answer came 12.3 s after the heal (FINDINGS
-/// §11.10). The fence gives up a call at this bound; every connection's `TCP_USER_TIMEOUT` is it.
+/// 15 s cut from PostgreSQL the sequencer's next answer came 12.3 s after the heal
+/// (`experiments/FINDINGS.md`). The fence gives up a call at this bound; every connection's `TCP_USER_TIMEOUT` is it.
 pub(crate) fn answer_bound(statement_timeout: Duration) -> Duration {
     statement_timeout + Duration::from_secs(1)
 }

@@ -1,4 +1,4 @@
-//! The descriptor limit (SPEC §10). A node's sockets (clients, peers, database pool) and files
+//! The descriptor limit. A node's sockets (clients, peers, database pool) and files
 //! all draw on RLIMIT_NOFILE, whose soft limit is often 1,024 while the hard limit allows far
 //! more: the node raises the soft limit to the hard one at start-up, and sizes its client
 //! connection cap from the result.

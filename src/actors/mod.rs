@@ -1,4 +1,4 @@
-//! The per-node supervision tree (SPEC §2).
+//! The per-node supervision tree.
 //!
 //! ```text
 //! NodeSupervisor                 owns the phase: follower -> starting -> leading -> demoting

@@ -3,7 +3,7 @@
 //! One task per node. Every `probe_interval_ms` it probes each member's `GET /healthz`, keeps
 //! the set of live members, computes the balanced rendezvous assignment ([`crate::shard::assign`])
 //! and tells each shard's supervisor whether this node should hold that shard
-//! ([`SupervisorMsg::Placement`]). The supervisor owns what follows: a shard that stops being ours
+//! (`SupervisorMsg::Placement`). The supervisor owns what follows: a shard that stops being ours
 //! while we lead it is handed over (checkpoint → stop → release) and the new owner, already
 //! campaigning, claims at once; a shard that becomes ours is campaigned for.
 //!
@@ -12,7 +12,7 @@
 //! can at worst both campaign for a shard: one wins, the other waits in line.
 //!
 //! * **Live**: a member whose last `200` is less than `down_after_ms` old (a probe may take up
-//!   to `down_after_ms` to answer: see [`Prober`]), and that has answered for at
+//!   to `down_after_ms` to answer: see `Prober`), and that has answered for at
 //!   least `down_after_ms` (and two probe intervals): a member that just came up seeks no shard
 //!   for its own warm-up (below), which is that long from its start, so a holder that handed it
 //!   a shard any sooner would leave the shard dark until the warm-up ended. Counted this way, the
@@ -119,7 +119,7 @@ type ProbeAnswer = Pin<Box<dyn Future<Output = (usize, Probe)> + Send>>;
 /// is *not* bounded by it: on a loaded machine `/healthz` (served at nice 5, behind the timers)
 /// can take several intervals, and a member that answers late is alive. Bounding each probe by
 /// the interval (as this did before) counted such members dead on a saturated 2-core host, moved
-/// their shards, which loaded the host more: the etcd fleet at K = 256 (FINDINGS §13.9) churned
+/// their shards, which loaded the host more: the etcd fleet at K = 256 (`experiments/FINDINGS.md`) churned
 /// that way without end.
 struct Prober {
     client: MemberClient,

@@ -1,4 +1,4 @@
-//! The NodeSupervisor: owns the node's phase and the ordering guarantees of SPEC §2.
+//! The NodeSupervisor: owns the node's phase, and the order a term starts and ends in.
 //!
 //! ```text
 //!  follower --Elected(token)--> starting --WorkStarted--> leading
@@ -867,7 +867,7 @@ mod tests {
         }
     }
 
-    /// The race of FINDINGS §13.9: placement withdraws a shard from this node while its
+    /// A race seen in `experiments/FINDINGS.md`: placement withdraws a shard from this node while its
     /// campaign is winning, and the win arrives after the withdrawal. The supervisor must hand
     /// that term over (release it), or the shard stays here with nobody sent to take it.
     #[tokio::test]

@@ -22,7 +22,7 @@
 //! `Campaign` and `Observe` calls were seen to hang: a candidacy whose key was already the oldest
 //! stayed unanswered for minutes while its node kept the lease alive, so no other node could win
 //! that shard either, and observers opened before a shard had a leader never heard of it
-//! (FINDINGS §13.5). Here every wait is our own watch *and* a periodic re-read, so a missed event
+//! (`experiments/FINDINGS.md`). Here every wait is our own watch *and* a periodic re-read, so a missed event
 //! costs at most one re-read interval. The keys are the ones `etcdctl elect NAME` makes, so it
 //! still queues with us.
 //!

@@ -2,7 +2,7 @@
 //!
 //! etcd 3.4 removes expired leases in a loop that runs every 500 ms, so a dead leader's
 //! candidacy outlives its lease by up to half a second and failover takes up to TTL + 500 ms
-//! (`experiments/FINDINGS.md` §6). Once etcd considers a lease expired it can never be renewed (a
+//! (`experiments/FINDINGS.md`). Once etcd considers a lease expired it can never be renewed (a
 //! keepalive for it waits for the revocation, then fails), so revoking it ourselves is exactly
 //! the sweep's own next step, taken sooner. Nothing here decides who leads: the revocation
 //! deletes the dead candidacy, and etcd's Campaign lets the next one in as it always does.

@@ -142,7 +142,7 @@ impl BackendKind {
 /// A polling campaign's wait between polls, which
 /// [`Elector::wake_campaign`](crate::elector::Elector::wake_campaign) cuts short: the detector's
 /// takeover wakes the campaign instead of restarting it, so an `acquire` already at the server
-/// is never dropped for a closed candidacy (FINDINGS §19.8). A wake given while no campaign
+/// is never dropped for a closed candidacy (`experiments/FINDINGS.md`). A wake given while no campaign
 /// waits is kept for the next wait.
 #[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
 #[derive(Default)]

@@ -1,5 +1,5 @@
 //! pg-lease: a lease row in PostgreSQL, expiry judged by the **database's** clock — the cheapest
-//! correct recipe (SPEC §3).
+//! correct recipe.
 //!
 //! One row per election in `baton_lease.leases(name PK, holder, info, epoch, valid_until)`, in its
 //! own schema (never the fenced resource's), created by the backend on first use.

@@ -1,7 +1,7 @@
 //! Redis: a single lock key taken with `SET key value NX PX ttl`, kept by a compare-and-`PEXPIRE`
 //! renew, released by a compare-and-`DEL`, all by the candidacy's unique value. Two variants:
 //!
-//! * **`redis-naive`** — the lock alone: the instructive wrong default (SPEC §3). Redis gives the
+//! * **`redis-naive`** — the lock alone: the instructive wrong default. Redis gives the
 //!   holder nothing the protected resource could check, so this backend has **no fencing token**.
 //!   The `Elector` seam still needs a [`FenceToken`], so it presents what people reach for when they
 //!   have none: the acquiring node's **wall-clock milliseconds** (through the node's possibly

@@ -946,7 +946,7 @@ impl Elector for ZkElector {
     }
 
     /// One `sync` + multi-read (our znode among the node's others) round trip, shared: it renews the session for every
-    /// shard and checks each held znode (see [`Hub::renew_all`]). Nothing to renew without a
+    /// shard and checks each held znode (see `Hub::renew_all`). Nothing to renew without a
     /// candidacy.
     async fn renew(&self) -> ElectorResult<Option<Grant>> {
         let hub = &self.hub;
@@ -1133,7 +1133,7 @@ impl Elector for ZkElector {
     /// A native watch: the lowest child's data with a watch on it (fires when it goes), or the
     /// children with a watch when nobody is a candidate. While the watch is quiet, the node's
     /// shared re-check confirms every `QUIET_RECHECK_INTERVALS × every` that the lowest child
-    /// is still the one watched (see [`ZkElector::wait_while_quiet`]).
+    /// is still the one watched (see `ZkElector::wait_while_quiet`).
     async fn observe(&self, tx: tokio::sync::watch::Sender<Option<LeaderInfo>>, every: Duration) {
         let hub = &self.hub;
         while !tx.is_closed() {

@@ -3,7 +3,7 @@
 //! One SWIM member per node ([`foca`]: probes, indirect probes, suspicion, refutation, gossip),
 //! over our own transport: a UDP socket on its own port (`[detector] bind` / `peers`), every
 //! datagram sealed with the cluster secret ([`wire`]). The actor that owns the member is
-//! [`crate::actors::detector`]. What it decides reaches the electors as
+//! `actors::detector`. What it decides reaches the electors as
 //! [`crate::actors::PeerEvent`]s: a member *confirmed* dead (suspected and not refuted within
 //! `suspect_ms`) lets a follower end that member's lease in the backend and campaign at once;
 //! this node declared dead makes it demote if it leads. A suspicion alone changes nothing.

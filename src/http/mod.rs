@@ -1,7 +1,7 @@
-//! HTTP (SPEC §5), hyper 1. `serve` takes a bound listener and a shutdown future, so tests bind
+//! HTTP, hyper 1. `serve` takes a bound listener and a shutdown future, so tests bind
 //! port 0 and stop the server when they are done.
 //!
-//! Every client holds bounded resources (SPEC §10): a connection slot out of `max_connections`
+//! Every client holds bounded resources: a connection slot out of `max_connections`
 //! (past it, the slot of the connection longest without progress, or a fixed 503 and close when
 //! every slot is serving a request: a flood cannot take the descriptors the node needs for its
 //! own work, nor lock new clients out; see `slots`), a header-read clock that also bounds idle keep-alive, a body-read clock and size

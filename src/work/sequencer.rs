@@ -44,7 +44,7 @@
 //! (`commit_loop`): it owns the term's connection and the next ID, takes the intake, sends the
 //! commit, and when the outcome arrives sends the next commit before it hands the last one's
 //! answers to the homes, so PostgreSQL works on the next batch while this thread answers. A
-//! commit costs that task one wake-up, no actor message and no task spawned (FINDINGS §17.6). The
+//! commit costs that task one wake-up, no actor message and no task spawned (`experiments/FINDINGS.md`). The
 //! actor keeps the term's lifecycle (the claim, checkpoint, stop) and window mode, and never
 //! awaits PostgreSQL in `handle()`: claims and window extensions run in spawned tasks that report
 //! back with a message.
@@ -53,11 +53,11 @@
 //! its runtime, [`SequencerHandle::offer_commit_runtime`]), or on a thread of its own with
 //! `[http] commit_threads`, else on the node's runtime. On a client thread the actor, its commit
 //! loop and its database connection's I/O share the thread that parses the requests and writes
-//! the answers, so on a one-thread server a request crosses no thread inside the node (FINDINGS
-//! §11.8); with more server threads each other thread is woken once per commit, not once per
+//! the answers, so on a one-thread server a request crosses no thread inside the node
+//! (`experiments/FINDINGS.md`); with more server threads each other thread is woken once per commit, not once per
 //! request. The price is that the loop, woken by its commit's answer, waits behind that
 //! thread's ready requests, a wait that grows with the load; a commit thread of its own trades
-//! that for one more wake-up across threads per commit (FINDINGS §17.7). Nothing timer-critical
+//! that for one more wake-up across threads per commit (`experiments/FINDINGS.md`). Nothing timer-critical
 //! moves: heartbeats, renewals and the watchdog stay on the node's runtime, and a stopped term is
 //! still refused by the fence whatever thread its last commit left from.
 

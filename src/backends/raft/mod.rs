@@ -7,7 +7,7 @@
 //! voter still inside its leader lease, so a 0.9 "step down" means going dark for a whole election
 //! timeout. 0.10 has `trigger().transfer_leader(to)`: the leader stops proposing and heartbeating,
 //! tells every member, and the named node elects itself with a flag that lets voters skip the lease
-//! (Raft dissertation §4.2.3). The alpha's API still changes between alphas, hence the `=` pin.
+//! (section 4.2.3 of the Raft dissertation). The alpha's API still changes between alphas, hence the `=` pin.
 //!
 //! # Mapping onto [`Elector`]
 //!
@@ -64,10 +64,10 @@
 //! accepted (that is the lease bound above), so failover is at least `L` minus the time since the
 //! last heartbeat. openraft on its own waits longer: a follower stands only after
 //! `L + election_timeout` (a fresh draw in `[min, max)`), ~`L + min·4/3` for the first of two
-//! followers, which measured 535 ms median with `150-300`. [`prompt`] has each follower stand
+//! followers, which measured 535 ms median with `150-300`. The `prompt` module has each follower stand
 //! (pre-vote first) as soon as its own `L` has run out, which leaves `L` − half a heartbeat +
 //! a few ms of jitter + the claim through the fence: 270–280 ms median with `150-250` (the
-//! measured runs are in experiments/FINDINGS.md §1). Lowering `L` further lowers failover but shortens nothing else:
+//! measured runs are in `experiments/FINDINGS.md`). Lowering `L` further lowers failover but shortens nothing else:
 //! the lease a leader may act on is capped by `election_timeout_min`, not by `L`.
 //!
 //! # Sharded (`[shards] count` > 1)

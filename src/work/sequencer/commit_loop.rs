@@ -3,7 +3,7 @@
 //! one fenced commit, and when its outcome arrives send the next one and hand the answers out.
 //!
 //! Why one long-lived task: the serial stage of the sequencer is paid per commit, not per ID
-//! (FINDINGS §17.3), and before this loop each commit cost an actor message (the outcome back to
+//! (`experiments/FINDINGS.md`), and before this loop each commit cost an actor message (the outcome back to
 //! the actor) and a task spawned for its outcome, beside the connection's own I/O. Here a commit
 //! costs one wake-up of this task, by the connection that read its answer. The actor keeps the
 //! term's lifecycle (the claim, checkpoint, stop) and window mode; this task is the only owner of
@@ -320,7 +320,7 @@ impl CommitLoop {
     /// Whether the next commit must wait for `limits.min_interval` since the last one; if so
     /// the loop looks again then. Meanwhile the intake keeps the committer due, so appends
     /// wake nobody and all gather into that commit: under load, fewer and larger commits,
-    /// each costing PostgreSQL about the same whatever it carries (FINDINGS §11.6), for at most
+    /// each costing PostgreSQL about the same whatever it carries (`experiments/FINDINGS.md`), for at most
     /// the interval in latency.
     fn lingering(&mut self) -> bool {
         if self.limits.min_interval.is_zero() {
