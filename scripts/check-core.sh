@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The core crate stays a library a user can adopt (SPEC §9):
+# The core crate stays a library a user can adopt:
 #  1. no import circles among its modules (scripts/module-cycles.py exits 1 on a cycle);
 #  2. each backend feature pulls in only its own client stack, and never the lab's tooling crates
 #     (from `cargo tree`, so nothing is compiled for it);
 #  3. the core compiles with each backend alone, and with no HTTP server (`cargo check`), so a
 #     feature gate that only the all-features lab build exercised cannot rot;
-#  4. it is clean under clippy (warnings are errors), and it packages as a crate that holds the
-#     library alone and builds from what it holds (`cargo package`, which verifies by compiling
-#     the packed copy; --allow-dirty so it also runs on a work tree with uncommitted changes).
+#  4. it is clean under clippy (warnings are errors), and its docs build without a warning
+#     (broken or private intra-doc links, unclosed HTML, bare URLs, an undocumented public item);
+#  5. it passes `cargo publish --dry-run`: it packages as a crate that holds the library alone and
+#     builds from what it holds (the packed copy is compiled), with publish's own checks of the
+#     manifest; nothing is uploaded. --allow-dirty so it also runs on a work tree with
+#     uncommitted changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +36,8 @@ for f in raft etcd redis zk pg-lease "pg-lease,http" "etcd,prometheus"; do
   cargo check -q -p baton --no-default-features --features "$f"
 done
 cargo clippy -q -p baton -- -D warnings
-cargo package -q -p baton --allow-dirty
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q -p baton
+cargo publish --dry-run -q -p baton --allow-dirty
 packed=$(cargo package -q -p baton --allow-dirty --no-verify --list)
 if grep -Eq '^(lab|experiments|scripts|config)/' <<<"$packed"; then
   echo "check-core: the crate would pack tooling or experiments:" >&2
@@ -41,4 +45,4 @@ if grep -Eq '^(lab|experiments|scripts|config)/' <<<"$packed"; then
   exit 1
 fi
 echo "check-core: no module cycle; each backend alone builds and pulls in only its own client;" \
-  "clippy-clean; the crate packs $(wc -l <<<"$packed") files and builds from them"
+  "clippy-clean; docs without a warning; the crate packs $(wc -l <<<"$packed") files and builds from them"
