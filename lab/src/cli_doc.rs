@@ -177,6 +177,9 @@ fn arg_help(arg: &Arg) -> String {
         .or(arg.get_help())
         .map(|s| one_line(&s.to_string()))
         .unwrap_or_default();
+    if !help.is_empty() && !help.ends_with(['.', ')', ':', '`']) {
+        help.push('.');
+    }
     let choices: Vec<String> = arg
         .get_possible_values()
         .iter()
@@ -195,7 +198,7 @@ fn arg_help(arg: &Arg) -> String {
         }
         help.push_str(&format!("Env `{}`.", env.to_string_lossy()));
     }
-    if arg.get_value_delimiter() == Some(',') {
+    if arg.get_value_delimiter() == Some(',') && !help.to_lowercase().contains("comma-separated") {
         if !help.is_empty() {
             help.push(' ');
         }

@@ -336,6 +336,14 @@ fn database_of(url: &str) -> String {
     path.split('?').next().unwrap_or("").to_string()
 }
 
+/// The server's own words for a failed statement.
+fn db_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
+}
+
 async fn client(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -404,7 +412,7 @@ async fn every_sql_block_runs_on_a_database_made_by_db_init() {
             }
             ran += 1;
             if let Err(e) = db.batch_execute(&block.text).await {
-                failures.push(format!("{file}:{}: {e}: {}", block.line, e.as_db_error().map(|d| d.message()).unwrap_or("")));
+                failures.push(format!("{file}:{}: {}", block.line, db_error(&e)));
             }
         }
     }
@@ -519,8 +527,11 @@ fn node_config_for(file: &str, pg: &Pg, db: &str, secrets: &Path, state: &Path) 
 
 /// Runs `file`'s library walk: its `baton db init` line, its SQL, its `baton db grant` line, its
 /// node config and its job, until the job's rows are in the table the page created. Returns
-/// the block that ran as the walk's job.
-async fn walk(file: &str, pg: &Pg, work: &Path) -> String {
+/// the block that ran as the walk's job, and the walk's own server (each walk has one: the
+/// roles `db init` makes are the server's, and a second walk must find none).
+async fn walk(file: &str, work: &Path) -> (String, Pg) {
+    let pg = Pg::start().await;
+    let pg_ref = &pg;
     let lines: Vec<Vec<String>> = shell_blocks(file)
         .iter()
         .flat_map(baton_lines)
@@ -535,7 +546,7 @@ async fn walk(file: &str, pg: &Pg, work: &Path) -> String {
     };
     let (init, grant) = (find("init"), find("grant"));
     let db = database_of(&init[init.iter().position(|w| w == "--admin-url").unwrap() + 1]);
-    let admin = pg.admin_url(&db).await;
+    let admin = pg_ref.admin_url(&db).await;
     let secrets = work.join("secrets");
     let mut init = with_flag(&init, "--admin-url", &admin);
     if init.iter().any(|w| w == "--out") {
@@ -549,14 +560,14 @@ async fn walk(file: &str, pg: &Pg, work: &Path) -> String {
         db_client
             .batch_execute(&block.text)
             .await
-            .unwrap_or_else(|e| panic!("{file}:{}: {e}", block.line));
+            .unwrap_or_else(|e| panic!("{file}:{}: {}", block.line, db_error(&e)));
     }
     run_db_line(&with_flag(&grant, "--admin-url", &admin)).await;
 
     let state = work.join("state");
     std::fs::create_dir_all(&state).unwrap();
     let config = work.join("node.toml");
-    std::fs::write(&config, node_config_for(file, pg, &db, &secrets, &state)).unwrap();
+    std::fs::write(&config, node_config_for(file, pg_ref, &db, &secrets, &state)).unwrap();
     let (name, ..) = compiled_blocks()
         .into_iter()
         .find(|(_, f, _, run)| f == file && *run)
@@ -603,19 +614,22 @@ async fn walk(file: &str, pg: &Pg, work: &Path) -> String {
         assert!(*token >= 1 && *token <= max_token, "{file}: row token {token}");
         assert_eq!(holder, "n1", "{file}: a row from another holder");
     }
-    name
+    (name, pg)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_walk_and_every_program_run_as_written() {
-    let pg = Pg::start().await;
     let work = tempfile::tempdir().unwrap();
     let mut walked = Vec::new();
+    let mut last_pg = None;
     for file in ["README.md", "docs/library.md"] {
         let dir = work.path().join(file.replace('/', "_"));
         std::fs::create_dir_all(&dir).unwrap();
-        walked.push(walk(file, &pg, &dir).await);
+        let (name, pg) = walk(file, &dir).await;
+        walked.push(name);
+        last_pg = Some(pg);
     }
+    let _pg = last_pg;
 
     // Every other program block runs on the last walk's database and config: it starts, leads
     // for a while, stops on Ctrl-C, and exits 0.
