@@ -82,21 +82,84 @@ fn plain(doc: &str) -> String {
     out
 }
 
-/// The unit a key's name gives it.
-fn unit(key: &str) -> &'static str {
-    if key.ends_with("_ms") {
-        "ms"
-    } else if key.ends_with("_bytes") {
-        "bytes"
+/// The doc comment of `pub struct NAME` in `src/config.rs`, joined into one paragraph.
+pub fn struct_doc(name: &str) -> String {
+    let mut doc: Vec<String> = Vec::new();
+    for line in CONFIG_RS.lines() {
+        let t = line.trim();
+        if t == format!("pub struct {name} {{") {
+            return plain(&doc.join(" "));
+        }
+        if let Some(d) = t.strip_prefix("///") {
+            doc.push(d.trim().to_owned());
+        } else if !t.starts_with("#[") {
+            doc.clear();
+        }
+    }
+    String::new()
+}
+
+/// Whether `ty` is one of the config's structs (written as a TOML table).
+fn is_table(ty: &str) -> bool {
+    !struct_keys(ty).is_empty()
+}
+
+/// The struct of a key written as an array of tables (`Vec<PeerSpec>` → `PeerSpec`).
+fn table_array(ty: &str) -> Option<&str> {
+    ty.strip_prefix("Vec<")
+        .and_then(|t| t.strip_suffix('>'))
+        .filter(|t| is_table(t))
+}
+
+/// How a value of Rust type `ty` is written in TOML: `integer`, `float`, `boolean`, `string`
+/// (text, paths, addresses, secrets and the enums, which are written as their names), `array
+/// of ...` or `table`. An `Option` is written as what it holds, or left out.
+pub fn toml_type(ty: &str) -> String {
+    let ty = ty.trim();
+    if let Some(inner) = ty.strip_prefix("Option<").and_then(|t| t.strip_suffix('>')) {
+        return toml_type(inner);
+    }
+    if let Some(inner) = ty.strip_prefix("Vec<").and_then(|t| t.strip_suffix('>')) {
+        return format!("array of {}s", toml_type(inner));
+    }
+    match ty {
+        "u8" | "u16" | "u32" | "u64" | "usize" | "i8" | "i16" | "i32" | "i64" | "isize" => {
+            "integer".into()
+        }
+        "f32" | "f64" => "float".into(),
+        "bool" => "boolean".into(),
+        _ if is_table(ty) => "table".into(),
+        _ => "string".into(),
+    }
+}
+
+/// The unit of an integer key, from its name (`_ms`, `_bytes`); none for any other type (a
+/// string like `election_timeout_ms = "150-250"` names its unit in its meaning).
+fn unit(key: &Key) -> Option<&'static str> {
+    if toml_type(&key.rust_type) != "integer" {
+        None
+    } else if key.name.ends_with("_ms") {
+        Some("ms")
+    } else if key.name.ends_with("_bytes") {
+        Some("bytes")
     } else {
-        ""
+        None
+    }
+}
+
+/// A key's type as the reference shows it: `integer (ms)`, `string`, `array of tables`, ...
+fn show_type(key: &Key) -> String {
+    let ty = toml_type(&key.rust_type);
+    match unit(key) {
+        Some(u) => format!("{ty} ({u})"),
+        None => ty,
     }
 }
 
 /// A section's struct: the type of a top-level key that names one of the config's structs.
 fn section_struct(key: &Key) -> Option<&str> {
     let ty = key.rust_type.as_str();
-    (ty.ends_with("Config") && !struct_keys(ty).is_empty()).then_some(ty)
+    (ty.ends_with("Config") && is_table(ty)).then_some(ty)
 }
 
 /// How a default shows in the reference.
@@ -108,17 +171,42 @@ fn show_default(v: Option<&toml::Value>) -> String {
     }
 }
 
+/// The rows of `keys`. `defaults` is the section's default table; `None` for the tables of an
+/// array, which have no defaults: there a key that is not an `Option` is required.
 fn table_rows(out: &mut String, keys: &[Key], defaults: Option<&toml::Table>) {
-    out.push_str("| key | default | unit | meaning |\n| --- | --- | --- | --- |\n");
+    out.push_str("| key | type | default | meaning |\n| --- | --- | --- | --- |\n");
     for k in keys {
+        let default = match defaults {
+            Some(d) => show_default(d.get(&k.name)),
+            None if k.rust_type.starts_with("Option<") => "unset".to_owned(),
+            None => "required".to_owned(),
+        };
         let _ = writeln!(
             out,
             "| `{}` | {} | {} | {} |",
             k.name,
-            show_default(defaults.and_then(|d| d.get(&k.name))),
-            unit(&k.name),
+            show_type(k),
+            default,
             k.doc.replace('|', "\\|")
         );
+    }
+}
+
+/// The array-of-tables keys of section `section` (type `ty`), each as its own table:
+/// `[[raft.peers]]`, `[[shards.members]]`, `[[detector.peers]]`.
+fn table_array_rows(out: &mut String, section: &str, ty: &str) {
+    for k in struct_keys(ty) {
+        let Some(elem) = table_array(&k.rust_type) else {
+            continue;
+        };
+        let _ = write!(
+            out,
+            "\n### `[[{section}.{key}]]`\n\n{doc} `{key}` above is a list of these: write one \
+             `[[{section}.{key}]]` table per entry. A key without a default is required.\n\n",
+            key = k.name,
+            doc = struct_doc(elem),
+        );
+        table_rows(out, &struct_keys(elem), None);
     }
 }
 
@@ -131,9 +219,13 @@ pub fn reference() -> String {
          Generated from the code by `baton config reference` (each key's doc comment in \
          `src/config.rs`, each default from `NodeConfig::default()`); a test fails when this file \
          differs, so regenerate it with `baton config reference > deploy/config-reference.md`. \
-         Every key is optional; an unknown key is an error. `baton node` and `baton run` read \
-         it with `--config FILE`, and their flags override it. \"unset\" means no value unless \
-         one is given. Start from `baton config init` (see deploy/README.md).\n\n## Top level\n\n",
+         Every key is optional, except inside the tables of an array (`[[raft.peers]]` and the \
+         like), where a key marked \"required\" must be given; an unknown key is an error. \
+         `baton node` and `baton run` read it with `--config FILE`, and their flags override it. \
+         \"type\" is how the value is written in TOML (`string` also covers paths, addresses \
+         and the named choices such as `backend`); an integer's unit, where it has one, follows \
+         in brackets. \"unset\" means no value unless one is given. Start from `baton config \
+         init` (see deploy/README.md).\n\n## Top level\n\n",
     );
     let (values, sections): (Vec<Key>, Vec<Key>) =
         top.into_iter().partition(|k| section_struct(k).is_none());
@@ -143,13 +235,7 @@ pub fn reference() -> String {
         let _ = write!(out, "\n## `[{}]`\n\n{}\n\n", s.name, s.doc);
         let d = defaults.get(&s.name).and_then(|v| v.as_table());
         table_rows(&mut out, &struct_keys(ty), d);
-        if ty == "RaftConfig" {
-            out.push_str(
-                "\n### `[[raft.peers]]`\n\nOne table per member of the raft group, this node \
-                 included; all three keys are required.\n\n",
-            );
-            table_rows(&mut out, &struct_keys("PeerSpec"), None);
-        }
+        table_array_rows(&mut out, &s.name, ty);
     }
     out
 }
@@ -185,12 +271,25 @@ pub struct InitArgs {
     /// zk: the ensemble, host:port,host:port,...
     #[arg(long)]
     pub zk_connect: Option<String>,
-    /// pg-lease: the lease store's URL (its own role).
-    #[arg(long)]
+    /// pg-lease: the lease store's URL (its own role, `baton_lease`).
+    #[arg(long, conflicts_with = "lease_url_file")]
     pub lease_url: Option<String>,
-    /// The fenced resource's URL, as the application role (from `baton db init` or your DBA).
+    /// pg-lease: read --lease-url from this file instead (`baton db init --backend pg-lease
+    /// --out DIR` writes DIR/baton_lease.url), so the password stays off the command line.
     #[arg(long)]
-    pub database_url: String,
+    pub lease_url_file: Option<PathBuf>,
+    /// The fenced resource's URL, as this node's own role (`baton_node_<id>`, which `baton db
+    /// init --nodes` creates), written into the config.
+    #[arg(
+        long,
+        required_unless_present = "database_url_file",
+        conflicts_with = "database_url_file"
+    )]
+    pub database_url: Option<String>,
+    /// Read --database-url from this file instead (`baton db init --out DIR` writes
+    /// DIR/baton_node_<id>.url, 0600), so the password stays off the command line.
+    #[arg(long)]
+    pub database_url_file: Option<PathBuf>,
     /// Where the node keeps its state (raft log, actor trace).
     #[arg(long, default_value = "/var/lib/baton")]
     pub state_dir: PathBuf,
@@ -220,6 +319,12 @@ pub enum InitError {
     /// The config the flags make does not validate.
     #[error(transparent)]
     Invalid(#[from] baton::config::ConfigError),
+    /// Neither `--database-url` nor `--database-url-file`.
+    #[error("give the fenced resource's URL: --database-url or --database-url-file")]
+    NoDatabaseUrl,
+    /// A URL file could not be read, or holds no URL.
+    #[error("reading a URL from {0}: {1}")]
+    Read(PathBuf, std::io::Error),
     /// `--out` names a file that exists.
     #[error("{0} exists; not overwritten")]
     Exists(PathBuf),
@@ -239,6 +344,25 @@ fn parse_peer(entry: &str) -> Result<PeerSpec, InitError> {
         addr: addr.to_owned(),
         peer_addr: format!("{host}:{peer_port}"),
     })
+}
+
+/// A URL given as a flag, or read from a file (surrounding whitespace trimmed), or neither.
+fn url_arg(url: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>, InitError> {
+    match (url, file) {
+        (Some(url), _) => Ok(Some(url.clone())),
+        (None, Some(path)) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| InitError::Read(path.clone(), e))?;
+            match text.trim() {
+                "" => Err(InitError::Read(
+                    path.clone(),
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, "the file is empty"),
+                )),
+                url => Ok(Some(url.to_owned())),
+            }
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 /// The shipped timing for `backend` (config/<backend>.toml, compiled in): what the fleets and
@@ -267,7 +391,8 @@ pub fn init_config(args: &InitArgs) -> Result<NodeConfig, InitError> {
         state_dir: args.state_dir.clone(),
         ..backend_base(args.backend)
     };
-    c.resource.database_url = args.database_url.clone();
+    c.resource.database_url =
+        url_arg(&args.database_url, &args.database_url_file)?.ok_or(InitError::NoDatabaseUrl)?;
     let missing = |flag| InitError::Missing {
         backend: args.backend.as_str(),
         flag,
@@ -306,10 +431,8 @@ pub fn init_config(args: &InitArgs) -> Result<NodeConfig, InitError> {
                 .ok_or_else(|| missing("--zk-connect"))?
         }
         BackendKind::PgLease => {
-            c.pg_lease.database_url = args
-                .lease_url
-                .clone()
-                .ok_or_else(|| missing("--lease-url"))?
+            c.pg_lease.database_url = url_arg(&args.lease_url, &args.lease_url_file)?
+                .ok_or_else(|| missing("--lease-url or --lease-url-file"))?
         }
         BackendKind::Custom => return Err(missing("a built-in backend")),
     }
@@ -474,37 +597,110 @@ mod tests {
     /// src/config.rs misses nothing that serde writes.
     #[test]
     fn the_reference_covers_every_key_with_a_meaning() {
+        use baton::config::{DetectorPeer, MemberSpec};
+        // Every array holds an entry and many options are set, so that nearly every key is
+        // written and its type can be checked against the one the reference shows.
         let mut full = NodeConfig::default();
         full.raft.peers = vec![PeerSpec {
             id: "n1".into(),
             addr: "a:1".into(),
             peer_addr: "a:2".into(),
         }];
+        full.shards.members = vec![MemberSpec {
+            id: "n1".into(),
+            addr: "a:1".into(),
+        }];
+        full.detector.peers = vec![DetectorPeer {
+            id: "n1".into(),
+            addr: "127.0.0.1:3".into(),
+        }];
+        full.detector.bind = Some("127.0.0.1:3".parse().unwrap());
+        full.advertise_addr = Some("a:1".into());
+        full.admin_token = Some("t".to_owned().into());
+        full.raft.peer_listen = Some("127.0.0.1:2".parse().unwrap());
+        full.raft.cluster_secret = Some("s".to_owned().into());
+        full.raft.cluster_secret_file = Some("/s".into());
+        full.http.commit_threads = Some(1);
+        full.http.tls_cert_file = Some("/c".into());
+        full.redis.sentinels = vec!["a:4".into()];
+        full.redis.master_name = Some("m".into());
+        full.redis.sentinel_password = Some("p".to_owned().into());
+        full.resource.tls_ca_file = Some("/ca".into());
         let table = toml::Table::try_from(&full).unwrap();
-        let top = struct_keys("NodeConfig");
-        for (key, value) in &table {
-            let k = top
-                .iter()
-                .find(|k| &k.name == key)
-                .unwrap_or_else(|| panic!("{key} not in the reference"));
-            assert!(!k.doc.is_empty(), "{key} has no doc comment");
-            if let Some(sub) = value.as_table() {
-                let keys = struct_keys(section_struct(k).expect("a section"));
-                for sk in sub.keys() {
-                    let found = keys.iter().find(|x| &x.name == sk);
-                    assert!(
-                        found.is_some_and(|x| !x.doc.is_empty()),
-                        "[{key}] {sk} missing or without a doc comment"
-                    );
+
+        /// The type of a written value, as `toml_type` names it.
+        fn value_type(v: &toml::Value) -> String {
+            match v {
+                toml::Value::String(_) => "string".into(),
+                toml::Value::Integer(_) => "integer".into(),
+                toml::Value::Float(_) => "float".into(),
+                toml::Value::Boolean(_) => "boolean".into(),
+                toml::Value::Datetime(_) => "datetime".into(),
+                toml::Value::Array(a) => {
+                    format!("array of {}s", value_type(a.first().expect("an entry")))
                 }
+                toml::Value::Table(_) => "table".into(),
             }
         }
-        assert_eq!(struct_keys("PeerSpec").len(), 3);
+        /// `table`'s keys are `keys`, each with a meaning and the type the value has.
+        fn check(r#where: &str, table: &toml::Table, keys: &[Key]) -> usize {
+            let mut checked = 0;
+            for (name, value) in table {
+                let k = keys
+                    .iter()
+                    .find(|k| &k.name == name)
+                    .unwrap_or_else(|| panic!("{where} {name} not in the reference"));
+                assert!(!k.doc.is_empty(), "{where} {name} has no doc comment");
+                assert_eq!(
+                    value_type(value),
+                    toml_type(&k.rust_type),
+                    "{where} {name}: written as one type, shown as another"
+                );
+                checked += 1;
+                if let Some(sub) = value.as_table() {
+                    let ty = section_struct(k).expect("a section");
+                    checked += check(&format!("[{name}]"), sub, &struct_keys(ty));
+                }
+                if let (Some(elem), Some(a)) = (table_array(&k.rust_type), value.as_array()) {
+                    let entry = a[0].as_table().expect("a table");
+                    checked += check(&format!("{where} [[{name}]]"), entry, &struct_keys(elem));
+                }
+            }
+            checked
+        }
+        let checked = check("top level", &table, &struct_keys("NodeConfig"));
+        assert!(checked > 100, "only {checked} keys checked");
+
         let r = reference();
         // The default backend is raft, whose default lease is 150 ms.
-        assert!(r.contains("| `lease_ttl_ms` | `150` | ms |"), "{r}");
+        assert!(
+            r.contains("| `lease_ttl_ms` | integer (ms) | `150` |"),
+            "{r}"
+        );
+        // A range written as a string has no unit of its own.
+        assert!(
+            r.contains("| `election_timeout_ms` | string | `\"150-250\"` |"),
+            "{r}"
+        );
+        assert!(
+            r.contains("| `max_body_bytes` | integer (bytes) | `1024` |"),
+            "{r}"
+        );
+        assert!(r.contains("| `clock_rate_error` | float | `0.01` |"), "{r}");
+        assert!(r.contains("| `peers` | array of tables | `[]` |"), "{r}");
         assert!(r.contains("## `[term_backoff]`"));
-        assert!(r.contains("| `failed_terms` | `5` |  |"), "{r}");
+        assert!(r.contains("| `failed_terms` | integer | `5` |"), "{r}");
+        // Every array of tables has its own table of keys, all required.
+        for (array, n) in [
+            ("raft.peers", 3),
+            ("shards.members", 2),
+            ("detector.peers", 2),
+        ] {
+            let head = format!("### `[[{array}]]`");
+            let at = r.find(&head).unwrap_or_else(|| panic!("no {head}\n{r}"));
+            let rows = r[at..].split("\n\n").nth(2).expect("a table");
+            assert_eq!(rows.matches("| string | required |").count(), n, "{rows}");
+        }
     }
 
     fn init_args(extra: &[&str]) -> InitArgs {
@@ -539,12 +735,74 @@ mod tests {
         let back: NodeConfig = toml::from_str(&text).unwrap();
         assert_eq!(back.raft.peers.len(), 3);
         assert_eq!(back.raft.peers[1].peer_addr, "h2:7101");
-        assert_eq!(back.resource.database_url, args.database_url);
+        assert_eq!(Some(back.resource.database_url), args.database_url);
         assert_eq!(
             back.raft.cluster_secret_file,
             Some("/etc/baton/cluster-secret".into())
         );
         assert_eq!(back.lease_ttl_ms, 150);
+    }
+
+    /// `--database-url-file` (and `--lease-url-file`): the URL `baton db init --out` wrote is
+    /// read from its file and written into the config; a flag and its file exclude each other,
+    /// and one of the two is required.
+    #[test]
+    fn init_reads_urls_from_the_files_db_init_writes() {
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: InitArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let argv = ["init", "--node-id", "n2", "--listen", "0.0.0.0:7001"];
+            <P as clap::Parser>::try_parse_from(argv.iter().chain(extra)).map(|p| p.a)
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let node_url = dir.path().join("baton_node_n2.url");
+        let lease_url = dir.path().join("baton_lease.url");
+        std::fs::write(&node_url, "postgres://baton_node_n2:pw2@db:5432/baton\n").unwrap();
+        std::fs::write(&lease_url, "postgres://baton_lease:pwl@db:5432/baton\n").unwrap();
+        let file = node_url.to_str().unwrap();
+        let peers = ["--peers", "n1=h1:7001/7101,n2=h2:7001/7101"];
+        let args = parse(&[&["--database-url-file", file][..], &peers].concat()).unwrap();
+        let text = init_toml(&init_config(&args).unwrap());
+        let back: NodeConfig = toml::from_str(&text).unwrap();
+        assert_eq!(
+            back.resource.database_url,
+            "postgres://baton_node_n2:pw2@db:5432/baton"
+        );
+        let args = parse(&[
+            "--backend",
+            "pg-lease",
+            "--database-url-file",
+            file,
+            "--lease-url-file",
+            lease_url.to_str().unwrap(),
+        ])
+        .unwrap();
+        let c = init_config(&args).unwrap();
+        assert_eq!(
+            c.pg_lease.database_url,
+            "postgres://baton_lease:pwl@db:5432/baton"
+        );
+        assert!(parse(&peers).is_err(), "no URL at all");
+        assert!(parse(
+            &[
+                &[
+                    "--database-url",
+                    "postgres://x@db/b",
+                    "--database-url-file",
+                    file
+                ][..],
+                &peers
+            ]
+            .concat()
+        )
+        .is_err());
+        let missing =
+            parse(&[&["--database-url-file", "/nonexistent/x.url"][..], &peers].concat()).unwrap();
+        let e = init_config(&missing).unwrap_err();
+        assert!(matches!(e, InitError::Read(..)), "{e}");
     }
 
     /// `baton run` on raft: the timing is derived from the stop margin, and `baton run` with

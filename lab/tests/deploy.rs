@@ -1,11 +1,16 @@
-//! deploy/README.md's walk, run: three hosts' configs from `baton config init`, the cluster
-//! secret and the admin token where the README puts them (a 0600 file, the unit's environment
-//! file), and `baton node` started exactly as deploy/baton-node.service starts it (its
-//! ExecStart and EnvironmentFile, with /etc/baton and /usr/local/bin mapped into a temp dir:
-//! there is no systemd here, so this is the equivalent). Then: one leader, IDs served, a
-//! step-down that needs the token from the environment file, a SIGTERM stop (the unit's
-//! KillSignal) that exits 0 within TimeoutStopSec, and the baton-run unit's command line
-//! accepted by the CLI with the config `config init --child-stop-margin` wrote.
+//! deploy/README.md's walk, run: `baton db init --nodes n1,n2,n3 --out DIR` makes one role per
+//! node with its URL in a 0600 file, `require_node_roles` is turned on with the README's own
+//! statement, each host gets only its own node's URL file and configs it with `baton config
+//! init --database-url-file`, the cluster secret and the admin token sit where the README puts
+//! them (a 0600 file, the unit's environment file), and `baton node` is started exactly as
+//! deploy/baton-node.service starts it (its ExecStart and EnvironmentFile, with /etc/baton and
+//! /usr/local/bin mapped into a temp dir: there is no systemd here, so this is the equivalent).
+//! Then: one leader, IDs served, a step-down that needs the token from the environment file, a
+//! SIGTERM stop (the unit's KillSignal) that exits 0 within TimeoutStopSec, no secret in any
+//! log; every node connected as its own role, every fenced write of a term under one holder, a
+//! node's role refused when it names another holder and the shared role refused outright. And
+//! the baton-run unit's command line accepted by the CLI with the config `config init
+//! --child-stop-margin` wrote.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -62,12 +67,13 @@ fn private(path: &Path, text: &str) {
 }
 
 /// `baton config init` for one raft host whose /etc/baton is `etc`, written to
-/// `etc/node.toml`; panics with its stderr if it refuses.
+/// `etc/node.toml`, with the database given by `database` (`["--database-url-file", PATH]` as
+/// the README does, or `["--database-url", URL]`); panics with its stderr if it refuses.
 fn config_init(
     id: &str,
     http_port: u16,
     peers: &str,
-    database_url: &str,
+    database: [&str; 2],
     etc: &Path,
     extra: &[&str],
 ) {
@@ -75,7 +81,8 @@ fn config_init(
     let out = Command::new(BATON)
         .args(["config", "init", "--node-id", id, "--backend", "raft"])
         .args(["--listen", &format!("127.0.0.1:{http_port}")])
-        .args(["--peers", peers, "--database-url", database_url])
+        .args(["--peers", peers])
+        .args(database)
         .arg("--cluster-secret-file")
         .arg(etc.join("cluster-secret"))
         .arg("--state-dir")
@@ -200,6 +207,48 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
         .map(|i| format!("n{}=127.0.0.1:{}/{}", i + 1, http[i], peer[i]))
         .collect();
     let admin_token = "deploy-walk-admin-token-0123456789";
+
+    // Step 2, on the "admin host": one role per node, each URL in a 0600 file.
+    let admin_url = pg.server.admin_url();
+    let secrets = dir.path().join("admin").join("baton-secrets");
+    let out = Command::new(BATON)
+        .args([
+            "db",
+            "init",
+            "--admin-url",
+            &admin_url,
+            "--nodes",
+            "n1,n2,n3",
+        ])
+        .arg("--out")
+        .arg(&secrets)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(mode(&secrets), 0o700);
+    let mut node_urls = Vec::new();
+    for id in ["n1", "n2", "n3"] {
+        let file = secrets.join(format!("baton_node_{id}.url"));
+        assert!(
+            said.contains(&format!("baton_node_{id}: new password")),
+            "{said}"
+        );
+        assert_eq!(mode(&file), 0o600, "{}", file.display());
+        let url = std::fs::read_to_string(&file).unwrap().trim().to_owned();
+        assert!(
+            url.starts_with(&format!("postgres://baton_node_{id}:")),
+            "{id}'s URL"
+        );
+        node_urls.push(url);
+    }
+    // The README's own statement turns require_node_roles on.
+    admin_sql(&admin_url, &readme_require_node_roles()).await;
+
     let mut hosts = Vec::new();
     for (i, port) in http.iter().copied().enumerate() {
         // Each "host": /etc/baton (0600 files) and /var/lib/baton.
@@ -215,13 +264,27 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
             &format!("BATON_ADMIN_TOKEN={admin_token}\n"),
         );
         let id = format!("n{}", i + 1);
-        config_init(&id, port, &peers.join(","), &pg.server.app_url(), &etc, &[]);
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(etc.join("node.toml"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o777, 0o600);
+        // Only this node's URL file comes to its host (`scp -p`: still 0600); config init reads
+        // it, and the copy goes once the URL is in node.toml.
+        let url_file = etc.join(format!("baton_node_{id}.url"));
+        std::fs::copy(secrets.join(format!("baton_node_{id}.url")), &url_file).unwrap();
+        assert_eq!(mode(&url_file), 0o600);
+        let file_arg = url_file.to_str().unwrap();
+        config_init(
+            &id,
+            port,
+            &peers.join(","),
+            ["--database-url-file", file_arg],
+            &etc,
+            &[],
+        );
+        std::fs::remove_file(&url_file).unwrap();
+        assert_eq!(mode(&etc.join("node.toml")), 0o600);
+        let toml = std::fs::read_to_string(etc.join("node.toml")).unwrap();
+        assert!(
+            toml.contains(&format!("database_url = \"{}\"", node_urls[i])),
+            "{id}'s node.toml lacks its own role's URL"
+        );
         hosts.push(Host::start(
             &id,
             &format!("127.0.0.1:{port}"),
@@ -240,6 +303,7 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
         assert!(Instant::now() < until, "no ID from the leader within 30 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let served_by = hosts[first].id.clone();
     // The admin token is the environment file's: without it a step-down is refused.
     let refused = client.post(&hosts[first].http, "/stepdown").await.unwrap();
     assert_eq!(refused.status, 401, "{:?}", refused.body);
@@ -271,11 +335,130 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
         "deploy walk: {} led, stepped down to {}, which stopped on SIGTERM; {} leads",
         hosts[first].id, hosts[second].id, hosts[third].id
     );
-    // No secret in any log.
+    // No secret in any log: the admin token, the cluster secret, the database passwords.
+    let passwords: Vec<&str> = node_urls.iter().map(|u| password_of(u)).collect();
     for h in &hosts {
         let log = std::fs::read_to_string(&h.log).unwrap();
         assert!(!log.contains(admin_token) && !log.contains("deploy-walk-cluster-secret"));
+        for p in &passwords {
+            assert!(!log.contains(p), "{}'s log holds a database password", h.id);
+        }
     }
+
+    // Each node connected as its own role, none as the shared one.
+    let db = connect_as(&admin_url).await;
+    let logins: Vec<String> = db
+        .query(
+            "SELECT DISTINCT usename::text FROM pg_stat_activity WHERE usename::text LIKE 'baton%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(!logins.is_empty(), "no node is connected");
+    for login in &logins {
+        assert!(
+            ["baton_node_n1", "baton_node_n2", "baton_node_n3"].contains(&login.as_str()),
+            "a connection as {login}"
+        );
+    }
+    // Every fenced write of a term carries one holder, a node of this fleet; the first leader's
+    // (it served IDs) among them. With require_node_roles on, only node roles wrote them, and a
+    // node role writes only as its own holder (below).
+    let terms = db
+        .query(
+            "SELECT token, array_agg(DISTINCT holder) FROM baton.fence_log GROUP BY token ORDER BY token",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut holders = Vec::new();
+    for t in &terms {
+        let (token, h): (i64, Vec<String>) = (t.get(0), t.get(1));
+        assert_eq!(h.len(), 1, "term {token} written by {h:?}");
+        assert!(
+            ["n1", "n2", "n3"].contains(&h[0].as_str()),
+            "term {token}: {h:?}"
+        );
+        holders.push(h[0].clone());
+    }
+    assert!(
+        holders.contains(&served_by),
+        "{served_by} served IDs but wrote nothing under its name: {holders:?}"
+    );
+    // n1's role may not write as n2 (42501), while as n1 it gets as far as the fence's token
+    // check (a stale token: BF409); the shared role is refused outright.
+    assert_eq!(
+        fence_assert_as(&node_urls[0], "n2").await.as_deref(),
+        Some("42501")
+    );
+    assert_eq!(
+        fence_assert_as(&node_urls[0], "n1").await.as_deref(),
+        Some("BF409")
+    );
+    assert_eq!(
+        fence_assert_as(&pg.server.app_url(), "n1").await.as_deref(),
+        Some("42501")
+    );
+}
+
+/// A file's permission bits.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// The password in `postgres://role:PASSWORD@host...`.
+fn password_of(url: &str) -> &str {
+    let rest = url.strip_prefix("postgres://").expect("a postgres:// URL");
+    let (userinfo, _) = rest.split_once('@').expect("user info");
+    let (_, password) = userinfo.split_once(':').expect("a password");
+    assert!(password.len() >= 32, "a generated password");
+    password
+}
+
+/// The statement deploy/README.md runs (in `psql "$ADMIN_URL" -c '...'`) to turn
+/// require_node_roles on.
+fn readme_require_node_roles() -> String {
+    let text = std::fs::read_to_string(repo("deploy/README.md")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("psql ") && l.contains("require_node_roles = true"))
+        .expect("deploy/README.md turns require_node_roles on with psql");
+    let sql = line
+        .split('\'')
+        .nth(1)
+        .expect("the statement in single quotes");
+    assert!(sql.starts_with("UPDATE baton.settings"), "{sql}");
+    sql.to_owned()
+}
+
+async fn connect_as(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    client
+}
+
+async fn admin_sql(url: &str, sql: &str) {
+    connect_as(url).await.batch_execute(sql).await.unwrap();
+}
+
+/// `baton.fence_assert` with token 1 on a resource of its own, as the login of `url`, naming
+/// `holder`: the SQLSTATE it is refused with (`None`: accepted).
+async fn fence_assert_as(url: &str, holder: &str) -> Option<String> {
+    let r = connect_as(url)
+        .await
+        .query_one(
+            "SELECT baton.fence_assert('deploy-walk', 1, $1)",
+            &[&holder],
+        )
+        .await;
+    r.err()
+        .map(|e| e.code().expect("a database error").code().to_owned())
 }
 
 /// deploy/baton-run.service's command line, with a config `config init --child-stop-margin`
@@ -308,7 +491,10 @@ fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
             "n1",
             http[0],
             &peers,
-            "postgres://baton_app@127.0.0.1:1/baton",
+            [
+                "--database-url",
+                "postgres://baton_node_n1@127.0.0.1:1/baton",
+            ],
             &etc,
             extra,
         )
