@@ -1,4 +1,4 @@
--- The fenced resource (SPEC §4). Runs as baton_owner. Idempotent.
+-- The fenced resource (docs/fence.md). Runs as baton_owner. Idempotent.
 CREATE SCHEMA IF NOT EXISTS baton;
 REVOKE ALL ON SCHEMA baton FROM PUBLIC;
 
@@ -247,7 +247,7 @@ $$;
 -- search_path switch and its own SPI statements: measured with pgbench on a scratch PostgreSQL
 -- 15 (scripts/bench/seq-commit-cost.sh), the flat body takes ~0.12 ms a call against ~0.16 ms
 -- for the layered one, the difference being about 40 us of PostgreSQL CPU per group commit
--- (FINDINGS §11.3). fence_surface pins every refusal this function makes (arguments, holder,
+-- (experiments/notebook, §11.3). fence_surface pins every refusal this function makes (arguments, holder,
 -- stale token, holder mismatch, range), so the restated rules cannot drift unnoticed.
 DROP FUNCTION IF EXISTS baton.seq_commit(TEXT, BIGINT, TEXT, BIGINT, BIGINT);
 CREATE FUNCTION baton.seq_commit(p_resource TEXT, p_token BIGINT, p_holder TEXT,
@@ -421,7 +421,7 @@ BEGIN
 END
 $$;
 
--- Writes to the user's own tables (SPEC §9), from any language: call this inside your own
+-- Writes to the user's own tables (docs/library.md), from any language: call this inside your own
 -- transaction, before (or among) your statements:
 --     BEGIN;
 --     SELECT baton.fence_assert('orders', $token, $holder);
