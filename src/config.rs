@@ -1,8 +1,11 @@
 //! Node configuration: a TOML file (`config/*.toml`) overlaid by command-line flags.
 //!
 //! Timing is validated when the config is built, in the spirit of client-go's leaderelection:
-//! `lease_ttl > renew_interval > retry_interval`, and the renewal must fit inside the lease with
-//! room for the watchdog's safety margin. A config that fails this never starts a node.
+//! `lease_ttl > renew_interval > retry_interval`, and the lease, less the watchdog's safety
+//! margin, must hold three renewal intervals plus 5 ms, so that after each renewal two more may
+//! fail or come late before the watchdog demotes the leader. A config that fails this never
+//! starts a node. The timing defaults are the backend's ([`NodeConfig::for_backend`]), also for
+//! a config file that names a backend and leaves its timing out.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -170,13 +173,35 @@ pub fn lease_read_until(
     Some(sent_at + span.div_f64(1.0 + rate_bound.max(0.0)))
 }
 
+/// How many renewal intervals the usable part of a lease must hold (see
+/// [`NodeConfig::min_usable_lease_ms`]): after each renewal the watchdog outlasts two more
+/// renewals that fail or come late (a busy host, a slow store) before it demotes the leader.
+pub const RENEWALS_PER_USABLE_LEASE: u64 = 3;
+
+/// What the usable part of a lease must hold beyond [`RENEWALS_PER_USABLE_LEASE`] renewal
+/// intervals: time for the third renewal's answer to come back.
+pub const RENEWAL_SLACK_MS: u64 = 5;
+
+/// The spread of the election timeout [`NodeConfig::fit_stop_margin`] writes (`T-(T+200)`): room
+/// for the followers' random stand-off (20 ms per other voter), and no more, since raft's
+/// failover waits out the maximum.
+pub const STOP_MARGIN_ELECTION_SPREAD_MS: u64 = 200;
+
 /// The most shards a fleet may run (each is a full term with its own backend session).
 pub const MAX_SHARDS: u32 = 4096;
 
 /// One node's whole configuration (`config/*.toml`, overlaid by flags). Every field has a
 /// default; [`NodeConfig::validate`] refuses combinations that cannot be safe.
+///
+/// The timing keys' defaults ([`BACKEND_TIMING_KEYS`]) are the named backend's: TOML (or any
+/// self-describing format) that says `backend = "pg-lease"` and sets no timing reads as
+/// [`NodeConfig::for_backend`]`(PgLease)`'s 3 s lease, not raft's 150 ms one; keys it sets keep
+/// their values. Without a `backend` key the backend is raft, with [`NodeConfig::default`]'s
+/// timing.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+// `remote = "Self"`: the derives become the inherent `NodeConfig::deserialize` / `serialize`
+// (the field-by-field work), and the trait impls below wrap them to apply the backend's timing.
+#[serde(default, deny_unknown_fields, remote = "Self")]
 pub struct NodeConfig {
     /// This node's id: 1-64 of `[A-Za-z0-9_-]`, unique in the fleet; the fence's holder.
     pub node_id: String,
@@ -188,15 +213,20 @@ pub struct NodeConfig {
     pub advertise_addr: Option<String>,
     /// How long a granted lease lasts. On raft with one shard the raft leader's lease, capped at
     /// the minimum election timeout; on sharded raft (`[shards] count` > 1) each shard's lease
-    /// in the raft group's lease table, not capped (`config/raft-shards.toml`: 3000).
+    /// in the raft group's lease table, not capped (`config/raft-shards.toml`: 3000). Its
+    /// default is the backend's: 150 on raft, 3000 on the others.
     pub lease_ttl_ms: u64,
-    /// How often the leader renews its lease (below the usable lease, see [`NodeConfig::validate`]).
+    /// How often the leader renews its lease: the usable lease (the lease less the safety
+    /// margin) must hold 3 of these + 5 ms (see [`NodeConfig::validate`]). Its default is the
+    /// backend's: 40 on raft, 600 on zk, 800 on the others.
     pub renew_interval_ms: u64,
-    /// How often a follower retries a campaign, and a failed renewal is retried.
+    /// How often a follower retries a campaign, and a failed renewal is retried. Its default is
+    /// the backend's: 20 on raft, 250 on the others.
     pub retry_interval_ms: u64,
     /// The largest clock-rate error the lease arithmetic tolerates (0.01 = 1%).
     pub clock_rate_error: f64,
-    /// A fixed margin subtracted from every lease deadline on top of the rate error.
+    /// A fixed margin subtracted from every lease deadline on top of the rate error. Its
+    /// default is the backend's: 20 on raft, 100 on the others.
     pub deadline_margin_ms: u64,
     /// How `GET /read` is answered when the request names no `?mode=`.
     pub read_mode_default: ReadMode,
@@ -889,7 +919,9 @@ impl Default for ZkConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PgLeaseConfig {
-    /// May be the fenced resource's server, but the lease lives in its own table.
+    /// The lease store's URL, as the `baton_lease` role (`baton db init --backend pg-lease`
+    /// writes it). No default: the pg-lease backend refuses to start without it. May be the
+    /// fenced resource's server, but the lease lives in its own table.
     pub database_url: String,
     /// The lease row's name: nodes electing together share it.
     pub lease_name: String,
@@ -901,7 +933,7 @@ pub struct PgLeaseConfig {
 impl Default for PgLeaseConfig {
     fn default() -> Self {
         PgLeaseConfig {
-            database_url: "postgres://postgres@127.0.0.1:5432/baton".into(),
+            database_url: String::new(),
             lease_name: "baton".into(),
             tls_ca_file: None,
         }
@@ -1070,12 +1102,55 @@ impl Default for SequencerConfig {
     }
 }
 
+/// The keys whose default is the backend's ([`NodeConfig::for_backend`]) rather than raft's.
+pub const BACKEND_TIMING_KEYS: [&str; 4] = [
+    "lease_ttl_ms",
+    "renew_interval_ms",
+    "retry_interval_ms",
+    "deadline_margin_ms",
+];
+
+impl Serialize for NodeConfig {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        NodeConfig::serialize(self, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<NodeConfig, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(deserializer)?;
+        let set: Vec<String> = table.keys().cloned().collect();
+        let raw = NodeConfig::deserialize(toml::Value::Table(table)).map_err(D::Error::custom)?;
+        Ok(raw.with_backend_timing(|key| set.iter().any(|k| k == key)))
+    }
+}
+
 impl NodeConfig {
+    /// This config with the backend's default ([`NodeConfig::for_backend`]) for every key of
+    /// [`BACKEND_TIMING_KEYS`] that `is_set` says the source did not set.
+    fn with_backend_timing(mut self, is_set: impl Fn(&str) -> bool) -> NodeConfig {
+        let b = NodeConfig::for_backend(self.backend);
+        for key in BACKEND_TIMING_KEYS.into_iter().filter(|k| !is_set(k)) {
+            match key {
+                "lease_ttl_ms" => self.lease_ttl_ms = b.lease_ttl_ms,
+                "renew_interval_ms" => self.renew_interval_ms = b.renew_interval_ms,
+                "retry_interval_ms" => self.retry_interval_ms = b.retry_interval_ms,
+                "deadline_margin_ms" => self.deadline_margin_ms = b.deadline_margin_ms,
+                _ => unreachable!("every backend timing key is handled"),
+            }
+        }
+        self
+    }
+
     /// The defaults with `backend` and the timing that suits it (the committed
-    /// `config/<backend>.toml` use the same): raft's is [`NodeConfig::default`]; a lease backend
-    /// (etcd, redis, redis-naive, pg-lease, zk) gets a 3 s lease renewed every second (ZooKeeper
-    /// every 600 ms: each renewal grants only 2/3 of the session timeout), retried every 250 ms,
-    /// with a 100 ms margin.
+    /// `config/<backend>.toml` use the same, and a config file or TOML text that names a
+    /// backend gets this timing for every timing key it does not set): raft's is
+    /// [`NodeConfig::default`]; a lease backend (etcd, redis, redis-naive, pg-lease, zk) gets a
+    /// 3 s lease renewed every 800 ms (ZooKeeper every 600 ms: each renewal grants only 2/3 of
+    /// the session timeout), retried every 250 ms, with a 100 ms margin. Every backend's timing
+    /// leaves the watchdog at least 3 renewal intervals + 5 ms after each renewal (see
+    /// [`NodeConfig::min_usable_lease_ms`]): 2,870 ms of usable lease for 3 x 800 ms.
     pub fn for_backend(backend: BackendKind) -> NodeConfig {
         let raft = NodeConfig::default();
         if backend == BackendKind::Raft {
@@ -1087,7 +1162,7 @@ impl NodeConfig {
             renew_interval_ms: if backend == BackendKind::Zk {
                 600
             } else {
-                1000
+                800
             },
             retry_interval_ms: 250,
             deadline_margin_ms: 100,
@@ -1137,16 +1212,36 @@ impl NodeConfig {
         v
     }
 
-    /// Reads a TOML config file (unknown keys are errors).
+    /// Reads a TOML config file (unknown keys are errors). The timing keys it does not set
+    /// are its backend's defaults ([`NodeConfig::for_backend`]): a file that names
+    /// `backend = "pg-lease"` and no timing runs on pg-lease's 3 s lease.
     pub fn from_file(path: &Path) -> Result<NodeConfig, ConfigError> {
+        NodeConfig::from_file_as(path, None)
+    }
+
+    /// [`NodeConfig::from_file`], with `backend` (when given) in place of the file's own
+    /// `backend` key, before the backend's timing defaults fill the keys the file leaves out:
+    /// what `--config FILE --backend NAME` means.
+    pub fn from_file_as(
+        path: &Path,
+        backend: Option<BackendKind>,
+    ) -> Result<NodeConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        let parse = |source| ConfigError::Parse {
             path: path.to_owned(),
             source,
-        })
+        };
+        // Parsed straight from the text (not through `Deserialize for NodeConfig`), so that an
+        // error names its line and column.
+        let table: toml::Table = toml::from_str(&text).map_err(parse)?;
+        let mut c = NodeConfig::deserialize(toml::Deserializer::new(&text)).map_err(parse)?;
+        if let Some(b) = backend {
+            c.backend = b;
+        }
+        Ok(c.with_backend_timing(|key| table.contains_key(key)))
     }
 
     /// [`NodeConfig::lease_ttl_ms`].
@@ -1234,10 +1329,23 @@ impl NodeConfig {
         }
     }
 
+    /// The least usable lease ([`NodeConfig::check_usable_lease`]) this config's renewal interval
+    /// needs: [`RENEWALS_PER_USABLE_LEASE`] renewal intervals plus [`RENEWAL_SLACK_MS`], so that
+    /// after each renewal the watchdog waits out two more that fail or come late before it
+    /// demotes, and the third still has the slack to be answered in.
+    pub fn min_usable_lease_ms(&self) -> u64 {
+        self.renew_interval_ms
+            .saturating_mul(RENEWALS_PER_USABLE_LEASE)
+            .saturating_add(RENEWAL_SLACK_MS)
+    }
+
     /// The smallest granted lease (ms) whose usable part, after this config's safety margin,
-    /// still has room for the renewal interval and the lease-read margin.
+    /// still has room for [`NodeConfig::min_usable_lease_ms`] and the lease-read margin.
     pub fn min_working_ttl_ms(&self) -> u64 {
-        let need = Duration::from_millis(self.renew_interval_ms.max(self.read_lease_margin_ms));
+        let need = Duration::from_millis(
+            self.min_usable_lease_ms()
+                .max(self.read_lease_margin_ms.saturating_add(1)),
+        );
         let fixed_ms = self.deadline_margin_ms + self.work_stop_margin_ms;
         let rate = self.clock_rate_error.clamp(0.0, 0.49);
         // The closed form, less a little for rounding, then the exact check upward.
@@ -1247,10 +1355,34 @@ impl NodeConfig {
             let ttl = Duration::from_millis(ms);
             ttl.saturating_sub(self.lease_safety_margin(ttl))
         };
-        while usable(ttl_ms) <= need {
+        while usable(ttl_ms) < need {
             ttl_ms += 1;
         }
         ttl_ms
+    }
+
+    /// Raises this config's lease (and on raft with one shard the election timeout, whose
+    /// minimum caps raft's lease) to the least, rounded up to 100 ms, that leaves the watchdog
+    /// [`NodeConfig::min_usable_lease_ms`] after a `baton run --child-stop-margin` of
+    /// `margin_ms`: what `baton config init --child-stop-margin` writes. A lease that is already
+    /// long enough is kept. On raft the election timeout becomes `T-(T+200)` for the lease `T`:
+    /// after a leader dies the others wait out openraft's leader lease, the maximum, before one
+    /// stands, so failover takes about `T + 200 ms` (a `T-2T` range would double it). The margin
+    /// itself is not set: `baton run` sets it from its flag.
+    pub fn fit_stop_margin(&mut self, margin_ms: u64) {
+        let probe = NodeConfig {
+            work_stop_margin_ms: margin_ms,
+            ..self.clone()
+        };
+        let ttl_ms = probe.min_working_ttl_ms().div_ceil(100) * 100;
+        self.lease_ttl_ms = self.lease_ttl_ms.max(ttl_ms);
+        if self.backend == BackendKind::Raft && self.shard_count() == 1 {
+            let emin = self.election_timeout_range_ms().map(|(lo, _)| lo).unwrap_or(0);
+            if emin < ttl_ms {
+                self.election_timeout_ms =
+                    format!("{ttl_ms}-{}", ttl_ms + STOP_MARGIN_ELECTION_SPREAD_MS);
+            }
+        }
     }
 
     /// What to raise so the granted lease reaches `ttl_ms`: `lease_ttl_ms` and, on raft, the
@@ -1268,24 +1400,24 @@ impl NodeConfig {
                 .map(|(lo, _)| lo)
                 .unwrap_or(0);
             if emin < ttl_ms {
+                let emax = ttl_ms + STOP_MARGIN_ELECTION_SPREAD_MS;
                 raise.push(format!(
-                    "the minimum election timeout to at least {ttl_ms} (election_timeout_ms = \"{ttl_ms}-{}\", --election-timeout {ttl_ms}-{}), since raft grants min(lease_ttl_ms, election timeout min)",
-                    2 * ttl_ms,
-                    2 * ttl_ms
+                    "the minimum election timeout to at least {ttl_ms} (election_timeout_ms = \"{ttl_ms}-{emax}\", --election-timeout {ttl_ms}-{emax}), since raft grants min(lease_ttl_ms, election timeout min); failover then takes about the maximum, {emax} ms"
                 ));
             }
         }
         format!("raise {}", raise.join(" and "))
     }
 
-    /// `renew_interval_ms` and `read_lease_margin_ms` must fit inside the usable part of a
-    /// granted lease of `granted` (what is left after [`NodeConfig::lease_safety_margin`]); the
-    /// error names each part of the margin and the settings (and flags) that would fix it.
+    /// The usable part of a granted lease of `granted` (what is left after
+    /// [`NodeConfig::lease_safety_margin`]) must hold [`NodeConfig::min_usable_lease_ms`] (3
+    /// renewal intervals + 5 ms) and leave room for `read_lease_margin_ms`; the error names each
+    /// part of the margin and the settings (and flags) that would fix it.
     pub fn check_usable_lease(&self, granted: Duration) -> Result<(), ConfigError> {
         let margin = self.lease_safety_margin(granted);
         let usable = granted.saturating_sub(margin);
         let read_margin = Duration::from_millis(self.read_lease_margin_ms);
-        let (what, limit) = if self.renew_interval() >= usable {
+        let (what, limit) = if usable < Duration::from_millis(self.min_usable_lease_ms()) {
             ("renew_interval_ms", self.renew_interval_ms)
         } else if read_margin >= usable {
             // A lease read needs a window: the margin must leave some of the usable lease.
@@ -1314,11 +1446,11 @@ impl NodeConfig {
         };
         let mut fixes = vec![self.raise_ttl_advice(self.min_working_ttl_ms())];
         let usable_ms = usable.as_millis() as u64;
-        if what == "renew_interval_ms" && usable_ms > self.retry_interval_ms + 1 {
+        let renew_fits =
+            usable_ms.saturating_sub(RENEWAL_SLACK_MS) / RENEWALS_PER_USABLE_LEASE;
+        if what == "renew_interval_ms" && renew_fits > self.retry_interval_ms {
             fixes.push(format!(
-                "lower renew_interval_ms to at most {} (--renew-interval {}ms)",
-                usable_ms - 1,
-                usable_ms - 1
+                "lower renew_interval_ms to at most {renew_fits} (--renew-interval {renew_fits}ms)"
             ));
         }
         if what == "read_lease_margin_ms" && usable_ms > 0 {
@@ -1334,8 +1466,16 @@ impl NodeConfig {
                     .into(),
             );
         }
+        let rule = if what == "renew_interval_ms" {
+            format!(
+                "{what} ({limit}) needs a usable lease of at least {} ms ({RENEWALS_PER_USABLE_LEASE} renewal intervals + {RENEWAL_SLACK_MS} ms slack, so that two renewals may fail or come late before the watchdog demotes), but the usable lease is",
+                self.min_usable_lease_ms()
+            )
+        } else {
+            format!("{what} ({limit}) must be below the usable lease:")
+        };
         Err(ConfigError::Timing(format!(
-            "{what} ({limit}) must be below the usable lease: {usable_ms} ms = {granted_is} minus the safety margin of {} ms (clock_rate_error {} x TTL + deadline_margin_ms {}{stop_margin}). To fix: {}",
+            "{rule} {usable_ms} ms = {granted_is} minus the safety margin of {} ms (clock_rate_error {} x TTL + deadline_margin_ms {}{stop_margin}). To fix: {}",
             margin.as_millis(),
             self.clock_rate_error,
             self.deadline_margin_ms,
@@ -1649,6 +1789,222 @@ mod tests {
         NodeConfig::default().validate().unwrap();
     }
 
+    const EVERY_BACKEND: [BackendKind; 6] = [
+        BackendKind::Etcd,
+        BackendKind::Redis,
+        BackendKind::RedisNaive,
+        BackendKind::Zk,
+        BackendKind::PgLease,
+        BackendKind::Raft,
+    ];
+
+    /// The usable lease the watchdog gets after each renewal, computed here from the parts
+    /// (granted lease minus the clock-rate share, the deadline margin and the stop margin),
+    /// not through `lease_safety_margin`.
+    fn usable_after_renewal_ms(c: &NodeConfig) -> f64 {
+        let granted = c.granted_lease_ttl_ms() as f64;
+        granted * (1.0 - c.clock_rate_error)
+            - c.deadline_margin_ms as f64
+            - c.work_stop_margin_ms as f64
+    }
+
+    /// Issue 43: the timing derived for `baton run --child-stop-margin` (what `baton config
+    /// init --child-stop-margin` writes) left the watchdog 76 ms after each 40 ms renewal, and
+    /// a busy host demoted the leader 4 times in 3.5 minutes. Every derived timing, on every
+    /// backend, must leave at least 3 renewal intervals + 5 ms after each renewal, and validate
+    /// as `baton run` will run it.
+    #[test]
+    fn derived_timing_leaves_the_watchdog_three_renewals_and_slack() {
+        for backend in EVERY_BACKEND {
+            for margin_ms in [0, 700, 1250, 3300, 5250, 30_000] {
+                let mut c = NodeConfig::for_backend(backend);
+                c.fit_stop_margin(margin_ms);
+                c.work_stop_margin_ms = margin_ms;
+                let usable = usable_after_renewal_ms(&c);
+                let need = (3 * c.renew_interval_ms + 5) as f64;
+                assert!(
+                    usable >= need,
+                    "{backend} with a {margin_ms} ms stop margin: lease {} ms, election timeout {}, {usable} ms after each {} ms renewal, need {need}",
+                    c.lease_ttl_ms,
+                    c.election_timeout_ms,
+                    c.renew_interval_ms
+                );
+                c.validate().unwrap();
+            }
+        }
+        // deploy/baton-run.service's unit (--stop-timeout 5s --child-stop-margin 5250ms) on
+        // raft: a 5.5 s lease (not 5.4) and a 200 ms election spread (not 5400-10800), so
+        // failover takes ~5.7 s, not ~11.
+        let mut c = NodeConfig::default();
+        c.fit_stop_margin(5250);
+        assert_eq!(
+            (c.lease_ttl_ms, c.election_timeout_ms.as_str()),
+            (5500, "5500-5700")
+        );
+    }
+
+    /// Validation refuses a usable lease below 3 renewals + 5 ms, and the error's suggestions
+    /// (a longer lease, or a shorter renewal) are values that pass.
+    #[test]
+    fn validation_refuses_less_than_three_renewals_of_headroom() {
+        // The raft defaults with a 25 ms deadline margin: 150 x 0.99 - 25 = 123.5 ms < 125.
+        let c = NodeConfig {
+            deadline_margin_ms: 25,
+            election_timeout_ms: "300-500".into(),
+            lease_ttl_ms: 150,
+            ..NodeConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("renew_interval_ms (40) needs a usable lease of at least 125 ms"),
+            "{err}"
+        );
+        let mut longer = c.clone();
+        longer.lease_ttl_ms = parse_duration_ms(suggested(&err, "--lease-ttl").unwrap()).unwrap();
+        longer.validate().unwrap();
+        let mut shorter = c.clone();
+        shorter.renew_interval_ms =
+            parse_duration_ms(suggested(&err, "--renew-interval").unwrap()).unwrap();
+        shorter.validate().unwrap();
+        assert!(usable_after_renewal_ms(&shorter) >= (3 * shorter.renew_interval_ms + 5) as f64);
+        // Exactly 3 renewals + 5 ms passes; a millisecond less does not.
+        let mut edge = NodeConfig {
+            lease_ttl_ms: 1000,
+            renew_interval_ms: 200,
+            retry_interval_ms: 50,
+            deadline_margin_ms: 395,
+            clock_rate_error: 0.0,
+            election_timeout_ms: "1000-1200".into(),
+            ..NodeConfig::default()
+        };
+        edge.validate().unwrap();
+        edge.deadline_margin_ms = 396;
+        assert!(matches!(edge.validate(), Err(ConfigError::Timing(_))));
+    }
+
+    /// Every backend's defaults pass the headroom rule, and `for_backend` differs from the
+    /// raft defaults only in the keys a config file inherits from its backend.
+    #[test]
+    fn every_backends_defaults_have_headroom_and_only_timing_differs() {
+        let raft = toml::Table::try_from(NodeConfig::default()).unwrap();
+        for backend in EVERY_BACKEND {
+            let c = NodeConfig::for_backend(backend);
+            assert!(
+                usable_after_renewal_ms(&c) >= (3 * c.renew_interval_ms + 5) as f64,
+                "{backend}"
+            );
+            let t = toml::Table::try_from(&c).unwrap();
+            for (key, value) in &t {
+                if raft.get(key) != Some(value) {
+                    assert!(
+                        key == "backend" || BACKEND_TIMING_KEYS.contains(&key.as_str()),
+                        "{backend}: {key} differs from raft's default but is not a backend timing key"
+                    );
+                }
+            }
+        }
+    }
+
+    /// config/<backend>.toml (what `baton config init` and the lab fleets start from) has the
+    /// same timing as `for_backend`, which a file that names the backend inherits.
+    #[test]
+    fn the_shipped_configs_have_their_backends_timing() {
+        for (backend, text) in [
+            (BackendKind::Raft, include_str!("../config/raft.toml")),
+            (BackendKind::Etcd, include_str!("../config/etcd.toml")),
+            (BackendKind::Redis, include_str!("../config/redis.toml")),
+            (BackendKind::RedisNaive, include_str!("../config/redis-naive.toml")),
+            (BackendKind::Zk, include_str!("../config/zk.toml")),
+            (BackendKind::PgLease, include_str!("../config/pg-lease.toml")),
+        ] {
+            let shipped: NodeConfig = toml::from_str(text).unwrap();
+            let d = NodeConfig::for_backend(backend);
+            assert_eq!(shipped.backend, backend);
+            assert_eq!(
+                (
+                    shipped.lease_ttl_ms,
+                    shipped.renew_interval_ms,
+                    shipped.retry_interval_ms,
+                    shipped.deadline_margin_ms,
+                    shipped.clock_rate_error
+                ),
+                (
+                    d.lease_ttl_ms,
+                    d.renew_interval_ms,
+                    d.retry_interval_ms,
+                    d.deadline_margin_ms,
+                    d.clock_rate_error
+                ),
+                "config/{backend}.toml"
+            );
+        }
+        let mut shards: NodeConfig =
+            toml::from_str(include_str!("../config/raft-shards.toml")).unwrap();
+        // `baton fleet up --shards K` sets the count; each shard's lease is lease_ttl_ms.
+        shards.shards.count = 4;
+        assert!(
+            usable_after_renewal_ms(&shards) >= (3 * shards.renew_interval_ms + 5) as f64,
+            "config/raft-shards.toml"
+        );
+    }
+
+    /// Issue 43: a config file that named `backend = "pg-lease"` and set no timing ran on
+    /// raft's 150 ms lease renewed every 40 ms, against PostgreSQL, without a word. It gets
+    /// pg-lease's timing now, from `from_file` and from plain TOML parsing alike; the keys it
+    /// does set keep their values, and `--backend` (from_file_as) picks the defaults too.
+    #[test]
+    fn a_file_that_names_pg_lease_gets_pg_lease_timing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        let text = "node_id = \"n1\"\nbackend = \"pg-lease\"\n\n[pg_lease]\ndatabase_url = \"postgres://baton_lease:pw@db/baton\"\n";
+        std::fs::write(&path, text).unwrap();
+        let pg = NodeConfig::for_backend(BackendKind::PgLease);
+        let timing = |c: &NodeConfig| {
+            (
+                c.lease_ttl_ms,
+                c.renew_interval_ms,
+                c.retry_interval_ms,
+                c.deadline_margin_ms,
+            )
+        };
+        let from_file = NodeConfig::from_file(&path).unwrap();
+        assert_eq!(timing(&from_file), timing(&pg), "from_file");
+        assert_eq!(timing(&from_file), (3000, 800, 250, 100));
+        let parsed: NodeConfig = toml::from_str(text).unwrap();
+        assert_eq!(timing(&parsed), timing(&pg), "toml::from_str");
+        from_file.validate().unwrap();
+
+        // A key the file sets is kept; the others are still pg-lease's.
+        let set = format!("lease_ttl_ms = 6000\n{text}");
+        let parsed: NodeConfig = toml::from_str(&set).unwrap();
+        assert_eq!(timing(&parsed), (6000, 800, 250, 100));
+
+        // No backend named: raft, with raft's timing.
+        let raft: NodeConfig = toml::from_str("node_id = \"n1\"\n").unwrap();
+        assert_eq!(timing(&raft), timing(&NodeConfig::default()));
+        // A raft file run with --backend etcd gets etcd's timing.
+        std::fs::write(&path, "node_id = \"n1\"\n").unwrap();
+        let etcd = NodeConfig::from_file_as(&path, Some(BackendKind::Etcd)).unwrap();
+        assert_eq!(etcd.backend, BackendKind::Etcd);
+        assert_eq!(timing(&etcd), timing(&NodeConfig::for_backend(BackendKind::Etcd)));
+
+        // from_file still says where a bad key is.
+        std::fs::write(&path, "node_id = \"n1\"\nlease_tll_ms = 5\n").unwrap();
+        let err = NodeConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains("lease_tll_ms") && err.contains("line 2"), "{err}");
+        assert!(toml::from_str::<NodeConfig>("lease_tll_ms = 5\n").is_err());
+    }
+
+    /// `[pg_lease] database_url` has no default (it was a `postgres` superuser URL): nothing in
+    /// the defaults points at a superuser.
+    #[test]
+    fn no_default_url_names_a_superuser() {
+        let c = NodeConfig::for_backend(BackendKind::PgLease);
+        assert_eq!(c.pg_lease.database_url, "");
+        let text = toml::to_string(&NodeConfig::default()).unwrap();
+        assert!(!text.contains("postgres://postgres"), "{text}");
+    }
+
     /// The default backend is raft, and its default timing is what raft accepts: the check
     /// `RaftElector::start` makes (renewal inside the granted lease minus its margin) passes.
     #[test]
@@ -1661,14 +2017,7 @@ mod tests {
             c.renew_interval() < granted.saturating_sub(c.lease_safety_margin(granted)),
             "raft would refuse the default timing"
         );
-        for backend in [
-            BackendKind::Etcd,
-            BackendKind::Redis,
-            BackendKind::RedisNaive,
-            BackendKind::Zk,
-            BackendKind::PgLease,
-            BackendKind::Raft,
-        ] {
+        for backend in EVERY_BACKEND {
             let c = NodeConfig::for_backend(backend);
             assert_eq!(c.backend, backend);
             c.validate().unwrap();
@@ -1891,9 +2240,10 @@ mod tests {
         };
         let err = c.validate().unwrap_err().to_string();
         assert!(
-            err.contains("renew_interval_ms (40) must be below the usable lease: 0 ms"),
+            err.contains("renew_interval_ms (40) needs a usable lease of at least 125 ms (3 renewal intervals + 5 ms slack"),
             "{err}"
         );
+        assert!(err.contains("but the usable lease is 0 ms"), "{err}");
         assert!(
             err.contains("work_stop_margin_ms 1250 (`baton run --child-stop-margin`)"),
             "{err}"
@@ -1934,7 +2284,7 @@ mod tests {
     fn lease_timing_errors_offer_a_lower_renewal_that_works() {
         let mut c = NodeConfig {
             renew_interval_ms: 2900,
-            // A lease backend's timing (3 s lease, renew 1 s, retry 250 ms, margin 100 ms).
+            // A lease backend's timing (3 s lease, renew 800 ms, retry 250 ms, margin 100 ms).
             ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let err = c.validate().unwrap_err().to_string();
@@ -1955,7 +2305,7 @@ mod tests {
     fn interval_order_errors_name_a_value_that_works() {
         let mut c = NodeConfig {
             retry_interval_ms: 1000,
-            // A lease backend's timing (3 s lease, renew 1 s, retry 250 ms, margin 100 ms).
+            // A lease backend's timing (3 s lease, renew 800 ms, retry 250 ms, margin 100 ms).
             ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let err = c.validate().unwrap_err().to_string();
@@ -1963,13 +2313,13 @@ mod tests {
             parse_duration_ms(suggested(&err, "--retry-interval").unwrap()).unwrap();
         c.validate().unwrap();
         let mut c = NodeConfig {
-            lease_ttl_ms: 900,
-            // A lease backend's timing (3 s lease, renew 1 s, retry 250 ms, margin 100 ms).
+            lease_ttl_ms: 700,
+            // A lease backend's timing (3 s lease, renew 800 ms, retry 250 ms, margin 100 ms).
             ..NodeConfig::for_backend(BackendKind::Etcd)
         };
         let err = c.validate().unwrap_err().to_string();
         assert!(
-            err.contains("need lease_ttl_ms (900) > renew_interval_ms (1000)"),
+            err.contains("need lease_ttl_ms (700) > renew_interval_ms (800)"),
             "{err}"
         );
         c.lease_ttl_ms = parse_duration_ms(suggested(&err, "--lease-ttl").unwrap()).unwrap();

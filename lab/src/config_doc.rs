@@ -452,20 +452,12 @@ pub fn init_config(args: &InitArgs) -> Result<NodeConfig, InitError> {
     Ok(c)
 }
 
-/// Raises `c`'s lease (and on raft the election timeout, whose minimum caps raft's lease) to
-/// the least that leaves room for a `baton run --child-stop-margin` of `margin_ms`, rounded up
-/// to 100 ms. The margin itself is not written: `baton run` sets it from its flag.
+/// Raises `c`'s lease (and on raft the election timeout) for a `baton run --child-stop-margin`
+/// of `margin_ms`, leaving the watchdog 3 renewals + 5 ms after each renewal: see
+/// [`NodeConfig::fit_stop_margin`]. The margin itself is not written: `baton run` sets it from
+/// its flag.
 fn derive_timing_for_margin(c: &mut NodeConfig, margin_ms: u64) {
-    c.work_stop_margin_ms = margin_ms;
-    let ttl_ms = c.min_working_ttl_ms().div_ceil(100) * 100;
-    c.work_stop_margin_ms = 0;
-    c.lease_ttl_ms = c.lease_ttl_ms.max(ttl_ms);
-    if c.backend == BackendKind::Raft {
-        let emin = c.election_timeout_range_ms().map(|(lo, _)| lo).unwrap_or(0);
-        if emin < ttl_ms {
-            c.election_timeout_ms = format!("{ttl_ms}-{}", 2 * ttl_ms);
-        }
-    }
+    c.fit_stop_margin(margin_ms);
 }
 
 /// `key = value` lines of `table`, each under its doc comment (as `# ` lines).
@@ -817,10 +809,8 @@ mod tests {
         ]);
         let mut c = init_config(&args).unwrap();
         let (emin, emax) = c.election_timeout_range_ms().unwrap();
-        assert!(
-            emin >= 5250 && emax == 2 * emin && c.lease_ttl_ms >= emin,
-            "{c:?}"
-        );
+        // deploy/baton-run.service's margin: a 5.5 s lease, raft failover ~5.7 s (the maximum).
+        assert_eq!((c.lease_ttl_ms, emin, emax), (5500, 5500, 5700), "{c:?}");
         assert_eq!(
             c.work_stop_margin_ms, 0,
             "baton run sets the margin from its flag"

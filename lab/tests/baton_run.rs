@@ -194,7 +194,7 @@ const PG_LEASE: Timing = Timing {
 /// in-flight and final writes (three psql runs) reach the resource before any SIGKILL.
 const PG_LEASE_SLOW_STOP: Timing = Timing {
     lease_ttl_ms: 6000,
-    renew_interval_ms: 1000,
+    renew_interval_ms: 800,
     retry_interval_ms: 100,
     stop_timeout_ms: 3000,
     child_stop_margin_ms: 3300,

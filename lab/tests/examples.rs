@@ -135,7 +135,7 @@ fn start_fenced_job(pg: &Pg, dir: &std::path::Path, id: &str) -> Proc {
         r#"node_id = "{id}"
 backend = "pg-lease"
 lease_ttl_ms = 1000
-renew_interval_ms = 300
+renew_interval_ms = 250
 retry_interval_ms = 100
 work_stop_timeout_ms = 500
 state_dir = "{state}"

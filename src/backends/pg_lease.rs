@@ -43,6 +43,9 @@ use super::{
 };
 use crate::config::NodeConfig;
 
+/// Why a config without `[pg_lease] database_url` (it has no default) cannot start this backend.
+const MISSING_URL: &str = "the pg-lease backend needs [pg_lease] database_url, the lease store's URL as the baton_lease role: `baton db init --backend pg-lease --out DIR` writes it to DIR/baton_lease.url, and `baton config init --backend pg-lease --lease-url-file DIR/baton_lease.url` puts it in the config";
+
 /// Serializes the schema creation of concurrent first connections (CREATE .. IF NOT EXISTS races).
 const SCHEMA_LOCK_KEY: i64 = 0x6261_746f_6e4c;
 
@@ -180,6 +183,9 @@ impl PgLeaseElector {
         let cfg = super::session_config(cfgs)?;
         if cfg.pg_lease.lease_name.is_empty() {
             return Err(ElectorError::Config("pg_lease.lease_name is empty".into()));
+        }
+        if cfg.pg_lease.database_url.trim().is_empty() {
+            return Err(ElectorError::Config(MISSING_URL.into()));
         }
         // A request must be answered well inside the lease, or its grant is worth little.
         let timeout = Duration::from_millis((cfg.lease_ttl_ms / 3).clamp(200, 2000));

@@ -235,8 +235,9 @@ pub struct Series {
     pub client: Vec<(u64, u64, u64, u64)>,
 }
 
-/// The node config the run uses: `config/<backend>.toml` with the TTL override (renewal at TTL/3,
-/// retries below that) and the spec's raft election timeout.
+/// The node config the run uses: `config/<backend>.toml` with the TTL override (renewal at TTL/4,
+/// so the usable lease holds three renewals and slack, retries below that) and the spec's raft
+/// election timeout.
 pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig> {
     let mut cfg = match fleet::default_base_config(plan.backend) {
         Some(p) => NodeConfig::from_file(&p)?,
@@ -246,7 +247,7 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     cfg.fencing = plan.fencing;
     if let Some(ttl) = plan.ttl_ms {
         cfg.lease_ttl_ms = ttl;
-        cfg.renew_interval_ms = (ttl / 3).max(2);
+        cfg.renew_interval_ms = (ttl / 4).max(2);
         cfg.retry_interval_ms = cfg.retry_interval_ms.min(cfg.renew_interval_ms / 3).max(1);
     }
     if let Some(d) = plan.clock_drift.or(spec.clock_drift) {
