@@ -16,7 +16,8 @@ pub enum BudgetCmd {
     /// The shard's failed terms within the window, whether that spends the budget, and the
     /// latest failures and resets.
     Status {
-        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
+        /// The database superuser's URL (postgres://postgres@HOST:5432/DB). Without a password
+        /// in it, PGPASSWORD, ~/.pgpass (or PGPASSFILE) or a prompt on a terminal gives it.
         #[arg(long)]
         admin_url: String,
         /// The shard (0 on an unsharded fleet).
@@ -34,7 +35,8 @@ pub enum BudgetCmd {
     /// `baton.failure_budget_resets`. Fix what made the work fail first. (The library's
     /// `baton::work::fence::reset_failure_budget`.)
     Reset {
-        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
+        /// The database superuser's URL (postgres://postgres@HOST:5432/DB). Without a password
+        /// in it, PGPASSWORD, ~/.pgpass (or PGPASSFILE) or a prompt on a terminal gives it.
         #[arg(long)]
         admin_url: String,
         /// The shard (0 on an unsharded fleet).
@@ -52,6 +54,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
             window,
             failed_terms,
         } => {
+            let admin_url = crate::admin_url::prepare(&admin_url, false).await?.url;
             let (client, conn) = tokio_postgres::connect(&admin_url, NoTls)
                 .await
                 .context("connecting as the resource's superuser (--admin-url)")?;
@@ -64,6 +67,7 @@ pub async fn run(cmd: BudgetCmd) -> anyhow::Result<()> {
             print!("{}", status(&client, ShardId(shard), &limits).await?);
         }
         BudgetCmd::Reset { admin_url, shard } => {
+            let admin_url = crate::admin_url::prepare(&admin_url, false).await?.url;
             let cleared = baton::work::fence::reset_failure_budget(&admin_url, ShardId(shard))
                 .await
                 .context("resetting the failure budget (run `baton migrate` first?)")?;

@@ -51,7 +51,8 @@ pub enum Cmd {
     Exp(crate::exp::ExpArgs),
     /// Apply the fenced resource's roles and schema (as a superuser); optionally flip its fencing switch.
     Migrate {
-        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
+        /// The database superuser's URL (postgres://postgres@HOST:5432/DB). Without a password
+        /// in it, PGPASSWORD, ~/.pgpass (or PGPASSFILE) or a prompt on a terminal gives it.
         #[arg(long)]
         admin_url: String,
         /// Turn the fence on or off (off exists only to show the bug it prevents).

@@ -12,7 +12,8 @@ use tokio_postgres::{Client, NoTls};
 pub enum FenceCmd {
     /// The fence row, the switch, the sequences and cursors, and the latest refusals with reasons.
     Status {
-        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
+        /// The database superuser's URL (postgres://postgres@HOST:5432/DB). Without a password
+        /// in it, PGPASSWORD, ~/.pgpass (or PGPASSFILE) or a prompt on a terminal gives it.
         #[arg(long)]
         admin_url: String,
         /// How many of the latest rejections to show.
@@ -25,7 +26,8 @@ pub enum FenceCmd {
     /// node still running could hold: a stale node holding a token above TOKEN could write again.
     /// Recorded in fence_log as op `operator-reset`. (The library's `baton::work::fence::reset`.)
     Reset {
-        /// The database superuser's URL, password included (postgres://postgres:PW@HOST:5432/DB).
+        /// The database superuser's URL (postgres://postgres@HOST:5432/DB). Without a password
+        /// in it, PGPASSWORD, ~/.pgpass (or PGPASSFILE) or a prompt on a terminal gives it.
         #[arg(long)]
         admin_url: String,
         /// The new max_token (0 lets a new backend's first term in).
@@ -43,7 +45,10 @@ pub async fn run(cmd: FenceCmd) -> anyhow::Result<()> {
         FenceCmd::Status {
             admin_url,
             rejections,
-        } => print!("{}", status(&connect(&admin_url).await?, rejections).await?),
+        } => {
+            let admin_url = crate::admin_url::prepare(&admin_url, false).await?.url;
+            print!("{}", status(&connect(&admin_url).await?, rejections).await?)
+        }
         FenceCmd::Reset {
             admin_url,
             max_token,
@@ -53,6 +58,7 @@ pub async fn run(cmd: FenceCmd) -> anyhow::Result<()> {
                 yes,
                 "`baton fence reset` lowers the fence on purpose: pass --yes"
             );
+            let admin_url = crate::admin_url::prepare(&admin_url, false).await?.url;
             let (before, _) = baton::work::fence::reset(&admin_url, max_token).await?;
             println!("fence max_token {before} -> {max_token} (holder 'operator'), recorded in fence_log");
         }

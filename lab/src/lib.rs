@@ -13,12 +13,14 @@
 //! cli_doc.rs         `baton cli-reference`: docs/cli.md, generated from cli.rs
 //! config_doc.rs      `baton config reference|init`: the node config's reference and a host's config, from the code
 //! fence_admin.rs     `baton fence status|reset`: inspect the fence, recover from a poisoned max_token
+//! admin_url.rs       every --admin-url: the password as PostgreSQL's tools take it, a missing database said or created
 //! budget_admin.rs    `baton budget status|reset`: the fleet-wide failure budget, and its reset
 //! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
 //! logging.rs         the binary's log lines: plain text off a terminal, openraft's repeats limited
 //! main.rs            the `baton` binary (clap)
 //! ```
 
+pub mod admin_url;
 pub mod bench;
 pub mod budget_admin;
 pub mod chaos;

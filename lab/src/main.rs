@@ -14,7 +14,8 @@ use baton_lab::cli::{Cli, Cmd, ConfigCmd, FleetCmd, NodeArgs, OnExit, RunArgs};
 
 fn node_config(a: NodeArgs) -> anyhow::Result<NodeConfig> {
     let mut c = match &a.config {
-        Some(p) => NodeConfig::from_file(p)?,
+        // A --backend flag picks that backend's timing for the keys the file leaves out.
+        Some(p) => NodeConfig::from_file_as(p, a.backend)?,
         None => NodeConfig::for_backend(a.backend.unwrap_or(BackendKind::Raft)),
     };
     if let Some(v) = a.node_id {
@@ -108,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Run(args) => run_child(args).await,
         Cmd::Migrate { admin_url, fencing } => {
+            let admin_url = baton_lab::admin_url::prepare(&admin_url, false).await?.url;
             baton::work::fence::migrate(&admin_url, fencing.map(|f| f == Fencing::On)).await?;
             println!(
                 "migrated; fencing {}",

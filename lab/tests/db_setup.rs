@@ -192,8 +192,9 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
     assert!(schema_exists().await);
     let roles: Vec<&str> = report.logins.iter().map(|l| l.role.as_str()).collect();
     assert_eq!(roles, ["baton_node_n1"], "new logins: {report:?}");
-    // The private server gave baton_app a password when it started: kept, not replaced.
-    assert_eq!(report.kept, ["baton_app"]);
+    // With node roles the resource requires them, and baton_app is not offered to nodes.
+    assert!(report.kept.is_empty(), "{report:?}");
+    assert_eq!(report.require_node_roles, Some(true));
     let node_url = report.logins[0].url.expose().to_owned();
     assert!(
         !format!("{report:?}").contains(&node_url),
@@ -313,9 +314,11 @@ async fn the_readme_walk_from_nothing_to_a_fenced_row() {
         said.contains("baton_node_n1: has a password, kept"),
         "{said}"
     );
+    // No role's URL on stdout with --out (the admin URL in the next command has no password).
     assert!(
-        !said.contains("postgres://"),
-        "a URL on stdout with --out: {said}"
+        !said.contains("postgres://baton_")
+            && !said.contains(&server.0.password("postgres").unwrap()),
+        "a URL with a password on stdout with --out: {said}"
     );
     let file = out.join("baton_node_n2.url");
     let mode =
@@ -339,4 +342,196 @@ impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.stop();
     }
+}
+
+/// `baton` with `args` and `env`, run to completion: (success, stdout, stderr). stdin is not a
+/// terminal, so nothing can prompt.
+fn baton_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_baton"));
+    cmd.args(args)
+        .env_remove("PGPASSWORD")
+        .env_remove("PGPASSFILE")
+        .stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run baton");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fenced write as `holder` at `token`, through `url`'s role.
+async fn fenced_write(url: &str, holder: &str, token: i64) -> Result<(), FenceError> {
+    let resource = baton::config::ResourceConfig {
+        database_url: url.to_owned(),
+        ..Default::default()
+    };
+    let fence = baton::work::Fence::new(&resource, holder).unwrap();
+    fence
+        .begin("issue43", FenceToken(token))
+        .await?
+        .commit()
+        .await
+}
+
+/// Issue 43: `baton db init --nodes` made one role per node but left `require_node_roles`
+/// off, so the shared `baton_app` role could still write as any holder (only `baton fleet`
+/// turned the switch on). Now the resource requires the node roles: a fenced write as holder n1
+/// through baton_app is refused, the same write through n1's own role lands, and db init hands
+/// out no baton_app URL. `--shared-app-role` is the explicit opt-out for one shared role.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_init_with_nodes_requires_them_so_the_app_role_cannot_write_as_a_node() {
+    let pg = ScratchPg::start()
+        .await
+        .expect("a private PostgreSQL, migrated");
+    let admin = pg.server.admin_url();
+    // The shared role writes as n1 before db init (the switch is off on a fresh resource).
+    fenced_write(&pg.server.app_url(), "n1", 1)
+        .await
+        .expect("baton_app writes as n1 before db init --nodes");
+
+    let out = pg.dir.path().join("secrets");
+    let out_arg = out.to_str().unwrap();
+    let (ok, said, err) = baton_cli(
+        &["db", "init", "--admin-url", &admin, "--nodes", "n1,n2", "--out", out_arg],
+        &[],
+    );
+    assert!(ok, "{said}{err}");
+    eprintln!("baton db init --nodes n1,n2 --out DIR said:\n{said}");
+    assert!(
+        !said.contains("baton_app") || said.contains("baton_app: not for nodes"),
+        "db init offered baton_app to the nodes: {said}"
+    );
+    assert!(!out.join("baton_app.url").exists(), "{said}");
+    assert!(said.contains("require_node_roles on"), "{said}");
+    let last = said.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("next") && last.contains("baton config init --node-id n1"),
+        "the output does not end with the next command: {said}"
+    );
+
+    let refused = fenced_write(&pg.server.app_url(), "n1", 2).await;
+    assert!(
+        refused.is_err(),
+        "baton_app still writes as holder n1 after db init --nodes"
+    );
+    let n1_url = std::fs::read_to_string(out.join("baton_node_n1.url")).unwrap();
+    fenced_write(n1_url.trim(), "n1", 2)
+        .await
+        .expect("n1's own role writes as n1");
+    let cross = fenced_write(n1_url.trim(), "n2", 3).await;
+    assert!(cross.is_err(), "n1's role wrote as n2");
+
+    // The opt-out: one shared role, said out loud.
+    let (ok, said, err) = baton_cli(
+        &["db", "init", "--admin-url", &admin, "--shared-app-role"],
+        &[],
+    );
+    assert!(ok, "{said}{err}");
+    assert!(said.contains("require_node_roles off"), "{said}");
+    fenced_write(&pg.server.app_url(), "n2", 4)
+        .await
+        .expect("baton_app writes again with --shared-app-role");
+}
+
+/// `admin`'s URL without its password, and the password.
+fn without_password(pg: &ScratchPg) -> (String, String) {
+    let password = pg.server.password("postgres").unwrap();
+    let admin = pg.server.admin_url();
+    let bare = admin.replacen(&format!(":{password}@"), "@", 1);
+    assert_ne!(bare, admin);
+    (bare, password)
+}
+
+/// Issue 43: `baton migrate --admin-url postgres://postgres@db/baton` failed "password
+/// missing": the admin commands now take the password the way PostgreSQL's own tools do, from
+/// `PGPASSWORD` or a password file (`PGPASSFILE`, else `~/.pgpass`), when the URL has none;
+/// without either (and no terminal to prompt on) the error says where to put it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_take_pgpassword_and_pgpass_when_the_url_has_no_password() {
+    let pg = ScratchPg::start()
+        .await
+        .expect("a private PostgreSQL, migrated");
+    let (bare, password) = without_password(&pg);
+    let home = tempfile::tempdir().unwrap();
+    let home_arg = home.path().to_str().unwrap();
+
+    let (ok, said, err) = baton_cli(&["migrate", "--admin-url", &bare], &[("HOME", home_arg)]);
+    assert!(!ok, "migrated without a password: {said}");
+    assert!(
+        err.contains("PGPASSWORD") && err.contains(".pgpass"),
+        "the error does not say where the password goes: {err}"
+    );
+
+    let (ok, said, err) = baton_cli(
+        &["migrate", "--admin-url", &bare],
+        &[("HOME", home_arg), ("PGPASSWORD", &password)],
+    );
+    assert!(ok, "PGPASSWORD not honoured: {said}{err}");
+
+    // ~/.pgpass: a wildcard line for another user first, then ours; 0600, as libpq wants it.
+    let port = pg.server.port;
+    let pgpass = home.path().join(".pgpass");
+    std::fs::write(
+        &pgpass,
+        format!("# comment\n*:*:*:someone_else:nope\n127.0.0.1:{port}:baton:postgres:{password}\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&pgpass, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (ok, said, err) = baton_cli(&["migrate", "--admin-url", &bare], &[("HOME", home_arg)]);
+    assert!(ok, "~/.pgpass not honoured: {said}{err}");
+    sql(&pg.server.admin_url(), "CREATE TABLE ledger43 (id bigserial PRIMARY KEY)")
+        .await
+        .unwrap();
+    let (ok, said, err) = baton_cli(
+        &["db", "grant", "--admin-url", &bare, "ledger43"],
+        &[("HOME", home_arg)],
+    );
+    assert!(ok, "db grant did not read ~/.pgpass: {said}{err}");
+
+    // PGPASSFILE names another file (and HOME's is not read then).
+    let elsewhere = home.path().join("elsewhere");
+    std::fs::rename(&pgpass, &elsewhere).unwrap();
+    let (ok, said, err) = baton_cli(
+        &["db", "init", "--admin-url", &bare, "--nodes", "n9"],
+        &[("HOME", home_arg), ("PGPASSFILE", elsewhere.to_str().unwrap())],
+    );
+    assert!(ok, "PGPASSFILE not honoured: {said}{err}");
+    assert!(!said.contains(&password), "the admin password on stdout");
+}
+
+/// Issue 43: `database "baton" does not exist` came next, and neither the docs nor the tool
+/// said how to make it. `db init` names the command when the database is missing, and creates
+/// it with `--create-database`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_init_names_or_runs_the_create_database_it_needs() {
+    let pg = ScratchPg::start()
+        .await
+        .expect("a private PostgreSQL, migrated");
+    let (bare, password) = without_password(&pg);
+    let missing = bare.replace("/baton", "/app_db");
+    let env = [("PGPASSWORD", password.as_str())];
+    let (ok, said, err) = baton_cli(&["db", "init", "--admin-url", &missing, "--nodes", "n1"], &env);
+    assert!(!ok, "{said}");
+    assert!(
+        err.contains("does not exist")
+            && err.contains("--create-database")
+            && err.contains("CREATE DATABASE app_db"),
+        "the error does not say how to create the database: {err}"
+    );
+    let (ok, said, err) = baton_cli(
+        &["db", "init", "--admin-url", &missing, "--nodes", "n1", "--create-database"],
+        &env,
+    );
+    assert!(ok, "{said}{err}");
+    assert!(said.contains("created database app_db"), "{said}");
+    // Again: it exists now, and that is fine.
+    let (ok, said, err) = baton_cli(
+        &["db", "init", "--admin-url", &missing, "--nodes", "n1", "--create-database"],
+        &env,
+    );
+    assert!(ok, "{said}{err}");
 }

@@ -3,9 +3,13 @@
 //! nodes start. The roles:
 //!
 //! * `baton_owner` (cannot log in) owns the `baton` schema and its `SECURITY DEFINER` functions.
-//! * `baton_app` logs in; it may call the fence's functions, and write the tables [`grant`]ed to it.
+//! * `baton_app` may call the fence's functions, and write the tables [`grant`]ed to it. It is
+//!   the group the node roles belong to; it logs in (and [`init`] gives it a password) only when
+//!   no node roles are asked for, or [`InitOptions::shared_app_role`] says one role is shared.
 //! * `baton_node_<id>`, one per node: a member of `baton_app` (so it has the same grants) whose
-//!   sessions write only as holder `<id>`, whatever they claim. Nodes should connect as these.
+//!   sessions write only as holder `<id>`, whatever they claim. Nodes connect as these: once
+//!   [`init`] has made them, the resource requires them (`require_node_roles`), and a session of
+//!   `baton_app` can no longer write as any holder.
 //! * `baton_lease` (the pg-lease backend only) owns the lease schema and nothing else.
 //!
 //! [`init`] gives each login role it creates a random password, sent to the server as a SCRAM
@@ -31,6 +35,11 @@ pub struct InitOptions {
     pub pg_lease: bool,
     /// Replace the passwords of roles that already have one (their old URLs stop working).
     pub rotate: bool,
+    /// One role shared by every node (`baton_app`), the opt-out: the resource does not require
+    /// per-node roles (`require_node_roles` off), so a `baton_app` session may write as any
+    /// holder, and `baton_app` gets a password (and a URL) even with `nodes`. Without it,
+    /// `nodes` turns `require_node_roles` on and `baton_app` gets no URL.
+    pub shared_app_role: bool,
 }
 
 /// A login role whose password [`init`] set just now, and its connection URL.
@@ -50,17 +59,33 @@ pub struct InitReport {
     pub logins: Vec<Login>,
     /// Roles that already had a password, left as they were (see [`InitOptions::rotate`]).
     pub kept: Vec<String>,
+    /// What [`init`] set the resource's `require_node_roles` to: `Some(true)` when it made node
+    /// roles, `Some(false)` with [`InitOptions::shared_app_role`], `None` when it left it.
+    pub require_node_roles: Option<bool>,
 }
 
 /// Creates or upgrades the schema ([`fence::migrate`]), the pg-lease store if asked, and every
-/// login role with a generated password (see the module docs). Bad input (a node id that cannot
-/// name a role, an admin URL that does not parse, pg-lease in a build without it) is refused
-/// before anything is changed. Idempotent; safe to run again (it keeps existing passwords).
+/// login role with a generated password (see the module docs); with node roles, the resource
+/// then requires them (unless [`InitOptions::shared_app_role`]). Bad input (a node id that
+/// cannot name a role, an admin URL that does not parse, pg-lease in a build without it) is
+/// refused before anything is changed. Idempotent; safe to run again (it keeps existing
+/// passwords).
 pub async fn init(admin_url: &str, opts: &InitOptions) -> Result<InitReport, FenceError> {
     let server = tokio_postgres::Config::from_str(admin_url)
         .map_err(|e| FenceError::Invalid(format!("admin URL: {e}")))?;
-    // (role, the node id when it is a node's role)
-    let mut roles: Vec<(String, Option<&str>)> = vec![(APP_ROLE.to_owned(), None)];
+    let require_node_roles = if opts.shared_app_role {
+        Some(false)
+    } else if opts.nodes.is_empty() {
+        None
+    } else {
+        Some(true)
+    };
+    // (role, the node id when it is a node's role). The shared role logs in only when the
+    // nodes may use it.
+    let mut roles: Vec<(String, Option<&str>)> = Vec::new();
+    if require_node_roles != Some(true) {
+        roles.push((APP_ROLE.to_owned(), None));
+    }
     if opts.pg_lease {
         roles.push((lease_role()?.to_owned(), None));
     }
@@ -105,6 +130,15 @@ pub async fn init(admin_url: &str, opts: &InitOptions) -> Result<InitReport, Fen
                 role,
                 url: Secret::new(url),
             });
+        }
+        // Last, once every node role can log in: from here on only they may write.
+        if let Some(on) = require_node_roles {
+            client
+                .batch_execute(&format!(
+                    "UPDATE baton.settings SET require_node_roles = {on};"
+                ))
+                .await?;
+            report.require_node_roles = Some(on);
         }
         Ok::<_, FenceError>(report)
     }
