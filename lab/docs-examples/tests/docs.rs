@@ -7,7 +7,8 @@
 //! - the library walk of README.md and docs/library.md runs end to end: the page's own
 //!   `baton db init` line, its SQL, its `baton db grant` line, its `# node.toml` and its job,
 //!   until the job's rows are in the page's table;
-//! - ```` ```sql ```` blocks run in order as the superuser on a database made by `baton db init`;
+//! - ```` ```sql ```` blocks run in order on a database made by `baton db init`, as the role
+//!   their first line names (`-- as baton_node_n1`), else as the superuser;
 //! - every shell line that starts with `baton` parses with the real command line
 //!   (`Cli::try_parse_from`);
 //! - ```` ```toml ```` blocks parse, and a block headed `# node.toml` loads and validates as a
@@ -302,6 +303,11 @@ impl Pg {
         Pg { server, _dir: dir }
     }
 
+    /// The superuser's URL for database `db`, as it is (`db init --create-database` makes it).
+    fn url_for(&self, db: &str) -> String {
+        with_database(&self.server.admin_url(), db)
+    }
+
     /// The superuser's URL for database `db`, which is created if it is not there.
     async fn admin_url(&self, db: &str) -> String {
         let admin = self.server.admin_url();
@@ -392,10 +398,14 @@ fn created_table(blocks: &[Block]) -> Option<String> {
 async fn every_sql_block_runs_on_a_database_made_by_db_init() {
     let pg = Pg::start().await;
     let admin = pg.admin_url("docs").await;
-    let init: Vec<String> = ["baton", "db", "init", "--admin-url", &admin, "--nodes", "n1,n2,n3", "--backend", "pg-lease"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let secrets = tempfile::tempdir().unwrap();
+    let init: Vec<String> = [
+        "baton", "db", "init", "--admin-url", &admin, "--nodes", "n1,n2,n3", "--backend",
+        "pg-lease", "--out", secrets.path().to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     run_db_line(&init).await;
     let db = client(&admin).await;
     db.batch_execute(
@@ -403,6 +413,11 @@ async fn every_sql_block_runs_on_a_database_made_by_db_init() {
     )
     .await
     .unwrap();
+    let grant: Vec<String> = ["baton", "db", "grant", "--admin-url", &admin, "ledger"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    run_db_line(&grant).await;
     let mut ran = 0;
     let mut failures = Vec::new();
     for file in doc_files() {
@@ -411,13 +426,36 @@ async fn every_sql_block_runs_on_a_database_made_by_db_init() {
                 continue; // made above, as every page's walk makes it
             }
             ran += 1;
-            if let Err(e) = db.batch_execute(&block.text).await {
-                failures.push(format!("{file}:{}: {}", block.line, db_error(&e)));
+            let role = sql_role(&block);
+            let url = match role.as_str() {
+                "postgres" => admin.clone(),
+                role => match std::fs::read_to_string(secrets.path().join(format!("{role}.url"))) {
+                    Ok(url) => url.trim().to_string(),
+                    Err(_) => {
+                        failures.push(format!("{file}:{}: no role {role} from db init", block.line));
+                        continue;
+                    }
+                },
+            };
+            if let Err(e) = client(&url).await.batch_execute(&block.text).await {
+                failures.push(format!("{file}:{} (as {role}): {}", block.line, db_error(&e)));
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(ran >= 1, "no SQL block ran");
+}
+
+/// Who runs an SQL block: the role its first line names (`-- as baton_node_n1`), else the
+/// superuser (`postgres`).
+fn sql_role(block: &Block) -> String {
+    block
+        .text
+        .lines()
+        .next()
+        .and_then(|l| l.trim().strip_prefix("-- as "))
+        .map(|r| r.split_whitespace().next().unwrap_or("postgres").to_string())
+        .unwrap_or_else(|| "postgres".into())
 }
 
 // ---- the walk and the programs ---------------------------------------------------------------
@@ -546,7 +584,11 @@ async fn walk(file: &str, work: &Path) -> (String, Pg) {
     };
     let (init, grant) = (find("init"), find("grant"));
     let db = database_of(&init[init.iter().position(|w| w == "--admin-url").unwrap() + 1]);
-    let admin = pg_ref.admin_url(&db).await;
+    let admin = if init.iter().any(|w| w == "--create-database") {
+        pg_ref.url_for(&db)
+    } else {
+        pg_ref.admin_url(&db).await
+    };
     let secrets = work.join("secrets");
     let mut init = with_flag(&init, "--admin-url", &admin);
     if init.iter().any(|w| w == "--out") {
