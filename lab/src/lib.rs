@@ -16,6 +16,8 @@
 //! admin_url.rs       every --admin-url: the password as PostgreSQL's tools take it, a missing database said or created
 //! budget_admin.rs    `baton budget status|reset`: the fleet-wide failure budget, and its reset
 //! chaos/             `baton chaos`: kill / partition (netns + iptables) / pause the leader, clock skew
+//! plots.rs           SVG plots for `baton exp` and `baton bench`: leaders acting, seq vs time, CDFs, lines
+//! report.rs          what every report records: order statistics (Summary), the machine, the commit
 //! logging.rs         the binary's log lines: plain text off a terminal, openraft's repeats limited
 //! main.rs            the `baton` binary (clap)
 //! ```
@@ -33,6 +35,8 @@ pub mod exp;
 pub mod fence_admin;
 pub mod fleet;
 pub mod load;
+pub mod plots;
+pub mod report;
 pub mod logging;
 
 use std::path::{Path, PathBuf};

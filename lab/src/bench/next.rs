@@ -18,6 +18,7 @@
 //! Reports achieved rate, p50/p99/p999 and errors for both, the ratio, and the group-commit batch
 //! sizes read back from `baton.fence_log`; checks the ledger has no non-increasing step.
 
+use crate::load::neighbour::Neighbour;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -496,7 +497,7 @@ async fn load_beside_neighbour(
     spec: LoadSpec,
     args: &NextArgs,
 ) -> anyhow::Result<(load::LoadReport, Option<CpuWindow>)> {
-    let neighbour = Neighbour::start(args)?;
+    let neighbour = neighbour_for(args)?;
     let cpu_start = machine_cpu();
     let report = load::run(spec).await;
     let window = cpu_window(cpu_start, machine_cpu());
@@ -606,70 +607,11 @@ fn slice_words(slice_ms: u32) -> String {
     }
 }
 
-/// A `stress-ng` CPU neighbour, stopped (SIGKILL to its process group) when dropped.
-/// A `stress-ng` CPU neighbour, killed (its whole process group) on drop.
-pub(crate) struct Neighbour(Option<std::process::Child>);
-
-impl Neighbour {
-    fn start(args: &NextArgs) -> anyhow::Result<Neighbour> {
-        Neighbour::spawn(
-            args.neighbour_cpu_percent,
-            args.neighbour_slice_ms,
-            args.neighbour_own_session,
-        )
-    }
-
-    /// `stress-ng --cpu 2 --cpu-load CPU_PERCENT --cpu-load-slice SLICE_MS` (0: none), in this
-    /// command's session or (`own_session`) in one of its own.
-    pub(crate) fn spawn(
-        cpu_percent: u32,
-        slice_ms: u32,
-        own_session: bool,
-    ) -> anyhow::Result<Neighbour> {
-        if cpu_percent == 0 {
-            return Ok(Neighbour(None));
-        }
-        anyhow::ensure!(
-            cpu_percent <= 100,
-            "--neighbour-cpu-percent {cpu_percent} > 100"
-        );
-        use std::os::unix::process::CommandExt;
-        let mut cmd = std::process::Command::new("stress-ng");
-        cmd.args([
-            "--cpu",
-            "2",
-            "--cpu-load",
-            &cpu_percent.to_string(),
-            "--cpu-load-slice",
-            &slice_ms.to_string(),
-            "--quiet",
-        ])
-        .stdout(std::process::Stdio::null());
-        if own_session {
-            // SAFETY: setsid is async-signal-safe and touches no memory of the parent. A new
-            // session is also a new process group, so Drop's kill of the group still applies.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
-        } else {
-            cmd.process_group(0);
-        }
-        let child = cmd
-            .spawn()
-            .context("starting stress-ng (Debian package stress-ng: scripts/ensure-deps.sh)")?;
-        Ok(Neighbour(Some(child)))
-    }
-}
-
-impl Drop for Neighbour {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.0 {
-            // SAFETY: kill(2) on our own child's process group; no memory is touched.
-            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-            let _ = child.wait();
-        }
-    }
+/// The neighbour `baton bench next`'s flags ask for.
+fn neighbour_for(args: &NextArgs) -> anyhow::Result<Neighbour> {
+    Neighbour::spawn(
+        args.neighbour_cpu_percent,
+        args.neighbour_slice_ms,
+        args.neighbour_own_session,
+    )
 }

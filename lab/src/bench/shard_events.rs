@@ -146,7 +146,7 @@ pub async fn run(args: ShardEventsArgs) -> anyhow::Result<ShardEventsReport> {
 
 /// `F-placement.svg` and `F-dark.svg` beside the report `F.json` (see the module docs).
 fn plot(out: &std::path::Path, report: &ShardEventsReport) -> anyhow::Result<()> {
-    use crate::exp::plots::{self, Axes};
+    use crate::plots::{self, Axes};
     let stem = out.with_extension("");
     let beside = |suffix: &str| PathBuf::from(format!("{}-{suffix}.svg", stem.display()));
     let title = format!(

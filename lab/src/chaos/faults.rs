@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde::{Deserialize, Serialize};
 
-use super::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
+use crate::fleet::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
 use crate::fleet::client::NodeClient;
 use crate::fleet::servers::{pid_alive, stop_pid, PgServer};
 use crate::fleet::{current_leader, FleetNode, FleetState};
@@ -210,7 +210,7 @@ pub async fn pg_promote_lagging(
             // Bounded by the lag: on a synchronous standby the step-down's release waits for the
             // stopped sender like every commit, and the fault goes on without its answer.
             let client = state.admin_client(lag.max(Duration::from_millis(500)));
-            let answer = match crate::exp::faults::post_stepdown(&client, &leader, None).await {
+            let answer = match crate::fleet::client::post_stepdown(&client, &leader, None).await {
                 Ok(r) => r.status.to_string(),
                 Err(e) => format!("no answer: {e:#}"),
             };
@@ -988,7 +988,7 @@ pub async fn skew_node_report(
 pub fn heal_all(state: &FleetState) -> Vec<String> {
     let mut did = Vec::new();
     if let Some(net) = &state.netns {
-        let existing = super::netns::namespaces();
+        let existing = crate::fleet::netns::namespaces();
         for n in net.nodes.iter().filter(|n| existing.contains(&n.ns)) {
             if has_rules(&n.ns) {
                 if remove_rules(&n.ns) {

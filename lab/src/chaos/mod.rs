@@ -23,7 +23,8 @@
 //! connection is cut, the resource connection is not.
 
 pub mod faults;
-pub mod netns;
+/// The namespaces themselves are the fleet's (`fleet up --netns`); chaos cuts their links.
+pub use crate::fleet::netns;
 pub mod relay;
 
 use std::path::PathBuf;

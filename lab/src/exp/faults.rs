@@ -208,29 +208,6 @@ pub async fn stepdown_leader(
     stepdown_leader_to(state, scheduled_ms, None).await
 }
 
-/// `POST /stepdown` to `node`; `client` carries the fleet's admin token
-/// ([`FleetState::admin_client`]).
-pub async fn post_stepdown(
-    client: &crate::fleet::client::NodeClient,
-    node: &fleet::FleetNode,
-    successor: Option<&str>,
-) -> anyhow::Result<crate::fleet::client::Reply> {
-    let path = match successor {
-        Some(s) => format!("/stepdown?to={s}"),
-        None => "/stepdown".to_owned(),
-    };
-    client
-        .send(
-            hyper::Method::POST,
-            &node.http_addr,
-            &path,
-            &[],
-            Default::default(),
-        )
-        .await
-        .with_context(|| format!("POST {path} to {}", node.id))
-}
-
 /// `POST /stepdown` to the leader, handing over to the `pick`-th other live node when given
 /// (a leadership transfer); verified by a 200.
 pub async fn stepdown_leader_to(
@@ -252,7 +229,7 @@ pub async fn stepdown_leader_to(
             (!others.is_empty()).then(|| others[k as usize % others.len()].id.clone())
         });
         let applied = monotonic_ns();
-        let r = post_stepdown(&client, &leader, successor.as_deref()).await?;
+        let r = crate::fleet::client::post_stepdown(&client, &leader, successor.as_deref()).await?;
         let healed = monotonic_ns();
         match r.status.as_u16() {
             200 => {
@@ -323,4 +300,36 @@ pub async fn partition_leader_from(
         verified: r.verified,
         detail: r.detail,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More kills per run than `detector`'s two, and every pause shorter than the lease (the
+    /// specs `detector-kills` and `detector-pauses`; moved here from spec.rs's tests).
+    #[test]
+    fn the_detector_schedules_kill_often_and_pause_below_the_lease() {
+        use super::super::spec::ExpSpec;
+        let (kills, _) = ExpSpec::load("detector-kills").unwrap();
+        let ttl = 3000;
+        let occ = schedule(
+            &kills.faults,
+            ttl,
+            kills.duration.eval(ttl),
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1),
+        );
+        assert!(occ.len() >= 10, "{} kills", occ.len());
+        let (pauses, _) = ExpSpec::load("detector-pauses").unwrap();
+        let occ = schedule(
+            &pauses.faults,
+            ttl,
+            pauses.duration.eval(ttl),
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1),
+        );
+        assert_eq!(occ.len(), 16);
+        assert!(occ
+            .iter()
+            .all(|o| o.length.is_some_and(|l| l < Duration::from_millis(ttl))));
+    }
 }

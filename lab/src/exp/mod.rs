@@ -6,7 +6,6 @@
 //! nemesis.rs   `[nemesis]`: a seeded random schedule of every fault kind, each verified in effect
 //! run.rs       one run: fresh fleet, load, faults, checker, everything measured; fleet always stopped
 //! analysis.rs  transitions + failover (ledger), elections (actor traces), stale-leader evidence
-//! plots.rs     SVG: leaders acting, seq vs time, failover vs TTL, CDFs
 //! ```
 //!
 //! Per run `LABEL` (backend, plus `-ttlX`, `-fencing-on|off`, `-jobsN` where swept) the results
@@ -19,17 +18,18 @@
 //! The exit code is non-zero when a run errs or its verdict is not the expected one (fencing on:
 //! PASS; fencing off: FAIL, unless the spec says otherwise).
 
+pub use crate::report::git_commit;
+
 pub mod analysis;
 pub mod faults;
 pub mod nemesis;
-pub mod plots;
+use crate::plots;
 pub mod run;
 pub mod spec;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context};
 use serde_json::Value;
@@ -86,25 +86,6 @@ pub struct ExpArgs {
     pub only: Option<Vec<String>>,
 }
 
-fn command_out(cmd: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(cmd).args(args).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
-/// `git rev-parse HEAD`, with `+dirty` when tracked files differ from it.
-pub fn git_commit() -> String {
-    let head = command_out("git", &["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = command_out("git", &["status", "--porcelain", "--untracked-files=no"])
-        .is_some_and(|s| !s.is_empty());
-    if dirty {
-        format!("{head}+dirty")
-    } else {
-        head
-    }
-}
-
 /// Runs the experiment; returns the process exit code.
 pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
     let (mut spec, spec_path) = ExpSpec::load(&a.name)?;
@@ -145,7 +126,7 @@ pub async fn cli_main(a: ExpArgs) -> anyhow::Result<i32> {
     };
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let commit = git_commit();
-    let machine = crate::bench::machine_info();
+    let machine = crate::report::machine_info();
     println!(
         "exp {}: {} run(s) [{}]{} -> {}",
         spec.name,
@@ -980,7 +961,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
             g("failover_ms", "max"),
             g("stepdown_dark_ms", "median"),
             g("stepdown_dark_ms", "min"),
-            crate::bench::Summary::of(&fault_to_won_of(v))
+            crate::report::Summary::of(&fault_to_won_of(v))
                 .map(|s| format!("{:.1}", s.p99))
                 .unwrap_or_default(),
             g("campaign_ms", "p99"),
@@ -1133,7 +1114,7 @@ pub fn write_experiment(out: &Path, spec: &ExpSpec) -> anyhow::Result<String> {
             format!(
                 "- **{}**: kill → won ms {}; seat vacant → won (the election) ms {}; campaign call → won (includes queueing) ms {}; wins per node {}; winners per round {}; backend requests per election {} (election ops only: {})",
                 v["label"].as_str().unwrap_or("?"),
-                ms_value(crate::bench::Summary::of(&fault_to_won_of(v)).map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(Value::Null)),
+                ms_value(crate::report::Summary::of(&fault_to_won_of(v)).map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or(Value::Null)),
                 ms_cell(&v["election_ms"]),
                 ms_cell(&v["campaign_ms"]),
                 v["wins_per_node"],

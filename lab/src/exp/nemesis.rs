@@ -289,7 +289,7 @@ async fn kill_stepping_down(
     let client = snap.admin_client(Duration::from_secs(10));
     let req = {
         let (client, node) = (client.clone(), node.clone());
-        tokio::spawn(async move { faults::post_stepdown(&client, &node, None).await })
+        tokio::spawn(async move { crate::fleet::client::post_stepdown(&client, &node, None).await })
     };
     tokio::time::sleep(Duration::from_millis(step.delay_ms)).await;
     let in_flight = !req.is_finished();
@@ -839,7 +839,7 @@ pub struct KindCount {
     /// Leadership changes attributed to faults of this kind, and their dark time (last old
     /// write → first new write, resource clock), ms.
     pub transitions: usize,
-    pub dark_ms: Option<crate::bench::Summary>,
+    pub dark_ms: Option<crate::report::Summary>,
 }
 
 /// The nemesis part of a run's result.
@@ -892,7 +892,7 @@ pub fn report(
     for (kind, g) in gaps {
         let k = by_kind.entry(kind).or_default();
         k.transitions = g.len();
-        k.dark_ms = crate::bench::Summary::of(&g);
+        k.dark_ms = crate::report::Summary::of(&g);
     }
     let took_effect = records.iter().filter(|r| r.verified).count();
     NemesisReport {

@@ -20,10 +20,10 @@ use super::analysis::{
 use super::faults::{self, FaultRecord, Occurrence};
 use super::nemesis::{self, NemesisReport};
 use super::spec::{ExpSpec, Expect, FaultKind, RunPlan};
-use crate::bench::Summary;
+use crate::fleet::meter::RequestMeter;
+use crate::report::Summary;
 use crate::check::{self, CheckInput, Violation};
 use crate::fleet::client::NodeClient;
-use crate::fleet::servers::pid_alive;
 use crate::fleet::{self, FleetSpec, FleetState};
 use crate::load::{self, LoadReport, LoadSpec, Outcome};
 use crate::unix_ms;
@@ -222,7 +222,7 @@ fn udp_counters(state: &FleetState) -> Option<Vec<(u64, u64)>> {
     state
         .nodes
         .iter()
-        .map(|n| crate::chaos::netns::udp_datagrams(net.ns_of(&n.id)?).ok())
+        .map(|n| crate::fleet::netns::udp_datagrams(net.ns_of(&n.id)?).ok())
         .collect()
 }
 
@@ -353,110 +353,6 @@ fn start_read_probes(
         }
     }
     tasks
-}
-
-/// Sums `baton_backend_requests_total` by `op` across nodes, across restarts (a counter that went
-/// down restarted from zero).
-#[derive(Default)]
-pub(crate) struct RequestMeter {
-    last: BTreeMap<(String, String), f64>,
-    total: BTreeMap<String, f64>,
-    /// The same for the unlabelled [`DETECTOR_COUNTERS`], by metric name.
-    detector_last: BTreeMap<(String, &'static str), f64>,
-    detector_total: BTreeMap<&'static str, f64>,
-}
-
-/// The failure detector's counters the meter sums besides the backend's requests.
-const DETECTOR_COUNTERS: [&str; 2] = [
-    baton::metrics::DETECTOR_CONFIRMED_DEAD,
-    baton::metrics::DETECTOR_DECLARED_DEAD,
-];
-
-/// `(name, value)` of a line of one of the [`DETECTOR_COUNTERS`].
-fn detector_counter(line: &str) -> Option<(&'static str, f64)> {
-    DETECTOR_COUNTERS.iter().find_map(|name| {
-        let rest = line.strip_prefix(name)?;
-        if !(rest.starts_with(' ') || rest.starts_with('{')) {
-            return None;
-        }
-        let v = rest.rsplit(' ').next()?.trim().parse().ok()?;
-        Some((*name, v))
-    })
-}
-
-impl RequestMeter {
-    /// Scrapes every live node; a node's counters are keyed by its pid, so a restarted node's
-    /// fresh counters add up instead of looking like no change.
-    pub(crate) async fn scrape(&mut self, client: &NodeClient, state: &FleetState) {
-        for n in &state.nodes {
-            if !pid_alive(n.pid) {
-                continue;
-            }
-            let Ok(r) = client.get(&n.http_addr, "/metrics").await else {
-                continue;
-            };
-            let text = String::from_utf8_lossy(&r.body).into_owned();
-            for line in text.lines() {
-                if let Some((name, v)) = detector_counter(line) {
-                    let key = (format!("{}#{}", n.id, n.pid), name);
-                    let prev = self.detector_last.get(&key).copied().unwrap_or(0.0);
-                    let delta = if v >= prev { v - prev } else { v };
-                    *self.detector_total.entry(name).or_default() += delta;
-                    self.detector_last.insert(key, v);
-                    continue;
-                }
-                let Some(rest) = line.strip_prefix("baton_backend_requests_total{") else {
-                    continue;
-                };
-                let Some((labels, value)) = rest.rsplit_once('}') else {
-                    continue;
-                };
-                let Ok(v) = value.trim().parse::<f64>() else {
-                    continue;
-                };
-                let op = labels
-                    .split(',')
-                    .find_map(|kv| kv.trim().strip_prefix("op=\""))
-                    .map(|s| s.trim_end_matches('"').to_owned())
-                    .unwrap_or_default();
-                let key = (format!("{}#{}", n.id, n.pid), op.clone());
-                let prev = self.last.get(&key).copied().unwrap_or(0.0);
-                let delta = if v >= prev { v - prev } else { v };
-                *self.total.entry(op).or_default() += delta;
-                self.last.insert(key, v);
-            }
-        }
-    }
-
-    pub(crate) fn baseline(&mut self) {
-        self.total.clear();
-        self.detector_total.clear();
-    }
-
-    /// The detector's counters since the last [`RequestMeter::baseline`], by metric name.
-    pub(crate) fn detector_total(&self) -> BTreeMap<String, u64> {
-        self.detector_total
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.round() as u64))
-            .collect()
-    }
-
-    /// Requests by `op`, summed over nodes, since the last [`RequestMeter::baseline`].
-    pub(crate) fn total(&self) -> &BTreeMap<String, f64> {
-        &self.total
-    }
-
-    /// Everything one node process (`id`, `pid`) had counted at the last scrape, all ops together.
-    pub(crate) fn node_count(&self, id: &str, pid: u32) -> f64 {
-        let key = format!("{id}#{pid}");
-        self.last
-            .iter()
-            .filter(|((node, _), _)| *node == key)
-            .map(|(_, v)| v)
-            .sum::<f64>()
-            // An empty f64 sum is -0.0.
-            + 0.0
-    }
 }
 
 fn node_addrs(state: &FleetState) -> Vec<(String, String)> {
@@ -635,7 +531,7 @@ async fn drive(
     meter.baseline();
     let neighbour = match plan.neighbour {
         // In a session of its own: it competes with every process here, not only with this one.
-        Some(n) => Some(crate::bench::next::Neighbour::spawn(
+        Some(n) => Some(crate::load::neighbour::Neighbour::spawn(
             n.cpu_percent,
             n.slice_ms,
             true,
@@ -866,7 +762,7 @@ fn assemble(
         })
         .collect();
     let mut by_op: BTreeMap<String, u64> = BTreeMap::new();
-    for (op, v) in &meter.total {
+    for (op, v) in meter.total() {
         by_op.insert(op.clone(), v.round() as u64);
     }
     let total: u64 = by_op.values().sum();
@@ -997,31 +893,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn detector_counters_are_read_by_exact_name() {
-        assert_eq!(
-            detector_counter("baton_detector_confirmed_dead_total 3"),
-            Some((baton::metrics::DETECTOR_CONFIRMED_DEAD, 3.0))
-        );
-        assert_eq!(
-            detector_counter("baton_detector_declared_self_dead_total{node=\"n1\"} 2"),
-            Some((baton::metrics::DETECTOR_DECLARED_DEAD, 2.0))
-        );
-        // Another counter sharing the prefix, and the HELP / TYPE lines, are not these.
-        assert_eq!(
-            detector_counter("baton_detector_confirmed_dead_totals 9"),
-            None
-        );
-        assert_eq!(
-            detector_counter("# TYPE baton_detector_confirmed_dead_total counter"),
-            None
-        );
-        assert_eq!(
-            detector_counter("baton_backend_requests_total{op=\"renew\"} 4"),
-            None
-        );
-    }
-
-    #[test]
     fn detector_packets_are_per_node_and_second() {
         let before = [(100, 200), (0, 0), (50, 60)];
         let after = [(300, 400), (100, 100), (50, 660)];
@@ -1034,4 +905,17 @@ mod tests {
         assert!(DetectorPackets::of(&before, &after[..2], 2.0).is_none());
         assert!(DetectorPackets::of(&before, &after, 0.0).is_none());
     }
+
+    /// A swim run of the detector experiment gets a node config with the detector on (moved
+    /// here from spec.rs's tests).
+    #[test]
+    fn a_swim_run_of_the_detector_experiment_turns_the_detector_on() {
+        use baton::config::DetectorKind;
+        let (spec, _) = ExpSpec::load("detector").unwrap();
+        let runs = spec.plan(Some(&[BackendKind::PgLease]), None).unwrap();
+        assert_eq!(runs[1].detector, Some(DetectorKind::Swim));
+        let cfg = base_config(&spec, &runs[1]).unwrap();
+        assert_eq!(cfg.detector.kind, DetectorKind::Swim);
+    }
+
 }

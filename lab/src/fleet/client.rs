@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode, Uri};
@@ -256,4 +257,27 @@ impl hyper::rt::Write for NodeStream {
             NodeStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
+}
+
+/// `POST /stepdown` to `node`; `client` carries the fleet's admin token
+/// ([`FleetState::admin_client`]).
+pub async fn post_stepdown(
+    client: &NodeClient,
+    node: &super::FleetNode,
+    successor: Option<&str>,
+) -> anyhow::Result<Reply> {
+    let path = match successor {
+        Some(s) => format!("/stepdown?to={s}"),
+        None => "/stepdown".to_owned(),
+    };
+    client
+        .send(
+            hyper::Method::POST,
+            &node.http_addr,
+            &path,
+            &[],
+            Default::default(),
+        )
+        .await
+        .with_context(|| format!("POST {path} to {}", node.id))
 }

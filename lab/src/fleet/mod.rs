@@ -2,6 +2,8 @@
 //! described by a state file (`fleet.json`) that `baton fleet status|down|kill|start` read.
 
 pub mod client;
+pub mod meter;
+pub mod netns;
 pub mod redis_server;
 pub mod servers;
 pub mod zk_server;
@@ -119,9 +121,9 @@ pub struct FleetState {
     #[serde(default)]
     pub zk: Option<ZkEnsemble>,
     pub nodes: Vec<FleetNode>,
-    /// `fleet up --netns`: the bridge and per-node namespaces (`crate::chaos::netns`).
+    /// `fleet up --netns`: the bridge and per-node namespaces (`crate::fleet::netns`).
     #[serde(default)]
-    pub netns: Option<crate::chaos::netns::NetnsFleet>,
+    pub netns: Option<crate::fleet::netns::NetnsFleet>,
     /// The admin token `fleet up` generated for every node of this fleet (`POST /stepdown`).
     /// The file holding it is private to its owner (0600), like the node configs.
     #[serde(default)]
@@ -236,7 +238,7 @@ impl FleetState {
             bail!("node {id} is already running as pid {}", node.pid);
         }
         let mut cmd = match self.netns.as_ref().and_then(|n| n.ns_of(id)) {
-            Some(ns) => crate::chaos::netns::command_in(ns, &exe),
+            Some(ns) => crate::fleet::netns::command_in(ns, &exe),
             None => Command::new(exe),
         };
         cmd.arg("node").arg("--config").arg(&node.config);
@@ -356,7 +358,7 @@ impl FleetState {
         if let Some(net) = &self.netns {
             let left = net.teardown();
             if left.is_empty() {
-                let _ = fs::remove_file(self.dir.join(crate::chaos::netns::NETNS_FILE));
+                let _ = fs::remove_file(self.dir.join(crate::fleet::netns::NETNS_FILE));
             } else {
                 eprintln!("fleet down: could not remove {left:?}");
             }
@@ -382,7 +384,7 @@ pub async fn up(spec: &FleetSpec) -> anyhow::Result<FleetState> {
     up_opts(spec, false).await
 }
 
-/// [`up`] with each node in its own network namespace behind a bridge (`crate::chaos::netns`),
+/// [`up`] with each node in its own network namespace behind a bridge (`crate::fleet::netns`),
 /// so `baton chaos partition-leader` can cut one node's paths. Needs root.
 pub async fn up_netns(spec: &FleetSpec) -> anyhow::Result<FleetState> {
     up_opts(spec, true).await
@@ -522,10 +524,10 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     }
     check.validate().context("fleet node config")?;
     // Removes the namespaces again unless disarmed (error, or Ctrl-C dropping this future).
-    let mut net = crate::chaos::netns::NetnsGuard::new(
+    let mut net = crate::fleet::netns::NetnsGuard::new(
         &dir,
         if netns {
-            Some(crate::chaos::netns::NetnsFleet::create(&dir, spec.nodes)?)
+            Some(crate::fleet::netns::NetnsFleet::create(&dir, spec.nodes)?)
         } else {
             None
         },

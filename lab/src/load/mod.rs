@@ -20,6 +20,7 @@
 pub mod conn;
 pub mod cpu;
 pub mod leader;
+pub mod neighbour;
 pub mod sizing;
 
 use std::fs::File;
