@@ -43,6 +43,7 @@ use etcd_client::{
 use tokio::sync::Mutex;
 
 use super::etcd_expiry::{ExpiryReaper, LeaseTtlReader};
+use super::etcd_rpc::{bounded, revoke_lease, unavailable};
 use super::etcd_vacancy::VacancyWatch;
 use super::renew_batch::SharedLeaderRead;
 use super::{
@@ -118,38 +119,6 @@ const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(6);
 /// 128 by default).
 const TXN_OPS: usize = 128;
 
-fn unavailable(e: impl std::fmt::Display) -> ElectorError {
-    ElectorError::Unavailable(e.to_string())
-}
-
-/// One etcd request, bounded by `timeout`; both failures are `Unavailable`.
-pub(super) async fn bounded<T>(
-    timeout: Duration,
-    f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> ElectorResult<T> {
-    match tokio::time::timeout(timeout, f).await {
-        Ok(r) => r.map_err(unavailable),
-        Err(_) => Err(ElectorError::Unavailable(format!(
-            "etcd did not answer within {timeout:?}"
-        ))),
-    }
-}
-
-/// Revokes `lease` (counted as `op`): `true` if this revoked it, `false` if it was already gone.
-pub(super) async fn revoke_lease(
-    client: &Client,
-    lease: i64,
-    timeout: Duration,
-    op: &'static str,
-) -> ElectorResult<bool> {
-    let mut c = client.clone();
-    count_request(BackendKind::Etcd, op);
-    match bounded(timeout, c.lease_revoke(lease)).await {
-        Ok(_) => Ok(true),
-        Err(ElectorError::Unavailable(msg)) if msg.contains("lease not found") => Ok(false),
-        Err(e) => Err(e),
-    }
-}
 
 /// `opts` over TLS, the servers verified against exactly the CAs in `ca_file` (the endpoints are
 /// `https://`, checked by the config).

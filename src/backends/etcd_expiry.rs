@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use tokio::sync::Notify;
 
-use super::etcd::{bounded, revoke_lease};
+use super::etcd_rpc::{bounded, revoke_lease};
 use super::{count_request, BackendKind, ElectorResult};
 
 /// How often the lease is read once it has under two seconds left: the takeover lands at most

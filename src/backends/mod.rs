@@ -10,6 +10,8 @@ pub mod etcd;
 #[cfg(feature = "etcd")]
 pub mod etcd_expiry;
 #[cfg(feature = "etcd")]
+mod etcd_rpc;
+#[cfg(feature = "etcd")]
 mod etcd_vacancy;
 #[cfg(feature = "pg-lease")]
 pub mod pg_lease;

@@ -124,9 +124,12 @@
 pub use crate::peer_auth as auth;
 mod client;
 pub mod faults;
+pub mod lease_server;
+pub mod lease_table;
 pub mod network;
 mod prompt;
 pub mod server;
+mod shard_wire;
 pub mod shards;
 pub mod storage;
 pub mod types;
@@ -192,13 +195,13 @@ fn spawn_peer_server(
     shared: &Arc<Shared>,
     listener: tokio::net::TcpListener,
     peers: &[crate::config::PeerSpec],
-    shards: Option<Arc<shards::LeaseServer>>,
+    shards: Option<Arc<lease_server::LeaseServer>>,
 ) -> tokio::sync::oneshot::Sender<()> {
     let rpc = RaftPeerRpc {
         source: shared.clone(),
         faults: shared.faults.clone(),
         contact: shared.contact.clone(),
-        shards,
+        shards: shards.map(|s| s as Arc<dyn network::ShardRpc>),
     };
     let members = peers.iter().map(|p| p.id.clone()).collect();
     let service = PeerService::new(
@@ -219,7 +222,7 @@ fn spawn_peer_server(
 pub struct RaftElector {
     shared: Arc<Shared>,
     /// The shard lease table's server (K > 1, see [`shards`]); `None` at K = 1.
-    lease: Option<Arc<shards::LeaseServer>>,
+    lease: Option<Arc<lease_server::LeaseServer>>,
     /// Where the peer listener is bound (the configured address, resolved if it was port 0).
     peer_addr: SocketAddr,
     /// Dropping it stops the peer listener.
@@ -390,7 +393,7 @@ impl RaftElector {
             contact: Default::default(),
         });
         let lease = sharded.map(|(ttl, bound)| {
-            Arc::new(shards::LeaseServer::new(
+            Arc::new(lease_server::LeaseServer::new(
                 shared.clone(),
                 shared.sm.clone(),
                 me,

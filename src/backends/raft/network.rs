@@ -293,7 +293,16 @@ pub(crate) struct RaftPeerRpc {
     /// Noted on every append this node accepted from a leader (see [`super::prompt`]).
     pub(crate) contact: Arc<super::prompt::LeaderContact>,
     /// The shard lease table's leader side (K > 1); `None` refuses `shard` requests.
-    pub(crate) shards: Option<Arc<super::shards::LeaseServer>>,
+    pub(crate) shards: Option<Arc<dyn ShardRpc>>,
+}
+
+/// What serves an authenticated `POST /peer/shard`: the shard lease table's server
+/// (`lease_server.rs`). A trait here, so the transport does not import the table it carries
+/// requests for (the table's server uses this module's errors and raft handle).
+#[async_trait::async_trait]
+pub(crate) trait ShardRpc: Send + Sync + 'static {
+    /// Decodes, serves and encodes one request.
+    async fn handle_rpc(&self, body: &Bytes) -> Result<Bytes, PeerRpcError>;
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, PeerRpcError> {

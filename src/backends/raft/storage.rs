@@ -12,7 +12,7 @@
 //!   shards existed (the meta alone) still opens, with an empty table.
 //!
 //! At K = 1 the state machine stores nothing else: leadership is the product, not data. At
-//! K > 1 it also holds the shard lease table ([`super::shards`]): who holds each shard, at
+//! K > 1 it also holds the shard lease table ([`super::lease_table`]): who holds each shard, at
 //! which epoch (the shard's fencing token).
 
 use std::collections::BTreeMap;
@@ -28,7 +28,7 @@ use openraft::storage::{EntryResponder, IOFlushed, RaftLogStorage, RaftStateMach
 use openraft::{LogState, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
 use serde::{Deserialize, Serialize};
 
-use super::shards::{LeaseTable, Leases, ShardOutcome};
+use super::lease_table::{LeaseTable, Leases, ShardOutcome};
 use super::types::{
     Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig, Vote,
 };
@@ -588,7 +588,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_shard_table_rides_in_snapshots_and_an_old_snapshot_still_opens() {
-        use crate::backends::raft::shards::{Holder, ShardCmd};
+        use crate::backends::raft::lease_table::{Holder, ShardCmd};
         let dir = tempfile::tempdir().unwrap();
         // A snapshot.json written before shards: the meta alone, with a real membership (its
         // map of members has numeric keys, which JSON writes as strings).

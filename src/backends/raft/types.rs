@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 
 use openraft::BasicNode;
 
-pub use super::shards::{ShardCmd, ShardOutcome};
+pub use super::lease_table::{ShardCmd, ShardOutcome};
 use crate::config::PeerSpec;
 
 openraft::declare_raft_types!(
     /// baton's raft: at K = 1 no application data of its own (leadership is the product); at
     /// K > 1 the log also carries the shard lease table's grants and releases
-    /// ([`ShardCmd`], see [`super::shards`]). `u64` node ids, the peer address in [`BasicNode`],
+    /// ([`ShardCmd`], see [`super::lease_table`]). `u64` node ids, the peer address in [`BasicNode`],
     /// and the *standard* leader id — at most one leader per term — so that the term alone is a
     /// fencing token (the default "advanced" leader id allows two leaders in one term, ordered by
     /// node id, which would make term tokens collide).
