@@ -780,6 +780,9 @@ impl Fence {
         let tx = FencedTransaction {
             client: Some(client),
             answer_bound: self.answer_bound,
+            resource: resource.to_owned(),
+            token,
+            holder: self.holder.clone(),
         };
         match asserted? {
             Ok(_) => Ok(tx),
@@ -855,6 +858,11 @@ pub struct FencedTransaction {
     client: Option<Conn>,
     /// How long its `COMMIT` or `ROLLBACK` may go unanswered (the fence's bound).
     answer_bound: Duration,
+    /// The fenced resource (in its shard's domain), the term's token and this node: what a
+    /// failed commit's WARN names.
+    resource: String,
+    token: FenceToken,
+    holder: String,
 }
 
 impl FencedTransaction {
@@ -870,12 +878,38 @@ impl FencedTransaction {
     /// [`FenceError::Unavailable`]: `57P01: terminating connection due to administrator
     /// command`, or a closed connection when the client read the server's goodbye first.
     /// Nothing of it landed; the resource has it in `baton.fence_rejections` (`preempted`).
+    ///
+    /// Every failed commit is logged at WARN with the resource, the token, the holder and why:
+    /// `preempted` (the server ended the transaction, SQLSTATE 57P01: a newer term's preemption,
+    /// or a server shutdown; nothing landed), `connection-ended`
+    /// (the connection closed under it, which is also how a preemption reads when the client
+    /// saw the server's goodbye first), `unanswered`, or `refused` (the server's own error).
     pub async fn commit(mut self) -> Result<(), FenceError> {
         let client = self.client.take().expect("a live transaction");
         let committed = client
             .within(self.answer_bound, client.batch_execute("COMMIT"))
             .await;
-        Ok(committed.map_err(unanswered)??)
+        let (why, result) = match committed {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => (commit_failure(&e), Err(FenceError::from(e))),
+            Err(e) => ("unanswered", Err(unanswered(e))),
+        };
+        if let Err(e) = &result {
+            tracing::warn!(
+                resource = %self.resource,
+                token = self.token.0,
+                holder = %self.holder,
+                reason = %why,
+                error = %e,
+                "a fenced commit failed: {}",
+                match why {
+                    "preempted" => "the server ended this transaction (a newer term's preemption, or a server shutdown); nothing of it landed",
+                    "refused" => "the resource refused it; nothing of it landed",
+                    _ => "its outcome is unknown (a newer term's preemption also reads this way: see baton.fence_rejections)",
+                }
+            );
+        }
+        result
     }
 
     /// Rolls back; the connection goes back to the pool, or is closed if the rollback failed
@@ -889,6 +923,21 @@ impl FencedTransaction {
                 client.discard();
             }
         }
+    }
+}
+
+/// Why a `COMMIT` failed, as [`FencedTransaction::commit`]'s WARN says it.
+fn commit_failure(e: &tokio_postgres::Error) -> &'static str {
+    if e.code() == Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN) {
+        // 57P01: `pg_terminate_backend`, which is how a newer term ends an open transaction.
+        "preempted"
+    } else if e.is_closed()
+        || e.as_db_error().is_none_or(|d| d.severity() == "FATAL")
+    {
+        // Closed under it, or ended by the server another way (an idle-in-transaction timeout).
+        "connection-ended"
+    } else {
+        "refused"
     }
 }
 

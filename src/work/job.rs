@@ -124,7 +124,7 @@ impl LeaderWork for FnWork {
 
     async fn start(&self, ctx: WorkContext) -> Result<Box<dyn RunningWork>, WorkError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let (done_tx, done_rx) = watch::channel(false);
+        let (done_tx, done_rx) = watch::channel(None);
         let term = Term {
             token: ctx.token,
             holder: ctx.node_id.clone(),
@@ -134,7 +134,6 @@ impl LeaderWork for FnWork {
         };
         let fut = (self.job)(term);
         let args = JobArgs {
-            name: self.name,
             fut: Some(fut),
             done_tx,
         };
@@ -153,11 +152,15 @@ impl LeaderWork for FnWork {
     }
 }
 
+/// How the job's future ended: `Ok` when it returned `Ok(())`, else its error chain.
+type JobEnd = Result<(), String>;
+
 struct RunningJob {
     name: &'static str,
     cell: ActorCell,
     stop_tx: watch::Sender<bool>,
-    done_rx: watch::Receiver<bool>,
+    /// `Some` once the job's future has ended.
+    done_rx: watch::Receiver<Option<JobEnd>>,
 }
 
 #[async_trait]
@@ -172,18 +175,25 @@ impl RunningWork for RunningJob {
 
     /// Tells the job to stop and waits until it has returned: a closure job checkpoints itself
     /// before returning. The supervisor bounds this wait, then stops (and if need be kills) it.
+    /// A job that returns an error (a commit the next term cut off, a refused write) fails the
+    /// checkpoint with its error chain: the supervisor says it, as the term is already ending.
     async fn checkpoint(&self) -> Result<(), WorkError> {
         let _ = self.stop_tx.send(true);
         let mut done = self.done_rx.clone();
-        let _ = done.wait_for(|d| *d).await;
-        Ok(())
+        let end = done.wait_for(Option::is_some).await.ok().and_then(|d| d.clone());
+        match end {
+            Some(Err(reason)) => Err(WorkError::Checkpoint {
+                work: self.name,
+                reason,
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
 struct JobArgs {
-    name: &'static str,
     fut: Option<Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>>,
-    done_tx: watch::Sender<bool>,
+    done_tx: watch::Sender<Option<JobEnd>>,
 }
 
 enum JobMsg {
@@ -192,7 +202,6 @@ enum JobMsg {
 }
 
 struct JobState {
-    name: &'static str,
     /// Aborted with the actor, also when the actor is killed after the stop bound.
     _task: AbortOnDrop,
 }
@@ -218,11 +227,10 @@ impl Actor for JobActor {
                 Ok(Err(e)) => Err(format!("{e:#}")),
                 Err(_) => Err("panicked".to_owned()),
             };
-            let _ = done_tx.send(true);
+            let _ = done_tx.send(Some(result.clone()));
             let _ = myself.cast(JobMsg::Ended(result));
         });
         Ok(JobState {
-            name: args.name,
             _task: AbortOnDrop(task),
         })
     }
@@ -231,12 +239,15 @@ impl Actor for JobActor {
         &self,
         myself: ActorRef<JobMsg>,
         msg: JobMsg,
-        state: &mut JobState,
+        _state: &mut JobState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            JobMsg::Ended(Ok(())) => myself.stop(Some(format!("{} returned", state.name))),
-            // Failing the actor tells the supervisor why (its policy decides what follows).
-            JobMsg::Ended(Err(e)) => return Err(format!("{} failed: {e}", state.name).into()),
+            // The supervisor names the work: `NAME: returned`.
+            JobMsg::Ended(Ok(())) => myself.stop(Some("returned".to_owned())),
+            // Failing the actor tells the supervisor why (its policy decides what follows). The
+            // supervisor names the work (`NAME: failed: ...`): the error chain alone, so that
+            // the name is said once.
+            JobMsg::Ended(Err(e)) => return Err(e.into()),
         }
         Ok(())
     }
