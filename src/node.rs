@@ -665,17 +665,30 @@ impl NodeHandle {
                 tokio::time::sleep(wait).await;
             }
             tasks.placement.take();
-            let calls = self.shards.iter().map(|h| async move {
-                let _ = h
+            tracing::info!(
+                shards = self.shards.len(),
+                bound_ms = self.stop_bound.as_millis() as u64,
+                "shutting down: each term held is demoted (leader work checkpointed and stopped, then the lease released), waiting at most bound_ms"
+            );
+            let calls = self.shards.iter().enumerate().map(|(s, h)| async move {
+                let done = h
                     .supervisor
                     .call(SupervisorMsg::Shutdown, Some(self.stop_bound))
                     .await;
+                if !matches!(done, Ok(ractor::rpc::CallResult::Success(()))) {
+                    tracing::warn!(
+                        shard = s,
+                        bound_ms = self.stop_bound.as_millis() as u64,
+                        "the demotion did not finish within bound_ms; stopping the shard's supervision tree anyway"
+                    );
+                }
                 h.supervisor.stop(Some("shutdown".into()));
             });
             futures::future::join_all(calls).await;
             for tree in tasks.trees.iter_mut() {
                 let _ = tree.await;
             }
+            tracing::info!("every supervision tree has stopped");
         }
         #[cfg(feature = "swim")]
         if let Some(d) = tasks.detector.take() {

@@ -8,9 +8,11 @@
 //! * **across terms**, after a term whose leader work failed, the node waits before campaigning
 //!   again: `[term_backoff] base_ms x 2^(failed terms in a row - 1)`, capped at `max_ms`. Each
 //!   such failure is logged at WARN with the whole error (the program's exit status, a job's
-//!   error chain) and counted ([`FAILED_TERMS`](crate::metrics::FAILED_TERMS)). A term that ends
-//!   any other way (step-down, lease lost, shutdown), or that ran `reset_after_ms` before its
-//!   work failed, ends the streak.
+//!   error chain) and counted ([`FAILED_TERMS`](crate::metrics::FAILED_TERMS)). A term counts as
+//!   failed however it ended: its work failed and ended it, or its work failed during the term
+//!   (a `Restart` policy restarted it) no more than `reset_after_ms` before the term ended some
+//!   other way (a lease-deadline demotion, a lost lease, a step-down). A term that ends any
+//!   other way, or that ran `reset_after_ms` before its work failed, ends the streak.
 //!
 //! A term whose claim the fenced resource refused is not counted: that is the token source
 //! (a regressed Redis counter, a poisoned `max_token`), it is only cured by newer terms, and it
@@ -68,22 +70,35 @@ pub(crate) struct TermEnd {
 /// This node's streak of failed terms, and the wait it earns.
 pub(crate) struct TermFailures {
     cfg: TermBackoffConfig,
+    /// This node's id: the holder named in the WARN of a failed term.
+    holder: String,
     in_a_row: u32,
     term_began: Option<Instant>,
+    /// The latest failure of the current term's work (when, and why), if any: a term that then
+    /// ends another way still failed.
+    failed_in_term: Option<(Instant, String)>,
 }
 
 impl TermFailures {
-    pub(crate) fn new(cfg: &TermBackoffConfig) -> TermFailures {
+    pub(crate) fn new(cfg: &TermBackoffConfig, holder: &str) -> TermFailures {
         TermFailures {
             cfg: cfg.clone(),
+            holder: holder.to_owned(),
             in_a_row: 0,
             term_began: None,
+            failed_in_term: None,
         }
     }
 
     /// A term was won (its work is about to start).
     pub(crate) fn term_began(&mut self) {
         self.term_began = Some(Instant::now());
+        self.failed_in_term = None;
+    }
+
+    /// A work of the current term ended on its own with `why` (its policy may restart it).
+    pub(crate) fn work_failed(&mut self, why: &str) {
+        self.failed_in_term = Some((Instant::now(), why.to_owned()));
     }
 
     /// The term `token` has ended for `reason` (its work has stopped); `claim_refused`: the
@@ -105,15 +120,26 @@ impl TermFailures {
             pause: Duration::ZERO,
             failure: None,
         };
+        let failed_in_term = self.failed_in_term.take();
         let why = match reason {
-            DemotionReason::WorkFailed(why) => why,
+            DemotionReason::WorkFailed(why) => why.clone(),
             // The term ran no work: it says nothing about the work, so the streak stands (and
             // the budget keeps this node from campaigning meanwhile).
             DemotionReason::FailureBudgetExhausted => return no_failure,
-            _ => {
-                self.reset();
-                return no_failure;
-            }
+            // Its work failed during the term (and was restarted), then the term ended another
+            // way: a failed term all the same, unless the work has run well since for
+            // `reset_after_ms`.
+            other => match failed_in_term {
+                Some((at, why))
+                    if at.elapsed() <= Duration::from_millis(self.cfg.reset_after_ms) =>
+                {
+                    format!("{why} (then the term ended: {other})")
+                }
+                _ => {
+                    self.reset();
+                    return no_failure;
+                }
+            },
         };
         if claim_refused {
             return no_failure;
@@ -134,17 +160,32 @@ impl TermFailures {
         metrics::counter!(m::FAILED_TERMS).increment(1);
         metrics::gauge!(m::FAILED_TERMS_IN_A_ROW).set(f64::from(self.in_a_row));
         metrics::gauge!(m::CAMPAIGN_BACKOFF_SECONDS).set(pause.as_secs_f64());
-        tracing::warn!(
-            token = token.0,
-            failed_terms_in_a_row = self.in_a_row,
-            ran_ms = ran.as_millis() as u64,
-            campaign_pause_ms = pause.as_millis() as u64,
-            error = %why,
-            "leader work failed and ended the term; this node waits before campaigning again"
-        );
+        let (in_a_row, ran_ms, pause_ms) = (self.in_a_row, ran.as_millis() as u64, pause.as_millis() as u64);
+        if matches!(reason, DemotionReason::WorkFailed(_)) {
+            tracing::warn!(
+                token = token.0,
+                holder = %self.holder,
+                failed_terms_in_a_row = in_a_row,
+                ran_ms,
+                campaign_pause_ms = pause_ms,
+                error = %why,
+                "leader work failed and ended the term; this node waits before campaigning again"
+            );
+        } else {
+            tracing::warn!(
+                token = token.0,
+                holder = %self.holder,
+                failed_terms_in_a_row = in_a_row,
+                ran_ms,
+                campaign_pause_ms = pause_ms,
+                ended_by = %reason,
+                error = %why,
+                "leader work failed during the term, which then ended: a failed term; this node waits before campaigning again"
+            );
+        }
         TermEnd {
             pause,
-            failure: Some(why.clone()),
+            failure: Some(why),
         }
     }
 
@@ -192,7 +233,7 @@ mod tests {
             max_ms: 3000,
             reset_after_ms: 60_000,
         };
-        let mut f = TermFailures::new(&cfg);
+        let mut f = TermFailures::new(&cfg, "n1");
         let t = FenceToken(7);
         for want_ms in [500, 1000, 2000, 3000, 3000] {
             f.term_began();
@@ -228,6 +269,48 @@ mod tests {
         );
     }
 
+    /// Issue 43: a term counts as failed however it ended. Its work failed (and a `Restart`
+    /// policy restarted it), then a lease-deadline demotion ended the term: the budget gets it,
+    /// with the work's error and how the term ended. A failure `reset_after_ms` before the end
+    /// is forgiven, and the next term starts clean.
+    #[test]
+    fn a_term_whose_work_failed_counts_however_it_ended() {
+        let cfg = TermBackoffConfig {
+            base_ms: 500,
+            max_ms: 3000,
+            reset_after_ms: 60_000,
+        };
+        let mut f = TermFailures::new(&cfg, "n1");
+        let t = FenceToken(9);
+        f.term_began();
+        f.work_failed("child: failed: the program exited (exit=3)");
+        let end = f.term_ended(t, &DemotionReason::LeaseDeadline, false);
+        assert_jittered(end.pause, 500);
+        assert_eq!(
+            end.failure.as_deref(),
+            Some("child: failed: the program exited (exit=3) (then the term ended: lease-deadline)")
+        );
+        assert_eq!(f.in_a_row, 1);
+        // The next term starts without the last one's failure: a step-down ends the streak.
+        f.term_began();
+        let end = f.term_ended(t, &DemotionReason::StepDown { successor: None }, false);
+        assert_eq!(end.failure, None);
+        assert_eq!(f.in_a_row, 0);
+        // A failure long enough before the end is forgiven.
+        let mut f = TermFailures::new(
+            &TermBackoffConfig {
+                reset_after_ms: 0,
+                ..cfg
+            },
+            "n1",
+        );
+        f.term_began();
+        f.work_failed("child: failed: the program exited (exit=3)");
+        std::thread::sleep(Duration::from_millis(5));
+        let lost = DemotionReason::LeaseLost("gone".into());
+        assert_eq!(f.term_ended(t, &lost, false).failure, None);
+    }
+
     #[test]
     fn a_failure_after_a_long_healthy_term_starts_a_new_streak() {
         let cfg = TermBackoffConfig {
@@ -235,7 +318,7 @@ mod tests {
             max_ms: 3000,
             reset_after_ms: 0,
         };
-        let mut f = TermFailures::new(&cfg);
+        let mut f = TermFailures::new(&cfg, "n1");
         for _ in 0..4 {
             f.term_began();
             assert_jittered(f.term_ended(FenceToken(1), &failed(), false).pause, 500);
@@ -249,7 +332,7 @@ mod tests {
             max_ms: 0,
             reset_after_ms: 60_000,
         };
-        let mut f = TermFailures::new(&cfg);
+        let mut f = TermFailures::new(&cfg, "n1");
         f.term_began();
         assert_eq!(
             f.term_ended(FenceToken(1), &failed(), false).pause,

@@ -9,6 +9,9 @@
 //! * before each **campaign** the elector waits here while the budget is spent, asking again
 //!   every `recheck_ms` (sooner when the resource says it reopens sooner), so the node campaigns
 //!   again once enough failures have left the window or an operator reset the budget;
+//! * **while a campaign waits** (a raft follower's waits until its node leads the raft group,
+//!   which may never happen) the budget is read every `recheck_ms` too, so every node of the
+//!   fleet says when it is spent, not only those whose campaigns win;
 //! * at each **term's start**, before any work starts, the supervisor asks once more: a campaign
 //!   that was already under way when the last allowed failure was recorded wins right after it,
 //!   and that term gives up without running the work.
@@ -79,6 +82,16 @@ impl FailureBudget {
     pub(crate) async fn wait_until_open(&self) {
         while let Some(reopens_in) = self.spent_for().await {
             tokio::time::sleep(reopens_in.min(self.cfg.recheck()).max(MIN_RECHECK)).await;
+        }
+    }
+
+    /// While a campaign waits: reads the budget every `recheck_ms`, saying (WARN, `/status`,
+    /// the gauge) when the fleet has spent it. Never returns; the campaign goes on (a term it
+    /// wins while the budget is spent gives up at its start).
+    pub(crate) async fn watch(&self) -> std::convert::Infallible {
+        loop {
+            tokio::time::sleep(self.cfg.recheck()).await;
+            let _ = self.spent_for().await;
         }
     }
 
@@ -156,6 +169,7 @@ impl FailureBudget {
         let reopens_in_ms = state.reopens_in.unwrap_or_default().as_millis() as u64;
         let last_failure = state.last_failure.as_deref().unwrap_or("unknown");
         tracing::warn!(
+            node = %self.shared.node_id(),
             shard = self.shard.0,
             failed_terms = state.failed_terms,
             limit = self.cfg.failed_terms,

@@ -34,6 +34,9 @@ use crate::config::NodeConfig;
 use crate::metrics as m;
 use crate::trace::ActorTrace;
 
+/// How long closing the backend may take as the elector stops.
+const CLOSE_BOUND: Duration = Duration::from_secs(2);
+
 pub enum ElectorMsg {
     Campaign,
     CampaignDone {
@@ -48,6 +51,8 @@ pub enum ElectorMsg {
     Release {
         successor: Option<String>,
         pause: Duration,
+        /// The longest the release may take (at shutdown); `None`: the backend's own bounds.
+        bound: Option<Duration>,
     },
     ReleaseDone {
         result: Result<(), ElectorError>,
@@ -198,7 +203,15 @@ impl Actor for ElectorActor {
         }
         // Withdraw any candidacy; bounded so a dead backend cannot hold shutdown hostage.
         let backend = state.args.backend.clone();
-        let _ = tokio::time::timeout(Duration::from_secs(2), backend.close()).await;
+        if tokio::time::timeout(CLOSE_BOUND, backend.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                bound_ms = CLOSE_BOUND.as_millis() as u64,
+                "the election backend did not close within bound_ms; given up"
+            );
+        }
         Ok(())
     }
 
@@ -231,7 +244,11 @@ impl Actor for ElectorActor {
             }
             ElectorMsg::RenewTick => state.maybe_renew(&myself),
             ElectorMsg::RenewDone(result) => state.on_renew_done(&myself, result),
-            ElectorMsg::Release { successor, pause } => {
+            ElectorMsg::Release {
+                successor,
+                pause,
+                bound,
+            } => {
                 state.mode = Mode::Idle;
                 let (backend, me, trace) = (
                     state.args.backend.clone(),
@@ -245,7 +262,23 @@ impl Actor for ElectorActor {
                         None,
                         successor.as_deref().unwrap_or(""),
                     );
-                    let result = backend.resign(successor.as_deref()).await;
+                    let resign = backend.resign(successor.as_deref());
+                    let result = match bound {
+                        None => resign.await,
+                        Some(b) => match tokio::time::timeout(b, resign).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                tracing::warn!(
+                                    bound_ms = b.as_millis() as u64,
+                                    "the lease's release did not finish within bound_ms (the backend, or the successor a hand-over waits for, may be stopping too); given up: the lease runs out by itself"
+                                );
+                                Err(ElectorError::Unavailable(format!(
+                                    "the release did not finish within {} ms",
+                                    b.as_millis()
+                                )))
+                            }
+                        },
+                    };
                     let _ = me.cast(ElectorMsg::ReleaseDone { result, pause });
                 });
             }
@@ -433,11 +466,20 @@ impl ElectorState {
         self.campaign_task = Some(tokio::spawn(async move {
             // Not while the fleet has spent its failure budget (cancel-safe: a withdrawal or
             // a shutdown aborts the wait like the campaign).
-            if let Some(budget) = budget {
+            if let Some(budget) = &budget {
                 budget.wait_until_open().await;
             }
             let started = Instant::now();
-            let result = backend.campaign().await;
+            // Meanwhile the budget is watched: a campaign may wait long (a raft follower's,
+            // until its node leads the raft group), and this node must still say when the
+            // fleet has spent its budget.
+            let result = match &budget {
+                Some(budget) => tokio::select! {
+                    result = backend.campaign() => result,
+                    never = budget.watch() => match never {},
+                },
+                None => backend.campaign().await,
+            };
             let _ = me.cast(ElectorMsg::CampaignDone { result, started });
         }));
         self.expire_recently_dead(myself);

@@ -228,7 +228,7 @@ impl Actor for NodeSupervisor {
         let (elector, _) = Actor::spawn_linked(None, ElectorActor, elector_args, cell).await?;
         args.trace
             .step("supervisor", "started", None, args.backend.kind().as_str());
-        let term_failures = TermFailures::new(&args.cfg.term_backoff);
+        let term_failures = TermFailures::new(&args.cfg.term_backoff, &args.cfg.node_id);
         let placed = args.wanted;
         Ok(SupervisorState {
             placed,
@@ -385,6 +385,43 @@ impl SupervisorState {
     /// The `shard` label of this tree's metrics.
     fn shard_label(&self) -> String {
         self.args.shard.0.to_string()
+    }
+
+    /// Says a demotion out loud as it begins: at WARN when the term was taken from this node
+    /// (its lease ran out or is gone: whatever it had not committed under this token is lost,
+    /// and the resource refuses its writes once a newer term has written), at INFO when it gives
+    /// the term up itself. A term ended by its failing work is said when it has stopped
+    /// (`actors::backoff`), a term the spent failure budget ended by the budget.
+    fn say_demotion(&self, token: FenceToken, reason: &DemotionReason) {
+        let (holder, shard) = (&self.args.cfg.node_id, self.args.shard.0);
+        let stop_bound_ms = self.args.cfg.work_stop_timeout().as_millis() as u64;
+        match reason {
+            DemotionReason::LeaseDeadline => tracing::warn!(
+                token = token.0,
+                holder = %holder,
+                shard,
+                reason = %reason,
+                stop_bound_ms,
+                "lease deadline passed without a renewal: this node demotes and stops its leader work now; what it had not committed under this token is lost, and the resource refuses this token's writes once a newer term writes"
+            ),
+            DemotionReason::LeaseLost(_) => tracing::warn!(
+                token = token.0,
+                holder = %holder,
+                shard,
+                reason = %reason,
+                stop_bound_ms,
+                "lease lost: this node demotes and stops its leader work now; what it had not committed under this token is lost, and the resource refuses this token's writes once a newer term writes"
+            ),
+            DemotionReason::WorkFailed(_) | DemotionReason::FailureBudgetExhausted => {}
+            other => tracing::info!(
+                token = token.0,
+                holder = %holder,
+                shard,
+                reason = %other,
+                stop_bound_ms,
+                "demoting: checkpointing and stopping leader work (waiting at most stop_bound_ms for each), then releasing the lease"
+            ),
+        }
     }
 
     fn on_elected(
@@ -550,6 +587,7 @@ impl SupervisorState {
                     Some(token),
                     &reason.to_string(),
                 );
+                self.say_demotion(token, &reason);
                 let _ = self.watchdog.cast(WatchdogMsg::Disarm);
                 // From here the node reports itself as not leading; the work drains behind it.
                 self.args.shared.set_term(None);
@@ -559,8 +597,9 @@ impl SupervisorState {
                     self.args.cfg.work_stop_timeout(),
                     myself.clone(),
                 );
+                let holder = self.args.cfg.node_id.clone();
                 tokio::spawn(async move {
-                    checkpoint_all(&works, &trace, token, bound).await;
+                    checkpoint_all(&works, &trace, token, &holder, bound).await;
                     stop_all(&works, &trace, token, bound).await;
                     let _ = me.cast(SupervisorMsg::WorkStopped { token });
                 });
@@ -621,7 +660,30 @@ impl SupervisorState {
         let failure = ended
             .failure
             .filter(|_| !self.args.fence.claim_unanswered(token));
-        self.release(token, ElectorMsg::Release { successor, pause }, failure);
+        // At shutdown the release is a courtesy to the successor (the lease runs out by itself
+        // otherwise), and its backend or successor may be stopping too (a whole fleet stopped
+        // at once): it is bounded, so the node exits within its stop timeout.
+        let shutting_down = matches!(reason_of(&self.phase), Some(DemotionReason::Shutdown))
+            || !self.shutdown_waiters.is_empty();
+        let bound = shutting_down.then_some(SHUTDOWN_RELEASE_BOUND);
+        if let Some(b) = bound {
+            tracing::info!(
+                token = token.0,
+                holder = %self.args.cfg.node_id,
+                shard = self.args.shard.0,
+                bound_ms = b.as_millis() as u64,
+                "leader work stopped; releasing the lease (waiting at most bound_ms)"
+            );
+        }
+        self.release(
+            token,
+            ElectorMsg::Release {
+                successor,
+                pause,
+                bound,
+            },
+            failure,
+        );
     }
 
     /// Has the elector release the term, once its failure (if any, and if the budget is on) is
@@ -685,6 +747,8 @@ impl SupervisorState {
         let Phase::Leading { token, .. } = self.phase else {
             return;
         };
+        // The term has failed, whatever ends it (see `actors::backoff`).
+        self.term_failures.work_failed(&why);
         let policy = self.args.works[index].policy.clone();
         match policy {
             SupervisionPolicy::Demote => {
@@ -800,31 +864,79 @@ impl SupervisorState {
     }
 }
 
+/// How long a release at shutdown may take (the lease runs out by itself after that). A
+/// release answers within milliseconds from a healthy backend; raft's hand-over waits for its
+/// successor's election, which never comes when the successor is stopping too.
+pub(crate) const SHUTDOWN_RELEASE_BOUND: Duration = Duration::from_secs(1);
+
+/// The reason of a term that is ending (demoting or releasing).
+fn reason_of(phase: &Phase) -> Option<&DemotionReason> {
+    match phase {
+        Phase::Demoting { reason, .. } | Phase::Releasing { reason, .. } => Some(reason),
+        _ => None,
+    }
+}
+
 /// The first of a term's works that has already ended (a refused claim ends one within
 /// milliseconds, often before the rest of the term has started). ractor marks an actor Stopping
 /// before it notifies its supervisor, so a supervision event that arrived while the term was
 /// starting, and was not matched then, shows here as well as one still on its way.
-async fn checkpoint_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: Duration) {
+async fn checkpoint_all(
+    works: &[Slot],
+    trace: &ActorTrace,
+    token: FenceToken,
+    holder: &str,
+    bound: Duration,
+) {
     for w in works.iter().map(|s| &s.running) {
         match tokio::time::timeout(bound, w.checkpoint()).await {
             Ok(Ok(())) => trace.step(w.name(), "checkpointed", Some(token), ""),
-            Ok(Err(e)) => trace.step(w.name(), "checkpoint-failed", Some(token), &e.to_string()),
-            Err(_) => trace.step(w.name(), "checkpoint-timeout", Some(token), ""),
+            Ok(Err(e)) => {
+                // Its last step failed as the term ended (a commit a newer term cut off, a
+                // write refused): said, not dropped. Not a failed term: the term's end is why.
+                tracing::warn!(
+                    token = token.0,
+                    holder = %holder,
+                    work = w.name(),
+                    error = %e,
+                    "leader work failed while its term was ending: what it had not committed is lost"
+                );
+                trace.step(w.name(), "checkpoint-failed", Some(token), &e.to_string())
+            }
+            Err(_) => {
+                tracing::warn!(
+                    token = token.0,
+                    holder = %holder,
+                    work = w.name(),
+                    bound_ms = bound.as_millis() as u64,
+                    "leader work did not checkpoint within bound_ms as its term ended; it is stopped now"
+                );
+                trace.step(w.name(), "checkpoint-timeout", Some(token), "")
+            }
         }
     }
 }
 
 /// Stops every work actor and waits until each has fully stopped; kills one that overruns `bound`.
+/// A work already on its way out (it ended by itself: a job that returned as it checkpointed, a
+/// program that exited at its SIGTERM) refuses the stop request: it is waited for, and killed
+/// only if it is still not gone after `bound`.
 async fn stop_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: Duration) {
     for w in works.iter().map(|s| &s.running) {
         let cell: ActorCell = w.cell();
-        if cell
-            .stop_and_wait(Some("demoted".into()), Some(bound))
-            .await
-            .is_err()
-            && !matches!(cell.get_status(), ractor::ActorStatus::Stopped)
-        {
+        let stopped = match cell.stop_and_wait(Some("demoted".into()), Some(bound)).await {
+            Ok(()) => true,
+            Err(ractor::RactorErr::Timeout) => false,
+            Err(_) => cell.wait(Some(bound)).await.is_ok(),
+        };
+        if !stopped && !matches!(cell.get_status(), ractor::ActorStatus::Stopped) {
             trace.step(w.name(), "kill", Some(token), "stop bound exceeded");
+            tracing::warn!(
+                token = token.0,
+                work = w.name(),
+                bound_ms = bound.as_millis() as u64,
+                "leader work did not stop within bound_ms; killed"
+            );
             let _ = cell.kill_and_wait(Some(bound)).await;
         }
     }
