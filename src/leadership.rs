@@ -41,7 +41,7 @@ struct TermView {
 
 /// This node's role as `/status` and the node handle report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum Role {
     /// This node holds a term (from `Elected` until demotion begins; its work may still be
     /// draining after that, see [`Status::acting`]).
@@ -51,16 +51,29 @@ pub enum Role {
     /// Neither: no leader is known, or the backend names this node before (or after) it holds a
     /// term.
     Candidate,
+    /// Holds no term and does not campaign: the fleet-wide failure budget is spent (as this node
+    /// last read it, see [`Status::failure_budget`]) until its window passes or an operator
+    /// runs `baton budget reset`.
+    BudgetBlocked,
 }
 
 impl Role {
-    /// The lowercase name (`leader`, `follower`, `candidate`), as in `/status` and the `role`
-    /// label of [`ROLE`](crate::metrics::ROLE).
+    /// Every role, in the order of [`Role::as_str`]'s names.
+    pub const ALL: [Role; 4] = [
+        Role::Leader,
+        Role::Follower,
+        Role::Candidate,
+        Role::BudgetBlocked,
+    ];
+
+    /// The lowercase name (`leader`, `follower`, `candidate`, `budget_blocked`), as in
+    /// `/status` and the `role` label of [`ROLE`](crate::metrics::ROLE).
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Leader => "leader",
             Role::Follower => "follower",
             Role::Candidate => "candidate",
+            Role::BudgetBlocked => "budget_blocked",
         }
     }
 }
@@ -441,8 +454,11 @@ impl Leadership {
         let t = self.term.read().map(|g| *g).unwrap_or_default();
         let leader = self.leader.borrow().clone();
         let leading = t.token.is_some();
+        let failure_budget = self.failure_budget();
         let role = if leading {
             Role::Leader
+        } else if failure_budget.as_ref().is_some_and(|b| b.exhausted) {
+            Role::BudgetBlocked
         } else if leader.as_ref().is_some_and(|l| l.node_id != self.node_id) {
             Role::Follower
         } else {
@@ -466,7 +482,7 @@ impl Leadership {
             backend: self.backend,
             acting: t.acting.is_some(),
             monotonic_ns: crate::clock::monotonic_ns(),
-            failure_budget: self.failure_budget(),
+            failure_budget,
         }
     }
 }
@@ -523,6 +539,37 @@ mod tests {
         // Demotion clears the view at once.
         l.set_term(None);
         assert!(l.read_view().is_none());
+    }
+
+    /// Issue 43: a node the spent failure budget keeps from campaigning says so in its role
+    /// (not "candidate"), until the budget reopens; a term it holds still says leader.
+    #[test]
+    fn a_spent_budget_shows_as_the_role_budget_blocked() {
+        let l = leadership();
+        assert_eq!(l.status().role, Role::Candidate);
+        let budget = |exhausted| FailureBudgetStatus {
+            exhausted,
+            failed_terms: 5,
+            limit: 5,
+            window_ms: 600_000,
+            reopens_in_ms: exhausted.then_some(1000),
+            last_failure: Some("term 3 on n1: exit=3".into()),
+            checked_ms_ago: 0,
+        };
+        l.set_failure_budget(budget(true));
+        let st = l.status();
+        assert_eq!(st.role, Role::BudgetBlocked);
+        assert_eq!(
+            serde_json::to_value(&st).unwrap()["role"],
+            "budget_blocked",
+            "as /status says it"
+        );
+        assert_eq!(Role::BudgetBlocked.as_str(), "budget_blocked");
+        l.set_term(Some(FenceToken(4)));
+        assert_eq!(l.status().role, Role::Leader);
+        l.set_term(None);
+        l.set_failure_budget(budget(false));
+        assert_eq!(l.status().role, Role::Candidate);
     }
 
     /// Readers racing a writer never see a mix of two writes: each write sets seq and cursor

@@ -251,7 +251,7 @@ pub fn describe() {
     describe_gauge!(SHARDS_LED, "Shards this node leads");
     describe_gauge!(
         ROLE,
-        "1 for this node's current role (leader, follower, candidate), 0 otherwise"
+        "1 for this node's current role (leader, follower, candidate, budget_blocked), 0 otherwise"
     );
     describe_counter!(
         TRANSITIONS,

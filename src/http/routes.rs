@@ -170,7 +170,7 @@ fn metrics(app: &HttpApp) -> Resp {
     for (s, shard) in app.shards.iter().enumerate() {
         let st = shard.shared.status();
         let label = s.to_string();
-        for role in ["leader", "follower", "candidate"] {
+        for role in crate::leadership::Role::ALL.map(crate::leadership::Role::as_str) {
             metrics::gauge!(m::ROLE, "role" => role, "shard" => label.clone())
                 .set(if st.role.as_str() == role { 1.0 } else { 0.0 });
         }

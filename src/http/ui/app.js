@@ -2,7 +2,9 @@
 //
 // Every string from the server goes into the page as text (textContent, dataset), never as
 // markup. The rendered rows carry data attributes (data-leader, data-member, data-up, data-role)
-// so tools and tests read the page without parsing its wording.
+// so tools and tests read the page without parsing its wording. A member the spent failure
+// budget keeps from campaigning has role budget_blocked; while any reachable member says the
+// budget is spent, the page says so (#budget, body data-budget="spent").
 //
 // Leadership changes are what this page saw between two polls (a leader or token that differs
 // from the previous poll's), kept in memory since it opened: a change that came and went
@@ -53,11 +55,13 @@ function termsOf(status) {
     return status.shards.map((s) => ({
       shard: s.shard, role: s.role, token: s.token,
       leader: s.leader ? s.leader.node_id : null, leaseMs: s.lease_ttl_remaining_ms,
+      budget: s.failure_budget || null,
     }));
   }
   return [{
     shard: 0, role: status.role, token: status.fence_token,
     leader: status.leader ? status.leader.node_id : null, leaseMs: status.lease_ttl_remaining_ms,
+    budget: status.failure_budget || null,
   }];
 }
 
@@ -164,13 +168,15 @@ function renderMembers(fleet) {
     } else {
       const terms = termsOf(m.status);
       const led = terms.filter((t) => t.role === 'leader');
-      role = led.length ? 'leader' : terms.some((t) => t.role === 'follower') ? 'follower' : 'candidate';
+      role = led.length ? 'leader'
+        : terms.some((t) => t.role === 'budget_blocked') ? 'budget_blocked'
+          : terms.some((t) => t.role === 'follower') ? 'follower' : 'candidate';
       const roleText = sharded ? (led.length ? `leads ${led.map((t) => t.shard).join(', ')}` : role) : role;
       const leases = led.map((t) => t.leaseMs).filter((ms) => ms !== null && ms !== undefined);
       const follows = [...new Set(terms.filter((t) => t.role !== 'leader' && t.leader).map((t) => t.leader))].sort();
       cells = [
         el('td', 'up', 'up'),
-        el('td', roleText, role === 'leader' ? 'leader' : ''),
+        el('td', roleText, role === 'leader' ? 'leader' : role === 'budget_blocked' ? 'down' : ''),
         el('td', led.length ? led.map((t) => (sharded ? `${t.shard}:${t.token}` : t.token)).join(' ') : '—', 'num'),
         leaseCell(leases.length ? Math.min(...leases) : null),
         el('td', follows.length ? follows.join(', ') : '—'),
@@ -237,10 +243,34 @@ function renderSummary(fleet, leaders) {
     `Answered by ${fleet.node_id} (backend ${dash(backend)}) at ${clock(Date.now())} · refreshed every ${POLL_EVERY_MS / 1000} s`;
 }
 
+// The failure budget, per shard, as the reachable member that read it last says it: shown
+// while spent (the fleet does not campaign for that shard's work).
+function renderBudget(fleet) {
+  const spent = new Map();
+  for (const m of fleet.members.filter((m) => m.up)) {
+    for (const t of termsOf(m.status)) {
+      const b = t.budget;
+      if (!b) continue;
+      const seen = spent.get(t.shard);
+      if (!seen || b.checked_ms_ago < seen.checked_ms_ago) spent.set(t.shard, b);
+    }
+  }
+  const lines = [...spent.entries()].filter(([, b]) => b.exhausted).sort((a, b) => a[0] - b[0]).map(([shard, b]) => {
+    const where = fleet.shard_count > 1 ? `shard ${shard}: ` : '';
+    const reopens = b.reopens_in_ms === null || b.reopens_in_ms === undefined ? '' : `; reopens in ${Math.ceil(b.reopens_in_ms / 1000)} s`;
+    return `${where}failure budget spent (${b.failed_terms} of ${b.limit} failed terms within ${Math.round(b.window_ms / 1000)} s${reopens}, or \`baton budget reset\`): no node campaigns. Last failure: ${dash(b.last_failure)}`;
+  });
+  const p = document.getElementById('budget');
+  p.textContent = lines.join(' · ');
+  p.hidden = lines.length === 0;
+  document.body.dataset.budget = lines.length ? 'spent' : '';
+}
+
 function render(fleet) {
   const leaders = leadersOf(fleet);
   noteChanges(leaders);
   renderSummary(fleet, leaders);
+  renderBudget(fleet);
   renderLeaders(fleet, leaders);
   renderMembers(fleet);
   renderChanges();
