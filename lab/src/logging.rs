@@ -23,16 +23,24 @@ pub const REPEAT_WINDOW: Duration = Duration::from_secs(5);
 /// Targets whose warnings are limited (their modules' paths start with it).
 const LIMITED_TARGET: &str = "openraft";
 
-/// Installs the binary's subscriber: `RUST_LOG` (default `info`), to stderr, with colour codes
-/// only when stderr is a terminal and `NO_COLOR` is unset (a log file or journald gets plain
-/// text).
+/// What is logged without `RUST_LOG`: baton's INFO and up, openraft's WARN and up (its own
+/// INFO, multi-KB state dumps at start among them, only when asked for, e.g.
+/// `RUST_LOG=info,openraft=info`).
+pub const DEFAULT_FILTER: &str = "info,openraft=warn,baton::trace=info";
+
+/// The filter of the binary's log lines: `RUST_LOG` when set (it wins entirely), else
+/// [`DEFAULT_FILTER`].
+pub fn filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| DEFAULT_FILTER.into())
+}
+
+/// Installs the binary's subscriber: [`filter`], to stderr, with colour codes only when stderr
+/// is a terminal and `NO_COLOR` is unset (a log file or journald gets plain text).
 pub fn init() {
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,baton::trace=info".into()),
-        )
+        .with_env_filter(filter())
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .event_format(RepeatLimited::new(
@@ -197,6 +205,36 @@ mod tests {
         );
         assert!(text.contains("an info line"), "{text}");
         assert!(!text.contains('\u{1b}'), "no colour codes with ansi off");
+    }
+
+    /// Issue 43: without RUST_LOG, openraft's own INFO is not logged (its WARN is, and baton's
+    /// INFO); an explicit filter still shows it.
+    #[test]
+    fn openraft_info_is_off_by_default_and_on_when_asked_for() {
+        let logged = |filter: &str| {
+            let buf = Buf::default();
+            let writer = buf.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::info!(target: "openraft::engine", "RaftState dump");
+                tracing::warn!(target: "openraft::replication", "heartbeat failed");
+                tracing::info!(target: "baton::node", "node started");
+                tracing::info!(target: "baton::trace", "a trace step");
+            });
+            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            text
+        };
+        let text = logged(DEFAULT_FILTER);
+        assert!(!text.contains("RaftState dump"), "{text}");
+        for line in ["heartbeat failed", "node started", "a trace step"] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        assert!(logged("info").contains("RaftState dump"));
+        assert!(logged("info,openraft=info").contains("RaftState dump"));
     }
 
     #[test]
