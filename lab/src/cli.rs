@@ -172,15 +172,19 @@ pub struct RunArgs {
     /// node tries.
     #[arg(long, value_enum, default_value = "restart")]
     pub on_exit: OnExit,
-    /// With --on-exit restart: restarts allowed within --restart-within before the node demotes.
-    #[arg(long, default_value_t = 5)]
+    /// With --on-exit restart: restarts allowed within --restart-within before the node demotes
+    /// (the term then counts as failed toward the fleet's failure budget).
+    // Issue 43: 2 restarts 0.5 s then 1 s apart, so a program that always fails ends its term
+    // in about 1.5 s and spends the default budget (5 failed terms) in well under 30 s; 5
+    // restarts from 1 s (1+2+4+8+16 s) took ~34 s a term and 3.5 minutes to stop the fleet.
+    #[arg(long, default_value_t = 2)]
     pub restart_max: u32,
     /// With --on-exit restart: the window --restart-max counts restarts in.
     #[arg(long, value_parser = parse_duration_ms, default_value = "60s")]
     pub restart_within: u64,
     /// With --on-exit restart: the wait before the first restart; each later one within
     /// --restart-within waits twice as long (at most 30 s).
-    #[arg(long, value_parser = parse_duration_ms, default_value = "1s")]
+    #[arg(long, value_parser = parse_duration_ms, default_value = "500ms")]
     pub restart_backoff: u64,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
