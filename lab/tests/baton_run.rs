@@ -272,6 +272,17 @@ fn configs_with(
 
 /// Starts `baton run --config CFG <flags> -- <command>`; its stdout and stderr go to a log file.
 fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str]) -> RunNode {
+    start_logging(cfg, t, flags, command, "warn")
+}
+
+/// [`start`], logging what `rust_log` selects.
+fn start_logging(
+    cfg: &(NodeConfig, PathBuf),
+    t: Timing,
+    flags: &[&str],
+    command: &[&str],
+    rust_log: &str,
+) -> RunNode {
     let (c, path) = cfg;
     let log = c.state_dir.join("run.log");
     let out = std::fs::File::create(&log).unwrap();
@@ -287,7 +298,7 @@ fn start(cfg: &(NodeConfig, PathBuf), t: Timing, flags: &[&str], command: &[&str
         .args(flags)
         .arg("--")
         .args(command)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", rust_log)
         .env("FENCED_CHILD_INTERVAL_S", "0.1")
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
@@ -896,6 +907,22 @@ async fn watchdog_stops_the_program_before_the_lease_deadline_by_the_margin() {
         after_watchdog_ms >= 0.0,
         "demoted before the watchdog's deadline?"
     );
+    // Issue 43: the demotion is said at WARN, with the token, the holder and why.
+    assert_warned(&nodes[i], token, &["reason=lease-deadline"]);
+}
+
+/// `node` logged a WARN naming term `token`, itself as the holder, and one of `why`.
+fn assert_warned(node: &RunNode, token: i64, why: &[&str]) {
+    let log = node.log_text();
+    let (t, h) = (format!("token={token}"), format!("holder={}", node.id));
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains(&t)
+            && l.contains(&h)
+            && why.iter().any(|w| l.contains(w))),
+        "{}: no WARN with {t} {h} and one of {why:?}:\n{log}",
+        node.id
+    );
 }
 
 /// The canonical split brain: the leader's whole "machine" (baton and its program's group) is
@@ -956,6 +983,20 @@ async fn paused_leaders_program_is_stopped_and_its_late_write_fenced() {
     assert!(nodes[i]
         .log_text()
         .contains(&format!("token {token} refused by the fence")));
+    // Issue 43: the resumed node says at WARN that its term was taken (the watchdog's deadline
+    // passed while it was paused, or the backend says the lease is gone), and its trace says
+    // what happened: the program stopped at its SIGTERM, no `kill` of a work that had stopped.
+    assert_warned(
+        &nodes[i],
+        token,
+        &["reason=lease-deadline", "reason=lease-lost"],
+    );
+    let kills: Vec<Value> = nodes[i]
+        .steps("kill")
+        .into_iter()
+        .filter(|v| v["token"].as_i64() == Some(token))
+        .collect();
+    assert!(kills.is_empty(), "killed after its checkpoint: {kills:?}");
     eprintln!(
         "paused: stale token {token} refused at max_token {max_token} ({} rejection(s))",
         rows.len()
@@ -1159,6 +1200,8 @@ async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
         let st: Value = serde_json::from_slice(&r.body).unwrap();
         let b = &st["failure_budget"];
         assert_eq!(b["exhausted"], true, "{}: {st}", n.id);
+        // Issue 43: not "candidate": the budget keeps it from campaigning.
+        assert_eq!(st["role"], "budget_blocked", "{}: {st}", n.id);
         assert_eq!(b["failed_terms"], limit, "{}: {st}", n.id);
         assert_eq!(b["window_ms"], 600_000, "{}: {st}", n.id);
         let left = b["reopens_in_ms"].as_u64().unwrap_or(0);
@@ -1213,5 +1256,229 @@ async fn a_fleet_whose_program_keeps_failing_stops_at_its_failure_budget() {
     assert!(
         runs_off > 2 * limit,
         "without the budget the fleet keeps burning terms: {runs_off} runs"
+    );
+}
+
+/// A node's `/status`, `None` when it does not answer.
+async fn status(client: &NodeClient, node: &RunNode) -> Option<Value> {
+    let r = client.get(&node.http, "/status").await.ok()?;
+    serde_json::from_slice(&r.body).ok()
+}
+
+/// The page at `url` as headless Chromium renders it after a few of its polls (`GET /ui`).
+fn dump_dom(url: &str) -> String {
+    const CHROMIUM: &str = "/usr/bin/chromium";
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: run scripts/ensure-deps.sh"
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(CHROMIUM)
+        .args(["--headless", "--disable-gpu", "--no-sandbox"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--dump-dom", "--virtual-time-budget=3000"])
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run chromium");
+    assert!(out.status.success(), "chromium --dump-dom {url} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 43: a program that always fails, under the shipped defaults (`baton run`'s default
+/// `--on-exit restart` policy, the default `[term_backoff]` and `[failure_budget]`: 5 failed
+/// terms in 10 minutes), on three raft nodes: the fleet spends its budget in under 30 s from the
+/// program's first start, and every node says so: one WARN each with the program's exit,
+/// `/status` role `budget_blocked`, and the fleet page (`/ui`) shows the spent budget and every
+/// member blocked. Before: 5 in-term restarts from 1 s (1+2+4+8+16 s) made each failed term
+/// ~34 s, 3.5 minutes in all; and only the nodes whose campaigns won said it (a raft follower's
+/// campaign waits until its node leads the raft group, and read nothing meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_program_spends_the_budget_in_under_30s_and_every_node_says_so() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfgs = configs(&pg, dir.path(), BackendKind::Raft, 3, RAFT);
+    let shipped = NodeConfig::default();
+    let limit = shipped.failure_budget.failed_terms as usize;
+    assert_eq!(limit, 5, "the default budget");
+    for (c, _) in &cfgs {
+        assert_eq!(
+            (c.failure_budget.failed_terms, c.failure_budget.window_ms),
+            (5, 600_000)
+        );
+        assert_eq!(c.failure_budget.recheck_ms, shipped.failure_budget.recheck_ms);
+        assert_eq!(c.term_backoff.base_ms, shipped.term_backoff.base_ms);
+    }
+    let client = NodeClient::new(Duration::from_secs(3));
+    let nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| start(c, RAFT, &[], &["sh", "-c", "exit 3"]))
+        .collect();
+    let first = wait_for("the first program start", 60, || {
+        fleet_starts(&nodes).first().map(|s| s.0)
+    })
+    .await;
+    let warned = |n: &RunNode| {
+        n.log_text()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("failure budget is spent"))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    // Up to 5 minutes, so that a slow fleet is measured rather than cut off.
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut spent_at = None;
+    let said_at = loop {
+        if spent_at.is_none() {
+            let n = pg.sql("SELECT count(*) FROM baton.failed_terms").await[0].get::<_, i64>(0);
+            if n >= limit as i64 {
+                spent_at = Some(monotonic_ns());
+            }
+        }
+        let mut not_said = Vec::new();
+        for n in &nodes {
+            let spent = status(&client, n)
+                .await
+                .is_some_and(|st| st["failure_budget"]["exhausted"] == true);
+            if !spent || warned(n).is_empty() {
+                not_said.push(n.id.clone());
+            }
+        }
+        if not_said.is_empty() {
+            break monotonic_ns();
+        }
+        let secs = |at: u64| (at - first) as f64 / 1e9;
+        assert!(
+            Instant::now() < until,
+            "300 s after the program's first start, {not_said:?} had not said the budget is spent \
+             (the resource counted {limit} failed terms {})",
+            spent_at.map_or("never".into(), |at| format!("{:.1} s after it", secs(at)))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let secs = |at: u64| (at - first) as f64 / 1e9;
+    let spent_s = spent_at.map_or(f64::NAN, secs);
+    let said_s = secs(said_at);
+    let runs = fleet_starts(&nodes).len();
+    eprintln!(
+        "always-failing program, 3 raft nodes, shipped defaults: budget ({limit} failed terms) \
+         spent {spent_s:.1} s after the first start ({runs} program runs), said by every node \
+         {said_s:.1} s after it"
+    );
+    assert!(
+        said_s < 30.0,
+        "the budget was spent and said on every node {said_s:.1} s after the program's first \
+         start (spent after {spent_s:.1} s), not under 30 s"
+    );
+    let recorded = pg.sql("SELECT count(*) FROM baton.failed_terms").await[0].get::<_, i64>(0);
+    assert_eq!(recorded, limit as i64, "failed terms in the resource");
+    for n in &nodes {
+        let warns = warned(n);
+        assert_eq!(warns.len(), 1, "{}: one WARN per exhaustion: {warns:?}", n.id);
+        assert!(warns[0].contains("exit=3"), "{}: {}", n.id, warns[0]);
+        let st = status(&client, n).await.expect("GET /status");
+        assert_eq!(st["role"], "budget_blocked", "{}: {st}", n.id);
+        assert_eq!(st["fence_token"], Value::Null, "{}: {st}", n.id);
+    }
+    // The fleet page says it: the spent budget, and every member blocked.
+    let dom = dump_dom(&format!("http://{}/ui", nodes[0].http));
+    assert!(dom.contains("data-budget=\"spent\""), "{dom}");
+    assert!(dom.contains("failure budget spent"), "{dom}");
+    for n in &nodes {
+        let row = dom
+            .match_indices(&format!("data-member=\"{}\"", n.id))
+            .map(|(i, _)| &dom[dom[..i].rfind('<').unwrap()..i + dom[i..].find('>').unwrap()])
+            .next()
+            .unwrap_or_else(|| panic!("no row of {}: {dom}", n.id));
+        assert!(row.contains("data-role=\"budget_blocked\""), "{row}");
+    }
+}
+
+/// `baton run` with the deploy unit's stop timing (`--stop-timeout 5s --child-stop-margin
+/// 5250ms`) on raft: a lease and election timeout long enough to hold them.
+const RAFT_DEPLOY_STOP: Timing = Timing {
+    lease_ttl_ms: 8000,
+    renew_interval_ms: 200,
+    retry_interval_ms: 100,
+    stop_timeout_ms: 5000,
+    child_stop_margin_ms: 5250,
+    election_timeout: "8000-16000",
+};
+
+/// Issue 43: the whole fleet stopped at once (SIGTERM to all three `baton run` nodes, as a
+/// `systemctl stop` on every host would), the deploy unit's `--stop-timeout 5s`: every node
+/// exits within that stop timeout, and the leader's log says what it waits for. Before: the
+/// leader's release handed raft leadership to a follower that was stopping too and waited for
+/// its election (twice the election timeout's maximum), until the node's own shutdown bound
+/// (3 x the work stop timeout + 2 s = 20 s), with no log line in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_the_whole_fleet_at_once_ends_every_node_within_its_stop_timeout() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let t = RAFT_DEPLOY_STOP;
+    let cfgs = configs(&pg, dir.path(), BackendKind::Raft, 3, t);
+    let mut nodes: Vec<RunNode> = cfgs
+        .iter()
+        .map(|c| {
+            start_logging(
+                c,
+                t,
+                &[],
+                &["sh", "-c", "exec sleep 1000"],
+                "info,openraft=warn",
+            )
+        })
+        .collect();
+    let (leader, token, pgid, _) = wait_for("the program", 90, || running_child(&nodes)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = Instant::now();
+    for n in &nodes {
+        // SAFETY: a signal to a process this test started.
+        unsafe { libc::kill(n.pid(), libc::SIGTERM) };
+    }
+    let mut exited: Vec<Option<Duration>> = vec![None; nodes.len()];
+    while exited.iter().any(Option::is_none) && sent.elapsed() < Duration::from_secs(40) {
+        for (i, n) in nodes.iter_mut().enumerate() {
+            if exited[i].is_none() {
+                if let Some(Ok(Some(_))) = n.proc.as_mut().map(|p| p.try_wait()) {
+                    exited[i] = Some(sent.elapsed());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs: Vec<String> = exited
+        .iter()
+        .map(|e| e.map_or("still running after 40 s".into(), |d| format!("{:.2} s", d.as_secs_f64())))
+        .collect();
+    eprintln!(
+        "whole fleet stopped at once (stop timeout {} ms): leader {} exited after {}, all: {secs:?}",
+        t.stop_timeout_ms, nodes[leader].id, secs[leader]
+    );
+    assert!(!live_member(pgid), "the leader's program outlived its node");
+    let log = nodes[leader].log_text();
+    for (i, e) in exited.iter().enumerate() {
+        assert!(
+            e.is_some_and(|d| d < Duration::from_millis(t.stop_timeout_ms)),
+            "{} (leader: {}) exited after {}, not within its {} ms stop timeout:\n{}",
+            nodes[i].id,
+            i == leader,
+            secs[i],
+            t.stop_timeout_ms,
+            nodes[i].log_text()
+        );
+    }
+    // What it waited for, said as it waited: the demotion with its bound, the release with
+    // its bound.
+    for said in ["shutting down:", "releasing the lease"] {
+        assert!(
+            log.lines().any(|l| l.contains(said) && l.contains("bound_ms=")),
+            "{}: no line saying {said:?} with its bound:\n{log}",
+            nodes[leader].id
+        );
+    }
+    assert!(
+        log.lines().any(|l| l.contains("demoting") && l.contains(&format!("token={token}"))),
+        "{log}"
     );
 }

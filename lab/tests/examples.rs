@@ -118,13 +118,16 @@ impl Drop for Proc {
 }
 
 /// Starts `fenced_job` as node `id` with the config at `config`; its stdout goes to `dir/ID.out`.
+/// Starts `fenced_job` as node `id` with the config at `config`; its stdout goes to `dir/ID.out`,
+/// its log (WARN and up) to `dir/ID.err`.
 fn spawn_fenced_job(config: &std::path::Path, dir: &std::path::Path, id: &str) -> Proc {
     let log = std::fs::File::create(dir.join(format!("{id}.out"))).unwrap();
+    let err = std::fs::File::create(dir.join(format!("{id}.err"))).unwrap();
     let child = Command::new(examples_dir().join("fenced_job"))
         .arg(config)
         .env("RUST_LOG", "warn")
         .stdout(log)
-        .stderr(std::process::Stdio::null())
+        .stderr(err)
         .spawn()
         .expect("start fenced_job");
     Proc(child)
@@ -330,7 +333,9 @@ async fn fenced_job_configs(
                 c.pg_lease.database_url = pg.server.lease_url();
             }
             BackendKind::Raft => {
-                c.election_timeout_ms = "600-1000".into();
+                // Raft grants min(lease, election timeout min): 700 ms leaves the 3 renewals
+                // + 5 ms the timing validation asks for (600 ms did not).
+                c.election_timeout_ms = "700-1000".into();
                 c.lease_ttl_ms = 1000;
                 c.renew_interval_ms = 200;
                 c.retry_interval_ms = 50;
@@ -369,6 +374,12 @@ struct PausedHolder {
     ttl_ms: u64,
     /// `(token, max_token)` of the `preempted` record of the paused holder, if any.
     preempted: Option<(i64, i64)>,
+    /// The paused holder and its token.
+    stale: String,
+    token: i64,
+    /// The paused holder's log (WARN and up) and actor trace, after it resumed.
+    stale_log: String,
+    stale_trace: String,
 }
 
 /// `n` `fenced_job` nodes on `backend`; the leader is paused (SIGSTOP) inside one of its fenced
@@ -525,6 +536,23 @@ async fn pause_inside_a_fenced_transaction(
         after, before,
         "the paused transaction of token {token} committed after term {newer} wrote"
     );
+    // What the resumed node said of its lost work: given until its demotion has run its course
+    // (the trace's `demoted` of that term).
+    let stale_trace_path = dir.path().join(&stale).join("actor-trace.jsonl");
+    let demoted = format!("\"event\":\"demoted\",\"token\":{token}");
+    let until = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(&stale_trace_path)
+        .unwrap_or_default()
+        .contains(&demoted)
+        && Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stale_log = strip_ansi(
+        &std::fs::read_to_string(dir.path().join(format!("{stale}.err"))).unwrap(),
+    );
+    let stale_trace = std::fs::read_to_string(&stale_trace_path).unwrap_or_default();
     let preempted = db
         .query_opt(
             "SELECT token, max_token FROM baton.fence_rejections
@@ -540,6 +568,10 @@ async fn pause_inside_a_fenced_transaction(
         first_elected_ms,
         ttl_ms,
         preempted,
+        stale: stale.clone(),
+        token,
+        stale_log,
+        stale_trace,
     };
     eprintln!(
         "{}, preemption {}: {stale} paused inside its transaction under token {token}, TTL \
@@ -603,6 +635,66 @@ impl PausedHolder {
     }
 }
 
+/// `text` without its terminal colour codes (`ESC [ ... m`: the example's subscriber colours
+/// its fields).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Issue 43: the resumed node says out loud that its term was taken and its work lost: a WARN
+/// naming the token, the holder and why (the demotion: lease deadline or lost lease; the lost
+/// commit: preempted or its connection ended), never only INFO trace lines. Its trace says what
+/// happened: no `kill` of a work that had stopped by itself.
+fn assert_said_out_loud(p: &PausedHolder) {
+    let (token, holder) = (format!("token={}", p.token), format!("holder={}", p.stale));
+    let warns: Vec<&str> = p
+        .stale_log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(&token) && l.contains(&holder))
+        .collect();
+    let said = |why: &[&str]| warns.iter().any(|l| why.iter().any(|w| l.contains(w)));
+    assert!(
+        said(&["reason=lease-deadline", "reason=lease-lost"]),
+        "{}: no WARN with {token} {holder} for the demotion:\n{}",
+        p.stale,
+        p.stale_log
+    );
+    assert!(
+        said(&[
+            "reason=preempted",
+            "reason=connection-ended",
+            "terminating connection",
+            "connection closed",
+        ]),
+        "{}: no WARN with {token} {holder} for the lost commit:\n{}",
+        p.stale,
+        p.stale_log
+    );
+    let kills: Vec<&str> = p
+        .stale_trace
+        .lines()
+        .filter(|l| l.contains("\"event\":\"kill\"") && l.contains(&format!("\"token\":{}", p.token)))
+        .collect();
+    assert!(
+        kills.is_empty(),
+        "{}: a work was killed after its checkpoint: {kills:?}",
+        p.stale
+    );
+}
+
 /// The paused transaction ended by the newer term in time, and recorded.
 fn assert_preempted_in_time(p: &PausedHolder) {
     assert!(
@@ -621,12 +713,14 @@ fn assert_preempted_in_time(p: &PausedHolder) {
 async fn a_holder_paused_in_its_fenced_transaction_is_ended_in_time_pg_lease() {
     let p = pause_inside_a_fenced_transaction(baton::backends::BackendKind::PgLease, 2, true).await;
     assert_preempted_in_time(&p);
+    assert_said_out_loud(&p);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_paused_in_its_fenced_transaction_is_ended_in_time_raft() {
     let p = pause_inside_a_fenced_transaction(baton::backends::BackendKind::Raft, 3, true).await;
     assert_preempted_in_time(&p);
+    assert_said_out_loud(&p);
 }
 
 /// The same pause with the resource's preemption switched off (the behaviour before issue 29):

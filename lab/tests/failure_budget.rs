@@ -333,6 +333,15 @@ fn assert_says_spent(nodes: &[NodeHandle]) {
             last.contains("writing the compaction output: disk full"),
             "the job's error chain: {last}"
         );
+        // Issue 43: the chain is said once, the job named once (not "doomed: failed: doomed
+        // failed: ...").
+        assert!(
+            last.ends_with(": doomed: failed: writing the compaction output: disk full")
+                && last.matches("doomed").count() == 1,
+            "{last}"
+        );
+        // ... and the role says why this node does not campaign.
+        assert_eq!(st.role.as_str(), "budget_blocked", "{st:?}");
         assert!(!st.acting && st.fence_token.is_none(), "{st:?}");
     }
 }
