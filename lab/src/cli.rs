@@ -166,6 +166,8 @@ pub struct RunArgs {
     pub stop_timeout: u64,
     /// How much earlier than its lease deadline the node demotes, so CMD is gone before the
     /// lease can expire (keep it above --stop-timeout). Default: the stop timeout + 250 ms.
+    /// The lease (on raft, the election timeout) is raised to fit it, unless --lease-ttl or
+    /// --election-timeout is given: then a margin that does not fit is refused.
     #[arg(long, value_parser = parse_duration_ms)]
     pub child_stop_margin: Option<u64>,
     /// What to do when CMD exits on its own: restart it in the same term, or demote so another

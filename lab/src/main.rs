@@ -166,8 +166,16 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
         tracing::warn!(%e, "not a subreaper: orphaned grandchildren may linger as zombies");
     }
     let stop_timeout = Duration::from_millis(args.stop_timeout);
+    // A lease or election timeout given on the command line is the operator's choice: kept, and
+    // refused below if the margin cannot fit in it. Otherwise the lease is derived from the
+    // margin (what `config init --child-stop-margin` writes), so the default timing of every
+    // backend works with any stop timeout.
+    let timing_given = args.node.lease_ttl.is_some() || args.node.election_timeout.is_some();
     let mut cfg = node_config(args.node)?;
     cfg.work_stop_margin_ms = args.child_stop_margin.unwrap_or(args.stop_timeout + 250);
+    if !timing_given {
+        derive_run_timing(&mut cfg);
+    }
     // The supervisor must wait out the whole barrier, never give up on it first.
     let needed_ms = (stop_timeout + KILL_GRACE).as_millis() as u64;
     cfg.work_stop_timeout_ms = cfg.work_stop_timeout_ms.max(needed_ms);
@@ -199,6 +207,22 @@ async fn run_child(args: RunArgs) -> anyhow::Result<()> {
         .with_work_supervised(Arc::new(work), policy)
         .run(listener, shutdown_signal())
         .await
+}
+
+/// Raises `cfg`'s lease (on raft, its election timeout) just enough that the watchdog keeps its
+/// renewal headroom after `baton run`'s stop margin, and says so when it changed anything.
+fn derive_run_timing(cfg: &mut NodeConfig) {
+    let (ttl_ms, election) = (cfg.lease_ttl_ms, cfg.election_timeout_ms.clone());
+    cfg.fit_stop_margin(cfg.work_stop_margin_ms);
+    if cfg.lease_ttl_ms != ttl_ms || cfg.election_timeout_ms != election {
+        tracing::info!(
+            lease_ttl_ms = cfg.lease_ttl_ms,
+            was_ms = ttl_ms,
+            election_timeout_ms = %cfg.election_timeout_ms,
+            child_stop_margin_ms = cfg.work_stop_margin_ms,
+            "baton run: lease derived from the stop margin, so the program is gone before the lease could expire (--lease-ttl / --election-timeout choose it yourself)"
+        );
+    }
 }
 
 async fn fleet_cmd(cmd: FleetCmd) -> anyhow::Result<()> {

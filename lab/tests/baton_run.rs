@@ -568,6 +568,58 @@ fn python_child() -> Vec<&'static str> {
     vec!["python3", FENCED_CHILD]
 }
 
+
+/// The README's `baton run` line on a lease backend's own timing (3 s lease renewed every 800 ms)
+/// with a 1 s stop timeout: the margin does not fit in that lease, so `baton run` derives one
+/// that does and says so, and the program runs; told a lease with `--lease-ttl` that cannot hold
+/// the margin, it refuses to start and names the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baton_run_derives_a_lease_that_fits_its_stop_margin_unless_told_one() {
+    let pg = Pg::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = NodeConfig {
+        node_id: "n1".into(),
+        state_dir: dir.path().join("n1"),
+        http_listen: format!("127.0.0.1:{}", free_ports(1).unwrap()[0]).parse().unwrap(),
+        ..NodeConfig::for_backend(BackendKind::PgLease)
+    };
+    c.resource.database_url = pg.server.app_url();
+    c.pg_lease.database_url = pg.server.lease_url();
+    std::fs::create_dir_all(&c.state_dir).unwrap();
+    let path = dir.path().join("n1.toml");
+    baton_lab::fleet::write_private(&path, toml::to_string(&c).unwrap()).unwrap();
+    let cfg = (c, path);
+    let t = Timing {
+        stop_timeout_ms: 1000,
+        child_stop_margin_ms: 1300,
+        ..PG_LEASE
+    };
+
+    let told = Command::new(BATON)
+        .args(["run", "--config"])
+        .arg(&cfg.1)
+        .args(["--lease-ttl", "3s", "--stop-timeout", "1s", "--child-stop-margin", "1300ms"])
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&told.stderr).into_owned();
+    assert!(!told.status.success(), "a lease that cannot hold the margin was accepted");
+    assert!(said.contains("lease_ttl_ms to at least"), "{said}");
+
+    let mut node = start_logging(&cfg, t, &[], &python_child(), "info");
+    let derived = wait_for("the derived lease logged", 30, || {
+        let log = node.log_text();
+        log.contains("lease derived from the stop margin").then_some(log)
+    })
+    .await;
+    assert!(derived.contains("was_ms=3000"), "{derived}");
+    wait_for("the program running under a token", 60, || {
+        (!node.steps("child-started").is_empty()).then_some(())
+    })
+    .await;
+    node.terminate();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_lease_program_runs_only_on_the_leader_and_hands_over_after_it_is_gone() {
     let pg = Pg::start().await;

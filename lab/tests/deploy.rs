@@ -1,7 +1,6 @@
 //! deploy/README.md's walk, run: `baton db init --nodes n1,n2,n3 --out DIR` makes one role per
-//! node with its URL in a 0600 file, `require_node_roles` is turned on with the README's own
-//! statement, each host gets only its own node's URL file and configs it with `baton config
-//! init --database-url-file`, the cluster secret and the admin token sit where the README puts
+//! node with its URL in a 0600 file and turns `require_node_roles` on, each host gets only its
+//! own node's URL file and configs it with `baton config init --database-url-file`, the cluster secret and the admin token sit where the README puts
 //! them (a 0600 file, the unit's environment file), and `baton node` is started exactly as
 //! deploy/baton-node.service starts it (its ExecStart and EnvironmentFile, with /etc/baton and
 //! /usr/local/bin mapped into a temp dir: there is no systemd here, so this is the equivalent).
@@ -246,8 +245,14 @@ async fn the_deploy_walk_runs_three_hosts_from_config_init_and_the_units() {
         );
         node_urls.push(url);
     }
-    // The README's own statement turns require_node_roles on.
-    admin_sql(&admin_url, &readme_require_node_roles()).await;
+    // `db init --nodes` (the README's line) turned require_node_roles on by itself.
+    let required: bool = connect_as(&admin_url)
+        .await
+        .query_one("SELECT require_node_roles FROM baton.settings", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(required, "db init --nodes left require_node_roles off");
 
     let mut hosts = Vec::new();
     for (i, port) in http.iter().copied().enumerate() {
@@ -419,22 +424,6 @@ fn password_of(url: &str) -> &str {
     password
 }
 
-/// The statement deploy/README.md runs (in `psql "$ADMIN_URL" -c '...'`) to turn
-/// require_node_roles on.
-fn readme_require_node_roles() -> String {
-    let text = std::fs::read_to_string(repo("deploy/README.md")).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("psql ") && l.contains("require_node_roles = true"))
-        .expect("deploy/README.md turns require_node_roles on with psql");
-    let sql = line
-        .split('\'')
-        .nth(1)
-        .expect("the statement in single quotes");
-    assert!(sql.starts_with("UPDATE baton.settings"), "{sql}");
-    sql.to_owned()
-}
-
 async fn connect_as(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -443,9 +432,6 @@ async fn connect_as(url: &str) -> tokio_postgres::Client {
     client
 }
 
-async fn admin_sql(url: &str, sql: &str) {
-    connect_as(url).await.batch_execute(sql).await.unwrap();
-}
 
 /// `baton.fence_assert` with token 1 on a resource of its own, as the login of `url`, naming
 /// `holder`: the SQLSTATE it is refused with (`None`: accepted).

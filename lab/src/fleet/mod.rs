@@ -424,7 +424,7 @@ pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
 }
 
 /// [`default_base_config`] for a fleet of `shards` shards: sharded raft runs on
-/// `config/raft-shards.toml` (shard leases of 3 s renewed every second, as on the lease
+/// `config/raft-shards.toml` (shard leases of 3 s renewed every 800 ms, as on the lease
 /// backends, so a raft leader change does not outlast them), everything else as without shards.
 pub fn default_base_config_for(backend: BackendKind, shards: u32) -> Option<PathBuf> {
     if backend == BackendKind::Raft && shards > 1 {
