@@ -108,7 +108,8 @@
 //! # Layout
 //!
 //! ```text
-//! config.rs          NodeConfig: TOML + flags, timing validated at construction
+//! config/            NodeConfig: TOML + flags, timing validated at construction; one file per
+//!                    section, each checking itself and saying what to keep out of reports
 //! elector.rs         the Elector seam's types (the ground floor: imports nothing above it)
 //! node.rs            NodeBuilder -> NodeHandle: assemble and run one fleet member (entry point)
 //! leadership.rs      the status mirror (role, token, leader, deadline) of one shard's term:

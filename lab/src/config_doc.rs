@@ -1,6 +1,6 @@
 //! The node config's reference and a starting config for a real host, both generated from the
 //! code so they cannot drift from it: every key and its meaning come from the doc comments of
-//! `NodeConfig` and its sections in `src/config.rs` (compiled in), every default from
+//! `NodeConfig` and its sections in `src/config/` (compiled in), every default from
 //! `NodeConfig::default()`. `baton config reference` prints the reference
 //! (`deploy/config-reference.md` is its output, compared by a test); `baton config init` writes a
 //! commented node config from a few flags.
@@ -11,8 +11,34 @@ use std::path::PathBuf;
 use baton::backends::BackendKind;
 use baton::config::{NodeConfig, PeerSpec};
 
-/// The source the reference is read from.
-const CONFIG_RS: &str = include_str!("../../src/config.rs");
+/// The sources the reference is read from: every file of `src/config/`, by its name there (a
+/// test checks that none that declares a struct is missing).
+const CONFIG_SOURCES: [(&str, &str); 18] = [
+    ("mod.rs", include_str!("../../src/config/mod.rs")),
+    ("budget.rs", include_str!("../../src/config/budget.rs")),
+    ("common.rs", include_str!("../../src/config/common.rs")),
+    ("detector.rs", include_str!("../../src/config/detector.rs")),
+    ("etcd.rs", include_str!("../../src/config/etcd.rs")),
+    ("http.rs", include_str!("../../src/config/http.rs")),
+    ("pg_lease.rs", include_str!("../../src/config/pg_lease.rs")),
+    ("raft.rs", include_str!("../../src/config/raft.rs")),
+    ("read.rs", include_str!("../../src/config/read.rs")),
+    ("redis.rs", include_str!("../../src/config/redis.rs")),
+    ("resource.rs", include_str!("../../src/config/resource.rs")),
+    ("scheduler.rs", include_str!("../../src/config/scheduler.rs")),
+    ("secret.rs", include_str!("../../src/config/secret.rs")),
+    ("sequencer.rs", include_str!("../../src/config/sequencer.rs")),
+    ("shards.rs", include_str!("../../src/config/shards.rs")),
+    ("timing.rs", include_str!("../../src/config/timing.rs")),
+    ("tls.rs", include_str!("../../src/config/tls.rs")),
+    ("zk.rs", include_str!("../../src/config/zk.rs")),
+];
+
+/// Every line of [`CONFIG_SOURCES`], file after file.
+fn config_lines() -> impl Iterator<Item = &'static str> {
+    CONFIG_SOURCES.iter().flat_map(|(_, text)| text.lines())
+}
+
 /// Where the generated reference is committed.
 pub const REFERENCE_PATH: &str = "deploy/config-reference.md";
 
@@ -27,12 +53,12 @@ pub struct Key {
     pub doc: String,
 }
 
-/// The fields of `pub struct NAME { ... }` in `src/config.rs`, with their doc comments.
+/// The fields of `pub struct NAME { ... }` in `src/config/`, with their doc comments.
 pub fn struct_keys(name: &str) -> Vec<Key> {
     let mut keys = Vec::new();
     let mut inside = false;
     let mut doc: Vec<String> = Vec::new();
-    for line in CONFIG_RS.lines() {
+    for line in config_lines() {
         let t = line.trim();
         if !inside {
             inside = t == format!("pub struct {name} {{");
@@ -82,10 +108,10 @@ fn plain(doc: &str) -> String {
     out
 }
 
-/// The doc comment of `pub struct NAME` in `src/config.rs`, joined into one paragraph.
+/// The doc comment of `pub struct NAME` in `src/config/`, joined into one paragraph.
 pub fn struct_doc(name: &str) -> String {
     let mut doc: Vec<String> = Vec::new();
-    for line in CONFIG_RS.lines() {
+    for line in config_lines() {
         let t = line.trim();
         if t == format!("pub struct {name} {{") {
             return plain(&doc.join(" "));
@@ -217,7 +243,7 @@ pub fn reference() -> String {
     let mut out = String::from(
         "# baton node config reference\n\n\
          Generated from the code by `baton config reference` (each key's doc comment in \
-         `src/config.rs`, each default from `NodeConfig::default()`); a test fails when this file \
+         `src/config/`, each default from `NodeConfig::default()`); a test fails when this file \
          differs, so regenerate it with `baton config reference > deploy/config-reference.md`. \
          Every key is optional, except inside the tables of an array (`[[raft.peers]]` and the \
          like), where a key marked \"required\" must be given; an unknown key is an error. \
@@ -586,7 +612,7 @@ mod tests {
     }
 
     /// Every key a config file can hold is in the reference, with a meaning: the parse of
-    /// src/config.rs misses nothing that serde writes.
+    /// src/config/ misses nothing that serde writes.
     #[test]
     fn the_reference_covers_every_key_with_a_meaning() {
         use baton::config::{DetectorPeer, MemberSpec};
@@ -692,6 +718,24 @@ mod tests {
             let at = r.find(&head).unwrap_or_else(|| panic!("no {head}\n{r}"));
             let rows = r[at..].split("\n\n").nth(2).expect("a table");
             assert_eq!(rows.matches("| string | required |").count(), n, "{rows}");
+        }
+    }
+
+    /// The reference reads every file of `src/config/` that declares a struct.
+    #[test]
+    fn the_reference_reads_every_config_file() {
+        let dir = crate::repo_path("src/config");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let read = CONFIG_SOURCES.iter().any(|(f, _)| *f == name);
+                assert!(
+                    read || !text.contains("pub struct "),
+                    "src/config/{name} declares a struct but is not in CONFIG_SOURCES"
+                );
+            }
         }
     }
 
