@@ -3,7 +3,7 @@
 //! configured one; a user's own `Elector` is given to the node builder directly.
 #[cfg(feature = "conformance")]
 pub mod conformance;
-#[cfg(any(feature = "pg-lease", feature = "raft"))]
+#[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
 mod epoch_lease;
 #[cfg(feature = "etcd")]
 pub mod etcd;
@@ -15,6 +15,8 @@ mod etcd_rpc;
 mod etcd_vacancy;
 #[cfg(feature = "pg-lease")]
 pub mod pg_lease;
+#[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
+pub mod polling;
 #[cfg(feature = "raft")]
 pub mod raft;
 #[cfg(feature = "redis")]
@@ -137,31 +139,6 @@ impl BackendKind {
             BackendKind::Zk => "zk",
             BackendKind::PgLease => "pg-lease",
             BackendKind::Custom => "(none: give it to NodeBuilder::with_elector)",
-        }
-    }
-}
-
-/// A polling campaign's wait between polls, which
-/// [`Elector::wake_campaign`](crate::elector::Elector::wake_campaign) cuts short: the detector's
-/// takeover wakes the campaign instead of restarting it, so an `acquire` already at the server
-/// is never dropped for a closed candidacy (`experiments/FINDINGS.md`). A wake given while no campaign
-/// waits is kept for the next wait.
-#[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
-#[derive(Default)]
-pub(crate) struct CampaignWake(tokio::sync::Notify);
-
-#[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
-impl CampaignWake {
-    /// Ends the current (or the next) [`CampaignWake::nap`] now.
-    pub(crate) fn wake(&self) {
-        self.0.notify_one();
-    }
-
-    /// Waits `d`, or less if woken.
-    pub(crate) async fn nap(&self, d: std::time::Duration) {
-        tokio::select! {
-            _ = tokio::time::sleep(d) => {}
-            _ = self.0.notified() => {}
         }
     }
 }

@@ -28,19 +28,17 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Config as PoolConfig, Pool, PoolConfig as PoolSize, Timeouts};
-use rand::Rng;
 use tokio::sync::OnceCell;
 
-use super::epoch_lease::EpochLease;
-use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
-use super::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
-    Grant, LeaderInfo, Win,
+use super::polling::{
+    checked_token, election_names, HeldLease, LeaseStore, Poll, PollingElector, Shards, StoreError,
 };
+use super::renew_batch::SharedLeaderRead;
+use super::{count_request, BackendKind, ElectorError, ElectorResult, LeaderInfo};
 use crate::config::NodeConfig;
 
 /// Why a config without `[pg_lease] database_url` (it has no default) cannot start this backend.
@@ -137,34 +135,29 @@ pub async fn provision(admin_url: &str) -> ElectorResult<()> {
         .map_err(|e| unavailable(chain(&e)));
     drop(client);
     let _ = conn_task.await;
-    r
+    Ok(r?)
 }
 
 /// The `pg-lease` backend (see the module docs): one lease row per election, judged by the
-/// database's clock.
-pub struct PgLeaseElector {
+/// database's clock; the elector is the polling one ([`PollingElector`]).
+pub type PgLeaseElector = PollingElector<PgLeaseStore>;
+
+/// One election's lease row (see the module docs): the [`LeaseStore`] of [`PgLeaseElector`].
+pub struct PgLeaseStore {
     pool: Pool,
-    /// This elector's shard: its slot in the node's renewal batch.
+    /// This store's shard: its slot in the node's shared leader read.
     shard: u32,
-    /// The node's coalesced renewals, shared by its shards: `(name, holder, epoch)` per lease.
-    batch: Arc<RenewBatch<(String, String, i64)>>,
     /// The node's coalesced leader reads, shared by its shards.
     leaders: Arc<SharedLeaderRead>,
     name: String,
-    node_id: String,
     info: String,
     ttl: Duration,
-    retry: Duration,
     timeout: Duration,
     schema: Arc<OnceCell<()>>,
-    /// This elector's candidacy: its holder id and, while leading, its epoch.
-    held: EpochLease,
-    /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
-    wake: crate::backends::CampaignWake,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> ElectorError {
-    ElectorError::Unavailable(format!("pg-lease: {e}"))
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("pg-lease: {e}"))
 }
 
 use crate::pg::{error_chain as chain, Conn};
@@ -180,6 +173,13 @@ impl PgLeaseElector {
     /// One elector per shard config (`NodeConfig::for_shard`, which names each shard's lease
     /// row), sharing one pool and one renewal batch (the first config's database and timing).
     pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<PgLeaseElector>> {
+        Ok(PgLeaseStore::connect_shards(cfgs)?.electors())
+    }
+}
+
+impl PgLeaseStore {
+    /// One store per shard config, sharing one pool (see [`PgLeaseElector::connect_shards`]).
+    pub fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Shards<PgLeaseStore>> {
         let cfg = super::session_config(cfgs)?;
         if cfg.pg_lease.lease_name.is_empty() {
             return Err(ElectorError::Config("pg_lease.lease_name is empty".into()));
@@ -210,30 +210,25 @@ impl PgLeaseElector {
             http_addr: cfg.advertise_addr.clone(),
         };
         let info = String::from_utf8(me.encode()).expect("JSON is UTF-8");
-        let batch = Arc::new(RenewBatch::new(cfg.renew_interval()));
         let leaders = Arc::new(SharedLeaderRead::new(
             cfg.retry_interval() / 2,
             cfgs.iter().map(|c| c.pg_lease.lease_name.clone()).collect(),
         ));
         let schema = Arc::new(OnceCell::new());
-        Ok((0u32..)
+        let stores = (0u32..)
             .zip(cfgs)
-            .map(|(shard, shard_cfg)| PgLeaseElector {
+            .map(|(shard, shard_cfg)| PgLeaseStore {
                 pool: pool.clone(),
                 shard,
-                batch: batch.clone(),
                 leaders: leaders.clone(),
                 name: shard_cfg.pg_lease.lease_name.clone(),
-                node_id: cfg.node_id.clone(),
                 info: info.clone(),
                 ttl: cfg.lease_ttl(),
-                retry: cfg.retry_interval(),
                 timeout,
                 schema: schema.clone(),
-                held: EpochLease::default(),
-                wake: Default::default(),
             })
-            .collect())
+            .collect();
+        Ok(Shards::new(stores, cfg))
     }
 
     /// `request` on `client`, bounded by the request timeout. Unanswered, the connection is
@@ -243,22 +238,22 @@ impl PgLeaseElector {
         &self,
         client: &Conn,
         request: impl std::future::Future<Output = Result<T, E>>,
-    ) -> ElectorResult<T> {
+    ) -> Result<T, StoreError> {
         match client.within(self.timeout, request).await {
             Ok(r) => r.map_err(|e| unavailable(chain(&e))),
-            Err(e) => Err(ElectorError::Unavailable(format!("pg-lease: {e}"))),
+            Err(e) => Err(unavailable(e)),
         }
     }
 
-    fn unanswered(&self) -> ElectorError {
-        ElectorError::Unavailable(format!(
+    fn unanswered(&self) -> StoreError {
+        StoreError::Unavailable(format!(
             "pg-lease: database did not answer within {:?}",
             self.timeout
         ))
     }
 
     /// A pooled connection, with the lease schema in place.
-    async fn client(&self) -> ElectorResult<Conn> {
+    async fn client(&self) -> Result<Conn, StoreError> {
         let client = match tokio::time::timeout(self.timeout, self.pool.get()).await {
             Ok(got) => Conn::new(got.map_err(|e| unavailable(chain(&e)))?),
             Err(_) => return Err(self.unanswered()),
@@ -288,24 +283,8 @@ impl PgLeaseElector {
         self.ttl.as_secs_f64() * 1000.0
     }
 
-    fn jittered_retry(&self) -> Duration {
-        let ms = self.retry.as_millis().max(2) as u64;
-        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
-    }
-
-    async fn release(&self, holder: &str, epoch: Option<i64>) -> ElectorResult<()> {
-        let client = self.client().await?;
-        count_request(BackendKind::PgLease, "release");
-        self.bounded(
-            &client,
-            client.execute(RELEASE_SQL, &[&self.name, &holder, &epoch]),
-        )
-        .await
-        .map(drop)
-    }
-
     /// One round trip: who holds each of the node's shards' leases.
-    async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
+    async fn read_leaders(&self) -> Result<BTreeMap<String, LeaderInfo>, StoreError> {
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "leader");
         let rows = self
@@ -320,11 +299,51 @@ impl PgLeaseElector {
             .collect())
     }
 
+    /// One statement on a pooled connection, counted as `op`: the row it returns, if any.
+    async fn query_opt(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, StoreError> {
+        let client = self.client().await?;
+        count_request(BackendKind::PgLease, op);
+        self.bounded(&client, client.query_opt(sql, params)).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for PgLeaseStore {
+    fn kind(&self) -> BackendKind {
+        BackendKind::PgLease
+    }
+
+    fn lease_lost(&self, epoch: i64) -> String {
+        format!(
+            "pg lease {:?} epoch {epoch} expired or taken over",
+            self.name
+        )
+    }
+
+    async fn acquire(&self, holder: &str) -> Result<Poll, StoreError> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&self.name, &holder, &self.info, &self.ttl_ms()];
+        Ok(
+            match self.query_opt("acquire", ACQUIRE_SQL, &params).await? {
+                Some(row) => Poll::Won {
+                    token: checked_token("lease epoch", row.get::<_, i64>(0))?,
+                    ttl: self.ttl,
+                },
+                None => Poll::Held,
+            },
+        )
+    }
+
     /// One round trip: extends every lease of `leases` that still holds; says which did.
-    async fn renew_rows(&self, leases: Vec<(String, String, i64)>) -> ElectorResult<Vec<bool>> {
-        let names: Vec<&str> = leases.iter().map(|l| l.0.as_str()).collect();
-        let holders: Vec<&str> = leases.iter().map(|l| l.1.as_str()).collect();
-        let epochs: Vec<i64> = leases.iter().map(|l| l.2).collect();
+    async fn renew_all(&self, leases: Vec<HeldLease>) -> Result<Vec<bool>, StoreError> {
+        let names = election_names(&self.leaders.names, &leases)?;
+        let holders: Vec<&str> = leases.iter().map(|l| l.holder.as_str()).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         let client = self.client().await?;
         count_request(BackendKind::PgLease, "renew");
         let rows = self
@@ -334,163 +353,46 @@ impl PgLeaseElector {
             )
             .await?;
         let renewed: Vec<(String, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        Ok(leases
+        Ok(names
             .iter()
-            .map(|(name, _, epoch)| renewed.iter().any(|(n, e)| n == name && e == epoch))
+            .zip(&epochs)
+            .map(|(name, epoch)| renewed.iter().any(|(n, e)| n == name && e == epoch))
             .collect())
     }
-}
 
-#[async_trait]
-impl Elector for PgLeaseElector {
-    fn kind(&self) -> BackendKind {
-        BackendKind::PgLease
-    }
-
-    async fn campaign(&self) -> ElectorResult<Win> {
-        let holder = self
-            .held
-            .holder_for_campaign(&self.node_id)
-            .ok_or_else(|| {
-                ElectorError::Unavailable("campaign while already holding the lease".into())
-            })?;
-        let mut seen_held_at: Option<Instant> = None;
-        loop {
-            let client = self.client().await?;
-            let sent_at = Instant::now();
-            count_request(BackendKind::PgLease, "acquire");
-            let row = self
-                .bounded(
-                    &client,
-                    client.query_opt(
-                        ACQUIRE_SQL,
-                        &[&self.name, &holder, &self.info, &self.ttl_ms()],
-                    ),
-                )
-                .await?;
-            drop(client);
-            if let Some(row) = row {
-                let epoch: i64 = row.get(0);
-                if !self.held.won(&holder, epoch) {
-                    // close() ran while the request was in flight; it will not see this lock.
-                    let _ = self.release(&holder, Some(epoch)).await;
-                    return Err(ElectorError::LeaseLost(
-                        "candidacy withdrawn during campaign".into(),
-                    ));
-                }
-                return Ok(Win {
-                    token: FenceToken::checked("lease epoch", epoch)?,
-                    grant: Grant {
-                        sent_at,
-                        ttl: self.ttl,
-                    },
-                    vacant_since: Some(seen_held_at.unwrap_or(sent_at)),
-                });
-            }
-            seen_held_at = Some(sent_at);
-            self.wake.nap(self.jittered_retry()).await;
-        }
-    }
-
-    async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let Some((holder, epoch)) = self.held.held() else {
-            return Ok(None); // waiting: the row is the only state, nothing to keep alive
-        };
-        let lease = (self.name.clone(), holder, epoch);
-        match self
-            .batch
-            .renew(self.shard, lease, |leases| self.renew_rows(leases))
-            .await?
-        {
-            Renewed::At(sent_at) => {
-                return Ok(Some(Grant {
-                    sent_at,
-                    ttl: self.ttl,
-                }))
-            }
-            Renewed::Lost => {}
-        }
-        self.held.lost(epoch);
-        Err(ElectorError::LeaseLost(format!(
-            "pg lease {:?} epoch {epoch} expired or taken over",
-            self.name
-        )))
-    }
-
-    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
-        if successor.is_some() {
-            return Err(ElectorError::Unsupported {
-                backend: BackendKind::PgLease,
-                what: "naming a successor",
-            });
-        }
-        let Some((holder, epoch)) = self.held.take_held() else {
-            return Ok(());
-        };
-        self.batch.forget(self.shard).await;
-        match holder {
-            Some(h) => self.release(&h, Some(epoch)).await,
-            None => Ok(()),
-        }
-    }
-
-    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        self.leaders
-            .leader(self.shard, &self.name, || self.read_leaders())
-            .await
-    }
-
-    /// A compare on the lease row, judged by the database's clock: ours while it names this
-    /// candidacy's holder at `token`'s epoch and has not expired.
-    async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
-        let Some(holder) = self.held.holder_at(token.0) else {
-            return Ok(false);
-        };
+    async fn release(&self, holder: &str, epoch: Option<i64>) -> Result<(), StoreError> {
         let client = self.client().await?;
-        count_request(BackendKind::PgLease, "confirm");
-        let row = self
-            .bounded(
-                &client,
-                client.query_opt(CONFIRM_SQL, &[&self.name, &holder, &token.0]),
-            )
-            .await?;
-        Ok(row.is_some())
+        count_request(BackendKind::PgLease, "release");
+        self.bounded(
+            &client,
+            client.execute(RELEASE_SQL, &[&self.name, &holder, &epoch]),
+        )
+        .await
+        .map(drop)
     }
 
-    /// A waiting campaign polls the row: it is woken to see the seat free now.
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
-        if dead == self.node_id {
-            return Ok(DeadHolderExpiry::NotEnded);
-        }
-        let client = self.client().await?;
-        count_request(BackendKind::PgLease, "expire_dead");
+    async fn expire_dead(&self, dead: &str) -> Result<bool, StoreError> {
         let row = self
-            .bounded(
-                &client,
-                client.query_opt(EXPIRE_DEAD_SQL, &[&self.name, &dead]),
-            )
+            .query_opt("expire_dead", EXPIRE_DEAD_SQL, &[&self.name, &dead])
             .await?;
         if let Some(row) = &row {
             let epoch: i64 = row.get(0);
             tracing::info!(lease = %self.name, dead, epoch, "ended a dead holder's lease");
         }
-        Ok(match row {
-            Some(_) => DeadHolderExpiry::EndedCampaignPolls,
-            None => DeadHolderExpiry::NotEnded,
-        })
+        Ok(row.is_some())
     }
 
-    fn wake_campaign(&self) {
-        self.wake.wake();
+    /// Ours while the row names this candidacy's holder at `epoch` and has not expired.
+    async fn confirm(&self, holder: &str, epoch: i64) -> Result<bool, StoreError> {
+        let row = self
+            .query_opt("confirm", CONFIRM_SQL, &[&self.name, &holder, &epoch])
+            .await?;
+        Ok(row.is_some())
     }
 
-    async fn close(&self) -> ElectorResult<()> {
-        let holder = self.held.take_for_close();
-        self.batch.forget(self.shard).await;
-        match holder {
-            // Any epoch: a dropped campaign's acquisition may have landed unseen.
-            Some(h) => self.release(&h, None).await,
-            None => Ok(()),
-        }
+    async fn leader(&self) -> Result<Option<LeaderInfo>, StoreError> {
+        self.leaders
+            .leader(self.shard, &self.name, || self.read_leaders())
+            .await
     }
 }

@@ -46,20 +46,19 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use ::redis::{IntoConnectionInfo, Script};
 use async_trait::async_trait;
-use rand::Rng;
 use serde::Serialize;
 
-use super::renew_batch::{RenewBatch, Renewed, SharedLeaderRead};
-use super::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
-    Grant, LeaderInfo, Win,
+use super::polling::{
+    checked_token, election_names, HeldLease, LeaseStore, Poll, PollingElector, Shards, StoreError,
 };
+use super::renew_batch::SharedLeaderRead;
+use super::{count_request, BackendKind, ElectorError, ElectorResult, FenceToken, LeaderInfo};
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
 
@@ -127,24 +126,17 @@ struct Candidacy<'a> {
     candidacy: String,
 }
 
-#[derive(Default)]
-struct State {
-    /// The value of the current (or last attempted) candidacy; set before the `SET` is sent.
-    candidacy: Option<String>,
-    /// Set while we hold the lock (as far as our last acquisition/renewal said).
-    leading: bool,
-}
-
 /// The `redis` and `redis-naive` backends (see the module docs); which one is chosen at
-/// [`RedisElector::connect`].
-pub struct RedisElector {
+/// [`RedisElector::connect`]. The elector is the polling one ([`PollingElector`]).
+pub type RedisElector = PollingElector<RedisStore>;
+
+/// One election's lock key (see the module docs): the [`LeaseStore`] of [`RedisElector`].
+pub struct RedisStore {
     kind: BackendKind,
     /// The way to the server (shared by the node's shards): one address, or through Sentinel.
     link: Arc<Link>,
-    /// This elector's shard: its slot in the node's renewal batch.
+    /// This store's shard: its slot in the node's shared leader read.
     shard: u32,
-    /// The node's coalesced renewals, shared by its shards: `(key, candidacy value)` per lock.
-    batch: Arc<RenewBatch<(String, String)>>,
     /// The node's coalesced leader reads, shared by its shards.
     leaders: Arc<SharedLeaderRead>,
     key: String,
@@ -152,20 +144,16 @@ pub struct RedisElector {
     node_id: String,
     http_addr: Option<String>,
     ttl: Duration,
-    retry: Duration,
     timeout: Duration,
     clock: NodeClock,
     renew_script: Script,
     release_script: Script,
     expire_dead_script: Script,
-    /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
-    wake: crate::backends::CampaignWake,
     acquire_script: Script,
-    state: StdMutex<State>,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> ElectorError {
-    ElectorError::Unavailable(format!("redis: {e}"))
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("redis: {e}"))
 }
 
 /// `url` with its user and password (if any) replaced: what an error message may show.
@@ -314,7 +302,7 @@ struct SentinelLink {
 
 impl Link {
     /// The connection to use now, and its generation (for [`Link::failed`]).
-    async fn get(&self) -> ElectorResult<(u64, ConnectionManager)> {
+    async fn get(&self) -> Result<(u64, ConnectionManager), StoreError> {
         let s = match self {
             Link::Direct(c) => return Ok((0, c.clone())),
             Link::Sentinel(s) => s,
@@ -337,7 +325,7 @@ impl Link {
         // refuse (a CA that did not issue their certificate) or a wrong `sentinel_password`
         // would otherwise read like the data server's error, and the two are configured apart.
         let client = resolver.async_get_client().await.map_err(|e| {
-            ElectorError::Unavailable(format!(
+            StoreError::Unavailable(format!(
                 "redis: asking the Sentinels for master {:?}: {e}",
                 s.master_name
             ))
@@ -387,54 +375,63 @@ impl RedisElector {
         cfgs: &[NodeConfig],
         fenced: bool,
     ) -> ElectorResult<Vec<RedisElector>> {
+        Ok(RedisStore::connect_shards(cfgs, fenced)?.electors())
+    }
+}
+
+/// The way to the server for `cfg`: one address, or through its Sentinels.
+fn open_link(cfg: &crate::config::RedisConfig, timeout: Duration) -> ElectorResult<Link> {
+    let mcfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(timeout);
+    Ok(if cfg.sentinels.is_empty() {
+        let client = open_client(cfg)?;
+        Link::Direct(ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?)
+    } else {
+        Link::Sentinel(Box::new(SentinelLink {
+            master_name: cfg.master_name.clone().unwrap_or_default(),
+            resolver: tokio::sync::Mutex::new(open_sentinel(cfg)?),
+            mcfg,
+            current: StdMutex::new((0, None)),
+            named: StdMutex::new(None),
+        }))
+    })
+}
+
+impl RedisStore {
+    /// One store per shard config, sharing one connection (see
+    /// [`RedisElector::connect_shards`]).
+    pub fn connect_shards(cfgs: &[NodeConfig], fenced: bool) -> ElectorResult<Shards<RedisStore>> {
         let cfg = super::session_config(cfgs)?;
         let timeout = Duration::from_millis(cfg.redis.request_timeout_ms.max(1));
-        let mcfg = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(timeout);
-        let link = Arc::new(if cfg.redis.sentinels.is_empty() {
-            let client = open_client(&cfg.redis)?;
-            Link::Direct(
-                ConnectionManager::new_lazy_with_config(client, mcfg).map_err(unavailable)?,
-            )
-        } else {
-            Link::Sentinel(Box::new(SentinelLink {
-                master_name: cfg.redis.master_name.clone().unwrap_or_default(),
-                resolver: tokio::sync::Mutex::new(open_sentinel(&cfg.redis)?),
-                mcfg,
-                current: StdMutex::new((0, None)),
-                named: StdMutex::new(None),
-            }))
-        });
+        let link = Arc::new(open_link(&cfg.redis, timeout)?);
         if cfgs.iter().any(|c| c.redis.key.is_empty()) {
             return Err(ElectorError::Config("redis.key is empty".into()));
         }
-        let batch = Arc::new(RenewBatch::new(cfg.renew_interval()));
         let leaders = Arc::new(SharedLeaderRead::new(
             cfg.retry_interval() / 2,
             cfgs.iter().map(|c| c.redis.key.clone()).collect(),
         ));
-        Ok((0u32..)
+        let kind = if fenced {
+            BackendKind::Redis
+        } else {
+            BackendKind::RedisNaive
+        };
+        let stores = (0u32..)
             .zip(cfgs)
-            .map(|(shard, shard_cfg)| RedisElector {
-                kind: if fenced {
-                    BackendKind::Redis
-                } else {
-                    BackendKind::RedisNaive
-                },
+            .map(|(shard, shard_cfg)| RedisStore {
+                kind,
                 link: link.clone(),
                 shard,
-                batch: batch.clone(),
                 leaders: leaders.clone(),
                 key: shard_cfg.redis.key.clone(),
                 token_key: format!("{}:token", shard_cfg.redis.key),
                 node_id: cfg.node_id.clone(),
                 http_addr: cfg.advertise_addr.clone(),
                 ttl: cfg.lease_ttl(),
-                retry: cfg.retry_interval(),
                 timeout,
                 clock: NodeClock {
                     skew_ms: cfg.clock_skew_ms,
@@ -443,15 +440,14 @@ impl RedisElector {
                 renew_script: Script::new(RENEW_LUA),
                 release_script: Script::new(RELEASE_LUA),
                 expire_dead_script: Script::new(EXPIRE_DEAD_LUA),
-                wake: Default::default(),
                 acquire_script: Script::new(ACQUIRE_FENCED_LUA),
-                state: StdMutex::new(State::default()),
             })
-            .collect())
+            .collect();
+        Ok(Shards::new(stores, cfg))
     }
 
     /// One round trip (`MGET`): who holds each of the node's shards' locks.
-    async fn read_leaders(&self) -> ElectorResult<BTreeMap<String, LeaderInfo>> {
+    async fn read_leaders(&self) -> Result<BTreeMap<String, LeaderInfo>, StoreError> {
         count_request(self.kind, "leader");
         let (generation, mut conn) = self.conn().await?;
         let values: Vec<Option<Vec<u8>>> = self
@@ -471,44 +467,23 @@ impl RedisElector {
             .collect())
     }
 
-    /// One round trip: extends every lock of `locks` that still holds its candidacy; says
-    /// which did.
-    async fn renew_locks(&self, locks: Vec<(String, String)>) -> ElectorResult<Vec<bool>> {
-        let (generation, mut conn) = self.conn().await?;
-        let mut inv = self.renew_script.prepare_invoke();
-        for (key, _) in &locks {
-            inv.key(key);
-        }
-        for (_, value) in &locks {
-            inv.arg(value);
-        }
-        inv.arg(self.ttl_ms());
-        count_request(self.kind, "renew");
-        let answers: Vec<i64> = self
-            .bounded(generation, inv.invoke_async(&mut conn))
-            .await?;
-        Ok(answers.into_iter().map(|n| n == 1).collect())
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn new_candidacy(&self) -> String {
+    /// The value the lock key holds for candidacy `holder` (a holder id): readable as this
+    /// node's [`LeaderInfo`], unique to the candidacy.
+    fn value(&self, holder: &str) -> String {
         let c = Candidacy {
             node_id: &self.node_id,
             http_addr: self.http_addr.as_deref(),
-            candidacy: format!("{}-{:016x}", self.node_id, rand::thread_rng().gen::<u64>()),
+            candidacy: holder.to_owned(),
         };
         serde_json::to_string(&c).expect("candidacy serializes")
     }
 
     /// The connection to send on (through Sentinel: asking the Sentinels first if the last
     /// request failed), within the request timeout.
-    async fn conn(&self) -> ElectorResult<(u64, ConnectionManager)> {
+    async fn conn(&self) -> Result<(u64, ConnectionManager), StoreError> {
         match tokio::time::timeout(self.timeout, self.link.get()).await {
             Ok(r) => r,
-            Err(_) => Err(ElectorError::Unavailable(format!(
+            Err(_) => Err(StoreError::Unavailable(format!(
                 "redis: no primary reached within {:?}",
                 self.timeout
             ))),
@@ -521,10 +496,10 @@ impl RedisElector {
         &self,
         generation: u64,
         f: impl std::future::Future<Output = ::redis::RedisResult<T>>,
-    ) -> ElectorResult<T> {
+    ) -> Result<T, StoreError> {
         let r = match tokio::time::timeout(self.timeout, f).await {
             Ok(r) => r.map_err(unavailable),
-            Err(_) => Err(ElectorError::Unavailable(format!(
+            Err(_) => Err(StoreError::Unavailable(format!(
                 "redis did not answer within {:?}",
                 self.timeout
             ))),
@@ -535,193 +510,140 @@ impl RedisElector {
         r
     }
 
+    /// `script` on this store's key with `args`, counted as `op`: its answer.
+    async fn run_script<T: ::redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        script: &Script,
+        args: &[&str],
+    ) -> Result<T, StoreError> {
+        count_request(self.kind, op);
+        let (generation, mut conn) = self.conn().await?;
+        let mut inv = script.prepare_invoke();
+        inv.key(&self.key);
+        for a in args {
+            inv.arg(*a);
+        }
+        self.bounded(generation, inv.invoke_async(&mut conn)).await
+    }
+
     fn ttl_ms(&self) -> u64 {
         self.ttl.as_millis().max(1) as u64
     }
 
-    /// One acquisition attempt: the token when the lock is ours now, `None` when it is taken.
-    async fn try_acquire(&self, value: &str) -> ElectorResult<Option<FenceToken>> {
+    /// The fenced acquisition: the token when the lock is ours now.
+    async fn acquire_fenced(&self, value: &str) -> Result<Option<FenceToken>, StoreError> {
         count_request(self.kind, "acquire");
         let (generation, mut conn) = self.conn().await?;
-        match self.kind {
-            BackendKind::Redis => {
-                let mut inv = self.acquire_script.prepare_invoke();
-                inv.key(&self.key)
-                    .key(&self.token_key)
-                    .arg(value)
-                    .arg(self.ttl_ms());
-                let token: Option<i64> = self
-                    .bounded(generation, inv.invoke_async(&mut conn))
-                    .await?;
-                token
-                    .map(|t| FenceToken::checked("redis token counter", t))
-                    .transpose()
-            }
-            _ => {
-                let set: Option<String> = self
-                    .bounded(
-                        generation,
-                        ::redis::cmd("SET")
-                            .arg(&self.key)
-                            .arg(value)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(self.ttl_ms())
-                            .query_async(&mut conn),
-                    )
-                    .await?;
-                // No fencing token (see the module doc): the wall clock at acquisition.
-                set.map(|_| FenceToken::checked("wall clock (ms)", self.clock.wall_ms()))
-                    .transpose()
-            }
-        }
-    }
-
-    /// Compare-and-delete of `value`; true when the lock was ours and is now gone.
-    async fn release(&self, value: &str) -> ElectorResult<bool> {
-        count_request(self.kind, "release");
-        let (generation, mut conn) = self.conn().await?;
-        let mut inv = self.release_script.prepare_invoke();
-        inv.key(&self.key).arg(value);
-        let n: i64 = self
+        let mut inv = self.acquire_script.prepare_invoke();
+        inv.key(&self.key)
+            .key(&self.token_key)
+            .arg(value)
+            .arg(self.ttl_ms());
+        let token: Option<i64> = self
             .bounded(generation, inv.invoke_async(&mut conn))
             .await?;
-        Ok(n == 1)
+        token
+            .map(|t| checked_token("redis token counter", t))
+            .transpose()
     }
 
-    fn jittered_retry(&self) -> Duration {
-        let ms = self.retry.as_millis().max(2) as u64;
-        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
+    /// The naive acquisition (`SET NX PX`): the wall clock's "token" when the lock is ours now.
+    async fn acquire_naive(&self, value: &str) -> Result<Option<FenceToken>, StoreError> {
+        count_request(self.kind, "acquire");
+        let (generation, mut conn) = self.conn().await?;
+        let set: Option<String> = self
+            .bounded(
+                generation,
+                ::redis::cmd("SET")
+                    .arg(&self.key)
+                    .arg(value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(self.ttl_ms())
+                    .query_async(&mut conn),
+            )
+            .await?;
+        // No fencing token (see the module doc): the wall clock at acquisition.
+        set.map(|_| checked_token("wall clock (ms)", self.clock.wall_ms()))
+            .transpose()
     }
 }
 
 #[async_trait]
-impl Elector for RedisElector {
+impl LeaseStore for RedisStore {
+    const ALREADY_HOLDING: &'static str = "campaign while already holding the lock";
+
     fn kind(&self) -> BackendKind {
         self.kind
     }
 
-    async fn campaign(&self) -> ElectorResult<Win> {
-        let value = {
-            let mut st = self.state();
-            if st.leading {
-                return Err(ElectorError::Unavailable(
-                    "campaign while already holding the lock".into(),
-                ));
-            }
-            // Reuse the candidacy of a campaign that failed or was dropped: its `SET` may have
-            // landed, and close() must still be able to withdraw that lock.
-            match &st.candidacy {
-                Some(v) => v.clone(),
-                None => {
-                    let v = self.new_candidacy();
-                    st.candidacy = Some(v.clone());
-                    v
-                }
-            }
-        };
-        let mut seen_held_at: Option<Instant> = None;
-        loop {
-            let sent_at = Instant::now();
-            if let Some(token) = self.try_acquire(&value).await? {
-                let ours = {
-                    let mut st = self.state();
-                    let ours = st.candidacy.as_deref() == Some(value.as_str());
-                    if ours {
-                        st.leading = true;
-                    }
-                    ours
-                };
-                if !ours {
-                    // close() ran while the request was in flight; it will not see this lock.
-                    let _ = self.release(&value).await;
-                    return Err(ElectorError::LeaseLost(
-                        "candidacy withdrawn during campaign".into(),
-                    ));
-                }
-                return Ok(Win {
-                    token,
-                    grant: Grant {
-                        sent_at,
-                        ttl: self.ttl,
-                    },
-                    vacant_since: Some(seen_held_at.unwrap_or(sent_at)),
-                });
-            }
-            seen_held_at = Some(sent_at);
-            self.wake.nap(self.jittered_retry()).await;
-        }
-    }
-
-    async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let value = {
-            let st = self.state();
-            if !st.leading {
-                return Ok(None); // no session while waiting: the lock is the only state
-            }
-            st.candidacy.clone().expect("leading implies a candidacy")
-        };
-        let lock = (self.key.clone(), value.clone());
-        if let Renewed::At(sent_at) = self
-            .batch
-            .renew(self.shard, lock, |locks| self.renew_locks(locks))
-            .await?
-        {
-            return Ok(Some(Grant {
-                sent_at,
-                ttl: self.ttl,
-            }));
-        }
-        let mut st = self.state();
-        if st.candidacy.as_deref() == Some(value.as_str()) {
-            st.leading = false;
-            st.candidacy = None;
-        }
-        Err(ElectorError::LeaseLost(format!(
+    fn lease_lost(&self, _epoch: i64) -> String {
+        format!(
             "redis key {} no longer holds our candidacy (expired or taken)",
             self.key
-        )))
+        )
     }
 
-    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
-        if successor.is_some() {
-            return Err(ElectorError::Unsupported {
-                backend: self.kind,
-                what: "naming a successor",
-            });
-        }
-        let value = {
-            let mut st = self.state();
-            if !st.leading {
-                return Ok(());
-            }
-            st.leading = false;
-            st.candidacy.take()
+    async fn acquire(&self, holder: &str) -> Result<Poll, StoreError> {
+        let value = self.value(holder);
+        let token = match self.kind {
+            BackendKind::Redis => self.acquire_fenced(&value).await?,
+            _ => self.acquire_naive(&value).await?,
         };
-        self.batch.forget(self.shard).await;
-        match value {
-            Some(v) => self.release(&v).await.map(drop),
-            None => Ok(()),
-        }
+        Ok(match token {
+            Some(token) => Poll::Won {
+                token,
+                ttl: self.ttl,
+            },
+            None => Poll::Held,
+        })
     }
 
-    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        self.leaders
-            .leader(self.shard, &self.key, || self.read_leaders())
-            .await
+    /// One round trip: extends every lock of `locks` that still holds its candidacy (its
+    /// value: a lock is named by its candidacy alone, each of which takes one token); says
+    /// which did.
+    async fn renew_all(&self, locks: Vec<HeldLease>) -> Result<Vec<bool>, StoreError> {
+        let keys = election_names(&self.leaders.names, &locks)?;
+        let (generation, mut conn) = self.conn().await?;
+        let mut inv = self.renew_script.prepare_invoke();
+        for key in keys {
+            inv.key(key);
+        }
+        for lock in &locks {
+            inv.arg(self.value(&lock.holder));
+        }
+        inv.arg(self.ttl_ms());
+        count_request(self.kind, "renew");
+        let answers: Vec<i64> = self
+            .bounded(generation, inv.invoke_async(&mut conn))
+            .await?;
+        Ok(answers.into_iter().map(|n| n == 1).collect())
+    }
+
+    /// Compare-and-delete of the candidacy's value (every epoch of a candidacy is its value).
+    async fn release(&self, holder: &str, _epoch: Option<i64>) -> Result<(), StoreError> {
+        let value = self.value(holder);
+        let _: i64 = self
+            .run_script("release", &self.release_script, &[&value])
+            .await?;
+        Ok(())
+    }
+
+    async fn expire_dead(&self, dead: &str) -> Result<bool, StoreError> {
+        let n: i64 = self
+            .run_script("expire_dead", &self.expire_dead_script, &[dead])
+            .await?;
+        if n == 1 {
+            tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
+        }
+        Ok(n == 1)
     }
 
     /// One `GET` of the lock key (Redis serves it from its single copy): ours only while it
-    /// still holds this candidacy's unique value. `token` is implied: each candidacy takes one.
-    async fn confirm_leadership(&self, _me: &str, _token: FenceToken) -> ElectorResult<bool> {
-        let value = {
-            let st = self.state();
-            if !st.leading {
-                return Ok(false);
-            }
-            st.candidacy.clone()
-        };
-        let Some(value) = value else { return Ok(false) };
+    /// still holds this candidacy's unique value.
+    async fn confirm(&self, holder: &str, _epoch: i64) -> Result<bool, StoreError> {
+        let value = self.value(holder);
         count_request(self.kind, "confirm");
         let (generation, mut conn) = self.conn().await?;
         let v: Option<Vec<u8>> = self
@@ -733,40 +655,10 @@ impl Elector for RedisElector {
         Ok(v.as_deref() == Some(value.as_bytes()))
     }
 
-    /// A waiting campaign polls the key: it is woken to see the seat free now.
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
-        if dead == self.node_id {
-            return Ok(DeadHolderExpiry::NotEnded);
-        }
-        count_request(self.kind, "expire_dead");
-        let (generation, mut conn) = self.conn().await?;
-        let mut inv = self.expire_dead_script.prepare_invoke();
-        inv.key(&self.key).arg(dead);
-        let n: i64 = self
-            .bounded(generation, inv.invoke_async(&mut conn))
-            .await?;
-        if n == 1 {
-            tracing::info!(key = %self.key, dead, "ended a dead holder's lock");
-            return Ok(DeadHolderExpiry::EndedCampaignPolls);
-        }
-        Ok(DeadHolderExpiry::NotEnded)
-    }
-
-    fn wake_campaign(&self) {
-        self.wake.wake();
-    }
-
-    async fn close(&self) -> ElectorResult<()> {
-        let value = {
-            let mut st = self.state();
-            st.leading = false;
-            st.candidacy.take()
-        };
-        self.batch.forget(self.shard).await;
-        match value {
-            Some(v) => self.release(&v).await.map(drop),
-            None => Ok(()),
-        }
+    async fn leader(&self) -> Result<Option<LeaderInfo>, StoreError> {
+        self.leaders
+            .leader(self.shard, &self.key, || self.read_leaders())
+            .await
     }
 }
 

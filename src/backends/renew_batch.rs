@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
-use super::{ElectorResult, LeaderInfo};
+#[cfg(test)]
+use super::ElectorResult;
+use super::LeaderInfo;
 
 /// What one batch said of one lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,15 +82,10 @@ impl<L: Clone + PartialEq + Send> RenewBatch<L> {
     /// `send` gets the leases of one batch and answers, for each, whether it was extended; it is
     /// one round trip. Holding the lock across it makes renewals that arrive meanwhile wait and
     /// then reuse its answer, instead of sending their own.
-    pub(crate) async fn renew<F, Fut>(
-        &self,
-        shard: u32,
-        lease: L,
-        send: F,
-    ) -> ElectorResult<Renewed>
+    pub(crate) async fn renew<F, Fut, E>(&self, shard: u32, lease: L, send: F) -> Result<Renewed, E>
     where
         F: FnOnce(Vec<L>) -> Fut,
-        Fut: Future<Output = ElectorResult<Vec<bool>>>,
+        Fut: Future<Output = Result<Vec<bool>, E>>,
     {
         let mut b = self.batch.lock().await;
         if let Some(newest) = &b.newest {
@@ -187,15 +184,15 @@ impl<V: Clone> SharedLeaderRead<V> {
     /// What a fresh shared read saw of `name` (shard `shard`'s election), or what `fetch` sees:
     /// it reads all of [`SharedLeaderRead::names`] at once (an election it leaves out has no
     /// leader).
-    pub(crate) async fn leader<F, Fut>(
+    pub(crate) async fn leader<F, Fut, E>(
         &self,
         shard: u32,
         name: &str,
         fetch: F,
-    ) -> ElectorResult<Option<V>>
+    ) -> Result<Option<V>, E>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = ElectorResult<BTreeMap<String, V>>>,
+        Fut: Future<Output = Result<BTreeMap<String, V>, E>>,
     {
         let mut newest = self.newest.lock().await;
         if let Some((by, at, leaders)) = &*newest {
@@ -308,7 +305,7 @@ mod tests {
                 node_id: "n2".into(),
                 http_addr: None,
             };
-            Ok(BTreeMap::from([("e-shard-1".to_string(), who)]))
+            ElectorResult::Ok(BTreeMap::from([("e-shard-1".to_string(), who)]))
         };
         assert_eq!(read.leader(0, "e", fetch).await.unwrap(), None);
         let l = read.leader(1, "e-shard-1", fetch).await.unwrap();

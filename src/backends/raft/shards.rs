@@ -92,28 +92,32 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use openraft::async_runtime::WatchReceiver;
-use rand::Rng;
 
-use super::lease_table::*;
-use super::shard_wire::*;
-use super::lease_server::LeaseServer;
 use super::client::PeerClient;
+use super::lease_server::LeaseServer;
+use super::lease_table::*;
 use super::network::{signed_post, RaftHandleSource};
+use super::shard_wire::*;
 use super::RaftElector;
-use crate::backends::epoch_lease::EpochLease;
-use crate::backends::renew_batch::{RenewBatch, Renewed};
-use crate::backends::{
-    count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
-    Grant, LeaderInfo, Win,
+use crate::backends::polling::{
+    checked_token, HeldLease, LeaseStore, Poll, PollingElector, Shards, StoreError,
 };
+use crate::backends::{count_request, BackendKind, ElectorError, ElectorResult, LeaderInfo};
 use crate::config::NodeConfig;
 
 // ---------------------------------------------------------------------------------------------
 // A node's side: one group per node, one elector per shard
 // ---------------------------------------------------------------------------------------------
 
-fn unavailable(e: impl fmt::Display) -> ElectorError {
-    ElectorError::Unavailable(format!("raft shards: {e}"))
+fn unavailable(e: impl fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("raft shards: {e}"))
+}
+
+/// An answer of the wrong kind to `what`.
+fn unexpected(what: &str, answer: ShardAnswer) -> StoreError {
+    StoreError::Invalid(format!(
+        "raft shards: unexpected answer to {what}: {answer:?}"
+    ))
 }
 
 /// Who leads each shard, from the newest `leaders` answer, or why there was none.
@@ -122,8 +126,8 @@ struct View {
     leaders: Result<Arc<BTreeMap<u32, LeaderInfo>>, String>,
 }
 
-/// What a node's shard electors share: its raft member, the way to the raft leader, the
-/// coalesced renewals and the leader view.
+/// What a node's shard stores share: its raft member, the way to the raft leader and the
+/// leader view.
 pub(crate) struct ShardGroup {
     raft: RaftElector,
     server: Arc<LeaseServer>,
@@ -134,7 +138,6 @@ pub(crate) struct ShardGroup {
     granted_ms: AtomicU64,
     retry: Duration,
     timeout: Duration,
-    batch: RenewBatch<(u32, String, i64)>,
     view: tokio::sync::Mutex<View>,
 }
 
@@ -155,7 +158,7 @@ impl ShardGroup {
     }
 
     /// Sends `req` to the raft leader (in process when that is this node), bounded in time.
-    async fn call(&self, op: &'static str, req: ShardRequest) -> ElectorResult<ShardAnswer> {
+    async fn call(&self, op: &'static str, req: ShardRequest) -> Result<ShardAnswer, StoreError> {
         let s = &self.raft.shared;
         let raft = s
             .current()
@@ -197,7 +200,7 @@ impl ShardGroup {
     }
 
     /// One round trip renews every lease of `leases`; says which were extended.
-    async fn renew_all(&self, leases: Vec<(u32, String, i64)>) -> ElectorResult<Vec<bool>> {
+    async fn renew_all(&self, leases: Vec<(u32, String, i64)>) -> Result<Vec<bool>, StoreError> {
         let n = leases.len();
         match self
             .call("shard-renew", ShardRequest::Renew { leases })
@@ -207,15 +210,13 @@ impl ShardGroup {
                 self.grant_ttl(ttl_ms);
                 Ok(ok)
             }
-            other => Err(unavailable(format!(
-                "unexpected answer to renew: {other:?}"
-            ))),
+            other => Err(unexpected("renew", other)),
         }
     }
 
     /// Who leads each shard: one `leaders` request per retry interval for all of the node's
     /// shards (a failure, too, is reused for that long).
-    async fn leaders(&self) -> ElectorResult<Arc<BTreeMap<u32, LeaderInfo>>> {
+    async fn leaders(&self) -> Result<Arc<BTreeMap<u32, LeaderInfo>>, StoreError> {
         let mut v = self.view.lock().await;
         if v.at.is_some_and(|at| at.elapsed() < self.retry) {
             return v.leaders.clone().map_err(unavailable);
@@ -238,20 +239,23 @@ impl ShardGroup {
     }
 
     /// Ends `shard`'s lease if node `dead` holds it; whether it did.
-    async fn expire_dead(&self, shard: u32, dead: &str) -> ElectorResult<bool> {
+    async fn expire_dead(&self, shard: u32, dead: &str) -> Result<bool, StoreError> {
         let req = ShardRequest::ExpireDead {
             shard,
             node: dead.to_owned(),
         };
         match self.call("expire_dead", req).await? {
             ShardAnswer::Released(ended) => Ok(ended),
-            other => Err(unavailable(format!(
-                "unexpected answer to expire_dead: {other:?}"
-            ))),
+            other => Err(unexpected("expire_dead", other)),
         }
     }
 
-    async fn release(&self, shard: u32, holder: String, epoch: Option<i64>) -> ElectorResult<()> {
+    async fn release(
+        &self,
+        shard: u32,
+        holder: String,
+        epoch: Option<i64>,
+    ) -> Result<(), StoreError> {
         let req = ShardRequest::Release {
             shard,
             holder,
@@ -279,19 +283,25 @@ impl Drop for ShardGroup {
     }
 }
 
-/// One shard's elector on a sharded raft node (see the module docs).
-pub struct RaftShardElector {
+/// One shard's elector on a sharded raft node (see the module docs): the polling elector on
+/// the shard's lease in the raft group's table.
+pub type RaftShardElector = PollingElector<RaftShardStore>;
+
+/// One shard's lease in the raft group's table: the [`LeaseStore`] of [`RaftShardElector`].
+pub struct RaftShardStore {
     group: Arc<ShardGroup>,
     shard: u32,
-    /// This shard's candidacy: its holder id and, while leading, its epoch.
-    held: EpochLease,
-    /// Cuts a waiting campaign's poll interval short ([`Elector::wake_campaign`]).
-    wake: crate::backends::CampaignWake,
 }
 
 /// Starts this node's raft member (serving the shard lease table to its peers) and returns one
 /// elector per shard config (`NodeConfig::for_shard`), all sharing it.
 pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<RaftShardElector>> {
+    Ok(stores(cfgs).await?.electors())
+}
+
+/// Starts this node's raft member and returns one store per shard config (see
+/// [`connect_shards`]).
+pub async fn stores(cfgs: &[NodeConfig]) -> ElectorResult<Shards<RaftShardStore>> {
     let cfg = cfgs
         .first()
         .ok_or_else(|| ElectorError::Config("no shard to elect for".into()))?;
@@ -326,180 +336,119 @@ pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<RaftShardE
         granted_ms: AtomicU64::new(ttl.as_millis() as u64),
         retry: cfg.retry_interval(),
         timeout,
-        batch: RenewBatch::new(cfg.renew_interval()),
         view: tokio::sync::Mutex::new(View {
             at: None,
             leaders: Err("not read yet".into()),
         }),
     });
-    Ok((0u32..)
+    let stores = (0u32..)
         .zip(cfgs)
-        .map(|(shard, _)| RaftShardElector {
+        .map(|(shard, _)| RaftShardStore {
             group: group.clone(),
             shard,
-            held: EpochLease::default(),
-            wake: Default::default(),
         })
-        .collect())
+        .collect();
+    Ok(Shards::new(stores, cfg))
 }
 
 impl RaftShardElector {
-    fn jittered_retry(&self) -> Duration {
-        let ms = self.group.retry.as_millis().max(2) as u64;
-        Duration::from_millis(rand::thread_rng().gen_range(ms / 2..=ms + ms / 2))
-    }
-
     /// The raft group this node's shards share (tests and diagnostics).
     pub fn raft(&self) -> &RaftElector {
-        &self.group.raft
+        &self.store().group.raft
     }
 }
 
 #[async_trait]
-impl Elector for RaftShardElector {
+impl LeaseStore for RaftShardStore {
+    const ALREADY_HOLDING: &'static str = "raft shards: campaign while already holding the lease";
+    const NO_SUCCESSOR: &'static str =
+        "naming a successor for one shard (a hand-over is a release)";
+
     fn kind(&self) -> BackendKind {
         BackendKind::Raft
     }
 
-    async fn campaign(&self) -> ElectorResult<Win> {
-        // A failed or dropped campaign's id is reused: its grant may have landed, and close()
-        // must still be able to release it (and a retry re-takes it at once).
-        let holder = self
-            .held
-            .holder_for_campaign(&self.group.node_id)
-            .ok_or_else(|| unavailable("campaign while already holding the lease"))?;
-        let mut seen_held_at: Option<Instant> = None;
-        loop {
-            let sent_at = Instant::now();
-            let req = ShardRequest::Acquire {
-                shard: self.shard,
-                holder: Holder {
-                    id: holder.clone(),
-                    node: self.group.node_id.clone(),
-                    info: self.group.info.clone(),
-                },
-            };
-            match self.group.call("shard-acquire", req).await {
-                Ok(ShardAnswer::Granted { epoch, ttl_ms }) => {
-                    let ttl = self.group.grant_ttl(ttl_ms);
-                    if !self.held.won(&holder, epoch) {
-                        // close() ran while the request was in flight; it did not see this grant.
-                        let _ = self.group.release(self.shard, holder, Some(epoch)).await;
-                        return Err(ElectorError::LeaseLost(
-                            "candidacy withdrawn during campaign".into(),
-                        ));
-                    }
-                    return Ok(Win {
-                        token: FenceToken::checked("shard lease epoch", epoch)?,
-                        grant: Grant { sent_at, ttl },
-                        vacant_since: Some(seen_held_at.unwrap_or(sent_at)),
-                    });
-                }
-                Ok(_) => seen_held_at = Some(sent_at),
-                // No raft leader yet, or it is changing: ask again.
-                Err(e) => tracing::debug!(shard = self.shard, error = %e, "shard acquire"),
-            }
-            self.wake.nap(self.jittered_retry()).await;
-        }
-    }
-
-    async fn renew(&self) -> ElectorResult<Option<Grant>> {
-        let Some((holder, epoch)) = self.held.held() else {
-            return Ok(None);
-        };
-        let lease = (self.shard, holder, epoch);
-        match self
-            .group
-            .batch
-            .renew(self.shard, lease, |leases| self.group.renew_all(leases))
-            .await?
-        {
-            Renewed::At(sent_at) => {
-                return Ok(Some(Grant {
-                    sent_at,
-                    ttl: Duration::from_millis(self.group.granted_ms.load(Ordering::Relaxed)),
-                }))
-            }
-            Renewed::Lost => {}
-        }
-        self.held.lost(epoch);
-        Err(ElectorError::LeaseLost(format!(
+    fn lease_lost(&self, epoch: i64) -> String {
+        format!(
             "shard {} lease epoch {epoch} expired or taken over",
             self.shard
-        )))
+        )
     }
 
-    async fn resign(&self, successor: Option<&str>) -> ElectorResult<()> {
-        if successor.is_some() {
-            return Err(ElectorError::Unsupported {
-                backend: BackendKind::Raft,
-                what: "naming a successor for one shard (a hand-over is a release)",
-            });
-        }
-        let Some((holder, epoch)) = self.held.take_held() else {
-            return Ok(());
-        };
-        self.group.batch.forget(self.shard).await;
-        match holder {
-            Some(h) => self.group.release(self.shard, h, Some(epoch)).await,
-            None => Ok(()),
-        }
+    /// The least of this node's TTL and every TTL a raft leader said it grants.
+    fn renewed_ttl(&self) -> Option<Duration> {
+        Some(Duration::from_millis(
+            self.group.granted_ms.load(Ordering::Relaxed),
+        ))
     }
 
-    async fn leader(&self) -> ElectorResult<Option<LeaderInfo>> {
-        Ok(self.group.leaders().await?.get(&self.shard).cloned())
-    }
-
-    /// A ReadIndex round on the raft leader, then a compare on the table: ours while it names
-    /// this candidacy at `token`'s epoch and the leader has not judged it expired.
-    async fn confirm_leadership(&self, _me: &str, token: FenceToken) -> ElectorResult<bool> {
-        let Some(holder) = self.held.holder_at(token.0) else {
-            return Ok(false);
-        };
-        let req = ShardRequest::Confirm {
+    /// Any answer but a grant is a held shard; no answer (no raft leader yet, or it is
+    /// changing) is asked again.
+    async fn acquire(&self, holder: &str) -> Result<Poll, StoreError> {
+        let req = ShardRequest::Acquire {
             shard: self.shard,
-            holder,
-            epoch: token.0,
+            holder: Holder {
+                id: holder.to_owned(),
+                node: self.group.node_id.clone(),
+                info: self.group.info.clone(),
+            },
         };
-        match self.group.call("shard-confirm", req).await? {
-            ShardAnswer::Confirmed(b) => Ok(b),
-            other => Err(unavailable(format!(
-                "unexpected answer to confirm: {other:?}"
-            ))),
+        match self.group.call("shard-acquire", req).await {
+            Ok(ShardAnswer::Granted { epoch, ttl_ms }) => Ok(Poll::Won {
+                ttl: self.group.grant_ttl(ttl_ms),
+                token: checked_token("shard lease epoch", epoch)?,
+            }),
+            Ok(_) => Ok(Poll::Held),
+            Err(e) => {
+                tracing::debug!(shard = self.shard, error = %e, "shard acquire");
+                Ok(Poll::Unanswered)
+            }
         }
+    }
+
+    async fn renew_all(&self, leases: Vec<HeldLease>) -> Result<Vec<bool>, StoreError> {
+        let leases = leases
+            .into_iter()
+            .map(|l| (l.shard, l.holder, l.epoch))
+            .collect();
+        self.group.renew_all(leases).await
+    }
+
+    async fn release(&self, holder: &str, epoch: Option<i64>) -> Result<(), StoreError> {
+        self.group
+            .release(self.shard, holder.to_owned(), epoch)
+            .await
     }
 
     /// A `Release` of the table's holder of this shard if it is on node `dead`, at the epoch
-    /// the raft leader sees (a log entry, like every release). The campaign polls `acquire`,
-    /// so it is woken to see the seat free now.
-    async fn expire_dead_holder(&self, dead: &str) -> ElectorResult<DeadHolderExpiry> {
-        if dead == self.group.node_id {
-            return Ok(DeadHolderExpiry::NotEnded);
-        }
-        Ok(if self.group.expire_dead(self.shard, dead).await? {
+    /// the raft leader sees (a log entry, like every release).
+    async fn expire_dead(&self, dead: &str) -> Result<bool, StoreError> {
+        let ended = self.group.expire_dead(self.shard, dead).await?;
+        if ended {
             tracing::info!(
                 shard = self.shard,
                 dead,
                 "ended a dead holder's shard lease"
             );
-            DeadHolderExpiry::EndedCampaignPolls
-        } else {
-            DeadHolderExpiry::NotEnded
-        })
+        }
+        Ok(ended)
     }
 
-    fn wake_campaign(&self) {
-        self.wake.wake();
-    }
-
-    async fn close(&self) -> ElectorResult<()> {
-        let holder = self.held.take_for_close();
-        self.group.batch.forget(self.shard).await;
-        match holder {
-            // Any epoch: a dropped campaign's grant may have landed unseen.
-            Some(h) => self.group.release(self.shard, h, None).await,
-            None => Ok(()),
+    /// A ReadIndex round on the raft leader, then a compare on the table: ours while it names
+    /// this candidacy at `epoch` and the leader has not judged it expired.
+    async fn confirm(&self, holder: &str, epoch: i64) -> Result<bool, StoreError> {
+        let req = ShardRequest::Confirm {
+            shard: self.shard,
+            holder: holder.to_owned(),
+            epoch,
+        };
+        match self.group.call("shard-confirm", req).await? {
+            ShardAnswer::Confirmed(b) => Ok(b),
+            other => Err(unexpected("confirm", other)),
         }
     }
-}
 
+    async fn leader(&self) -> Result<Option<LeaderInfo>, StoreError> {
+        Ok(self.group.leaders().await?.get(&self.shard).cloned())
+    }
+}
