@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use baton::backends::conformance::{self, Check, Options};
+use baton::backends::conformance_polling::{self, gated_shards, MakeGated};
 use baton::backends::{
     build, build_shards, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
@@ -756,6 +757,169 @@ async fn redis_restart_without_persistence_regresses_the_token_and_the_fence_ref
     for e in [&a, &b, &c] {
         let _ = e.close().await;
     }
+}
+
+/// Like [`factory`], for the polling elector's race checks: candidate `id` on `election`, its
+/// store gated.
+fn gated_factory(base: NodeConfig) -> Box<MakeGated> {
+    let one = factory_config(base);
+    Box::new(move |election: &str, id: &str| {
+        let cfg = one(election, id);
+        Box::pin(async move { Ok(gated_shards(&[cfg]).await?.remove(0)) })
+    })
+}
+
+async fn run_races(make: &MakeGated, backend: BackendKind) {
+    if let Err(e) = conformance_polling::run_all(make, opts()).await {
+        panic!("the polling elector on {backend} fails the race checks:\n{e}");
+    }
+}
+
+/// The polling elector's two races (a grant that outlives its candidacy), on pg-lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lease_polling_elector_passes_the_race_checks() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    let base = pg_lease_base(&mut servers).await;
+    run_races(&gated_factory(base), BackendKind::PgLease).await;
+}
+
+/// See [`pg_lease_polling_elector_passes_the_race_checks`]: on redis and redis-naive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_polling_elector_passes_the_race_checks() {
+    let _serial = serial();
+    let mut servers = Servers::new();
+    servers.start_redis();
+    for backend in [BackendKind::Redis, BackendKind::RedisNaive] {
+        let mut base = base_config(backend);
+        base.redis.url = servers.redis.as_ref().unwrap().url();
+        run_races(&gated_factory(base), backend).await;
+    }
+}
+
+/// Shards per node of the sharded raft fleets below: one per election the suite opens.
+const RAFT_K: usize = 10;
+
+/// Three in-process raft members `c1`..`c3` of one group whose table holds every shard's lease,
+/// each with [`RAFT_K`] shard electors built by `build` from its shards' configs. A candidate
+/// is a node's elector of one shard: the suite's `n`-th election is shard `n` on every node.
+struct RaftShards<T> {
+    _dirs: Vec<tempfile::TempDir>,
+    nodes: Vec<Vec<T>>,
+    elections: Mutex<Vec<String>>,
+}
+
+impl<T: Clone> RaftShards<T> {
+    /// Starts the fleet and waits until its raft group has a leader (what `elector` of each
+    /// node's first shard can read leaders from).
+    async fn start<F, Fut>(build: F, elector: fn(&T) -> Arc<dyn Elector>) -> Arc<RaftShards<T>>
+    where
+        F: Fn(Vec<NodeConfig>) -> Fut,
+        Fut: std::future::Future<Output = ElectorResult<Vec<T>>>,
+    {
+        let (dirs, mut cfgs) = common::raft_member_configs(3, "conformance-raft-shards-0123456789");
+        let mut peers = cfgs[0].raft.peers.clone();
+        for (i, p) in peers.iter_mut().enumerate() {
+            p.id = format!("c{}", i + 1);
+        }
+        let members: Vec<baton::config::MemberSpec> = peers
+            .iter()
+            .map(|p| baton::config::MemberSpec {
+                id: p.id.clone(),
+                addr: p.addr.clone(),
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, cfg) in cfgs.iter_mut().enumerate() {
+            cfg.node_id = peers[i].id.clone();
+            cfg.raft.peers = peers.clone();
+            cfg.election_timeout_ms = "150-300".into();
+            cfg.lease_ttl_ms = TTL_MS;
+            cfg.renew_interval_ms = 600;
+            cfg.retry_interval_ms = 100;
+            cfg.deadline_margin_ms = 50;
+            cfg.shards.count = RAFT_K as u32;
+            cfg.shards.members = members.clone();
+            cfg.validate().unwrap();
+            nodes.push(
+                build(vec![cfg.clone(); RAFT_K])
+                    .await
+                    .expect("a raft member"),
+            );
+        }
+        let until = Instant::now() + Duration::from_secs(20);
+        for shards in &nodes {
+            while let Err(e) = elector(&shards[0]).leader().await {
+                assert!(Instant::now() < until, "the raft group has no leader: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Arc::new(RaftShards {
+            _dirs: dirs,
+            nodes,
+            elections: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Candidate `id` (`c1`..`c3`) on `election`: that node's elector of the election's shard.
+    fn candidate(&self, election: &str, id: &str) -> ElectorResult<T> {
+        let mut elections = self.elections.lock().unwrap();
+        let shard = match elections.iter().position(|e| e == election) {
+            Some(s) => s,
+            None => {
+                elections.push(election.to_owned());
+                elections.len() - 1
+            }
+        };
+        let node: usize = id.trim_start_matches('c').parse().unwrap_or(0);
+        match self.nodes.get(node.wrapping_sub(1)) {
+            Some(shards) if shard < RAFT_K => Ok(shards[shard].clone()),
+            _ => Err(ElectorError::Config(format!(
+                "no shard elector for {id} on election {election} (shard {shard})"
+            ))),
+        }
+    }
+}
+
+/// Sharded raft (K > 1: every shard's lease in the raft group's table, polled by the polling
+/// elector) passes the whole suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_shards_pass_the_conformance_suite() {
+    let _serial = serial();
+    let fleet = RaftShards::start(
+        |cfgs| async move {
+            let electors = baton::backends::raft::shards::connect_shards(&cfgs).await?;
+            Ok(electors
+                .into_iter()
+                .map(|e| Arc::new(e) as Arc<dyn Elector>)
+                .collect())
+        },
+        Arc::clone,
+    )
+    .await;
+    let make = move |election: &str, id: &str| -> ElectorFuture {
+        let candidate = fleet.candidate(election, id);
+        Box::pin(async move { candidate })
+    };
+    if let Err(e) = conformance::run_selected(&make, opts(), &Check::ALL).await {
+        panic!("sharded raft fails the conformance suite:\n{e}");
+    }
+}
+
+/// See [`pg_lease_polling_elector_passes_the_race_checks`]: on sharded raft.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_shards_polling_elector_passes_the_race_checks() {
+    let _serial = serial();
+    let fleet = RaftShards::start(
+        |cfgs| async move { gated_shards(&cfgs).await },
+        |(e, _)| e.clone(),
+    )
+    .await;
+    let make = move |election: &str, id: &str| {
+        let candidate = fleet.candidate(election, id);
+        Box::pin(async move { candidate }) as futures::future::BoxFuture<'static, _>
+    };
+    run_races(&make, BackendKind::Raft).await;
 }
 
 /// The suite must be able to fail: a backend that lets everyone win at once, never loses a lease

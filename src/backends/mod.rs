@@ -3,6 +3,11 @@
 //! configured one; a user's own `Elector` is given to the node builder directly.
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(all(
+    feature = "conformance",
+    any(feature = "pg-lease", feature = "redis", feature = "raft")
+))]
+pub mod conformance_polling;
 #[cfg(any(feature = "pg-lease", feature = "redis", feature = "raft"))]
 mod epoch_lease;
 #[cfg(feature = "etcd")]
