@@ -14,7 +14,13 @@
 //! longer than one that never sends a request head.
 
 mod confirm;
+mod next;
+mod read;
+mod resp;
 mod routes;
+mod shard_pick;
+mod status;
+mod stepdown;
 mod slots;
 mod ui;
 
@@ -39,7 +45,7 @@ use crate::work::sequencer::{AnswerHomes, SequencerHandle};
 use crate::work::Fence;
 use slots::{Admission, Slots};
 
-pub use routes::LEADER_HEADER;
+pub use shard_pick::LEADER_HEADER;
 pub(crate) use ui::UiState;
 
 /// What `GET /read` needs besides the leadership mirror.

@@ -26,7 +26,8 @@ use hyper::header::{HeaderName, HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use hyper::{Response, StatusCode};
 use serde_json::json;
 
-use super::routes::{status_body, Resp};
+use super::resp::Resp;
+use super::status::status_body;
 use super::HttpApp;
 use crate::actors::placement::MemberClient;
 use crate::config::MemberSpec;
