@@ -262,17 +262,17 @@ impl NodeBuilder {
         let placement = Arc::new(PlacementState::default());
         let members = MemberClient::for_config(&cfg.http).context("[http] member_ca_file")?;
         let mut shards: Vec<ShardTree> = Vec::with_capacity(shard_count as usize);
-        let shard_cfgs: Vec<NodeConfig> = (0..shard_count)
-            .map(|s| cfg.for_shard(ShardId(s)))
-            .collect();
+        // One config for every shard; what differs per shard is its names.
+        let cfg = Arc::new(cfg);
+        let shard_names = cfg.shard_names();
         let electors = match self.elector {
             Some(e) => vec![e],
-            None => backends::build_shards(&shard_cfgs)
+            None => backends::build_shards(&cfg, &shard_names)
                 .await
                 .context("connecting the election backend")?,
         };
-        for ((s, shard_cfg), backend) in (0..shard_count).zip(shard_cfgs).zip(electors) {
-            let shard = ShardId(s);
+        for (names, backend) in shard_names.into_iter().zip(electors) {
+            let (shard, s) = (names.shard, names.shard.0);
             let shard_fence = if s == 0 {
                 fence.clone()
             } else {
@@ -291,7 +291,7 @@ impl NodeBuilder {
                 leader_rx,
             ));
             let args = SupervisorArgs {
-                cfg: shard_cfg,
+                cfg: cfg.clone(),
                 backend: backend.clone(),
                 works: works.clone(),
                 fence: shard_fence.clone(),

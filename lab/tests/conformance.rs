@@ -19,7 +19,8 @@ use baton::backends::{
     build, build_shards, BackendKind, Elector, ElectorError, ElectorResult, FenceToken, Grant,
     LeaderInfo, Win,
 };
-use baton::config::{NodeConfig, ResourceConfig};
+use baton::config::{NodeConfig, ResourceConfig, ShardNames};
+use baton::shard::ShardId;
 use baton::work::fence::{self, Fence, FenceError};
 use baton_lab::fleet::redis_server::RedisServer;
 use baton_lab::fleet::servers::{free_ports, log_tail, EtcdCluster, PgServer};
@@ -154,15 +155,17 @@ fn shared_session_factory(
 ) -> impl Fn(&str, &str) -> ElectorFuture {
     let one = factory_config(base);
     move |election: &str, id: &str| {
-        let cfgs = [
-            one(election, id),
-            one(&format!("{election}-{id}-sibling"), id),
+        let cfg = one(election, id);
+        // Shard 1, the sibling, in an election of its own: `{election}-{id}-sibling`.
+        let shards = [
+            ShardNames::of(ShardId(0)),
+            ShardNames::with_suffix(ShardId(1), format!("-{id}-sibling")),
         ];
         let siblings = siblings.clone();
         Box::pin(async move {
-            let mut electors = build_shards(&cfgs).await?;
+            let mut electors = build_shards(&cfg, &shards).await?;
             let sibling = electors.pop().expect("two shards");
-            let renew_every = Duration::from_millis(cfgs[1].lease_ttl_ms / 3);
+            let renew_every = Duration::from_millis(cfg.lease_ttl_ms / 3);
             // Alone in its election, the sibling wins at once: it leads before shard 0 starts.
             sibling.campaign().await?;
             let faults = siblings.faults.clone();
@@ -521,9 +524,13 @@ async fn zk_observer_sees_a_leader_change_at_its_watch_after_quiet_rechecks() {
     let one = factory_config(base);
     let every = Duration::from_millis(250);
     let quiet_recheck = every * 20;
-    let observer_cfgs: Vec<NodeConfig> =
-        (0..4).map(|s| one(&format!("observed-{s}"), "c")).collect();
-    let observers = build_shards(&observer_cfgs).await.unwrap();
+    // Shard s observes the election `observed-{s}`.
+    let observer_shards: Vec<ShardNames> = (0..4)
+        .map(|s| ShardNames::with_suffix(ShardId(s), format!("-{s}")))
+        .collect();
+    let observers = build_shards(&one("observed", "c"), &observer_shards)
+        .await
+        .unwrap();
     let (tx, mut seen) = tokio::sync::watch::channel(None);
     let observer = observers[0].clone();
     let observing = tokio::spawn(async move { observer.observe(tx, every).await });

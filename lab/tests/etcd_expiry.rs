@@ -73,7 +73,9 @@ async fn campaigner(etcd: &Etcd, name: &str) -> EtcdElector {
     };
     cfg.etcd.endpoints = etcd.cluster.endpoints();
     cfg.etcd.election_name = name.into();
-    EtcdElector::connect(&cfg).await.unwrap()
+    EtcdElector::connect(&cfg.backend_common(), &cfg.etcd)
+        .await
+        .unwrap()
 }
 
 async fn ttl_of(c: &Client, lease: i64) -> i64 {

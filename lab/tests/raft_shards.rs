@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use baton::backends::raft::shards::{connect_shards, RaftShardElector};
 use baton::backends::{Elector, Grant};
 use baton::config::{MemberSpec, NodeConfig};
-use baton::shard::ShardId;
 use openraft::async_runtime::WatchReceiver;
 
 mod common;
@@ -48,7 +47,8 @@ impl Cluster {
             cfg.shards.count = K;
             cfg.shards.members = members.clone();
             cfg.validate().unwrap();
-            let cfgs: Vec<NodeConfig> = (0..K).map(|s| cfg.for_shard(ShardId(s))).collect();
+            // One config per shard: sharded raft names its shards by index, not by election.
+            let cfgs: Vec<NodeConfig> = vec![cfg.clone(); K as usize];
             c.nodes.push(Some(connect_shards(&cfgs).await.unwrap()));
         }
         c

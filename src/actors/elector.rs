@@ -80,7 +80,7 @@ pub enum ElectorMsg {
 
 pub struct ElectorArgs {
     pub backend: Arc<dyn Elector>,
-    pub cfg: NodeConfig,
+    pub cfg: Arc<NodeConfig>,
     pub supervisor: ActorRef<SupervisorMsg>,
     pub watchdog: ActorRef<WatchdogMsg>,
     pub trace: ActorTrace,

@@ -117,7 +117,8 @@ pub enum StepDownError {
 }
 
 pub struct SupervisorArgs {
-    pub cfg: NodeConfig,
+    /// The node's config, shared by its shards.
+    pub cfg: Arc<NodeConfig>,
     pub backend: Arc<dyn Elector>,
     pub works: Vec<Registered>,
     pub fence: Fence,
@@ -1004,7 +1005,7 @@ mod tests {
             shard: ShardId(3),
             wanted: true,
             peer_events: None,
-            cfg,
+            cfg: Arc::new(cfg),
         };
         let (supervisor, _join) = Actor::spawn(None, NodeSupervisor, args).await.unwrap();
         supervisor

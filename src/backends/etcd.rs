@@ -50,7 +50,8 @@ use super::{
     count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
     Grant, LeaderInfo, Win,
 };
-use crate::config::NodeConfig;
+use crate::config::{BackendCommon, EtcdConfig, ShardNames};
+use crate::shard::ShardId;
 use crate::tasks::AbortOnDrop;
 
 struct Session {
@@ -140,27 +141,34 @@ fn with_tls(_: ConnectOptions, ca_file: &std::path::Path) -> ElectorResult<Conne
 }
 
 impl EtcdElector {
-    /// Connects to `cfg.etcd.endpoints`; no lease is granted until the first campaign.
+    /// Connects to `etcd.endpoints`; no lease is granted until the first campaign.
     /// `ElectorError::Config` if `lease_ttl_ms` is not a whole number of seconds (etcd leases
     /// are), `ElectorError::Unavailable` if the client cannot be set up within the request
     /// timeout.
-    pub async fn connect(cfg: &NodeConfig) -> ElectorResult<EtcdElector> {
-        let mut one = EtcdElector::connect_shards(std::slice::from_ref(cfg)).await?;
+    pub async fn connect(common: &BackendCommon, etcd: &EtcdConfig) -> ElectorResult<EtcdElector> {
+        let shard = ShardNames::of(ShardId::ZERO);
+        let mut one = EtcdElector::connect_shards(common, etcd, &[shard]).await?;
         Ok(one.remove(0))
     }
 
-    /// One elector per shard config (`NodeConfig::for_shard`), all on one client and one shared
-    /// lease session (the first config's endpoints, timing and TLS; the shards differ only in
-    /// their election name).
-    pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<EtcdElector>> {
-        let cfg = super::session_config(cfgs)?;
-        if cfg.lease_ttl_ms % 1000 != 0 {
+    /// One elector per shard (`shards`, see `NodeConfig::shard_names`), all on one client and
+    /// one shared lease session (`etcd`'s endpoints and TLS, `common`'s timing); each shard's
+    /// election is `election_name` with the shard's suffix.
+    pub async fn connect_shards(
+        common: &BackendCommon,
+        etcd: &EtcdConfig,
+        shards: &[ShardNames],
+    ) -> ElectorResult<Vec<EtcdElector>> {
+        if shards.is_empty() {
+            return Err(ElectorError::Config("no shard to elect for".into()));
+        }
+        let lease_ttl_ms = common.lease_ttl.as_millis() as u64;
+        if lease_ttl_ms % 1000 != 0 {
             return Err(ElectorError::Config(format!(
-                "etcd leases are whole seconds; lease_ttl_ms {} is not",
-                cfg.lease_ttl_ms
+                "etcd leases are whole seconds; lease_ttl_ms {lease_ttl_ms} is not"
             )));
         }
-        let timeout = Duration::from_millis(cfg.etcd.request_timeout_ms);
+        let timeout = Duration::from_millis(etcd.request_timeout_ms);
         // HTTP/2 pings no more often than etcd allows (`--grpc-keepalive-min-time`, 5 s by
         // default): a client that pings faster is sent GOAWAY ("too many pings"), which broke
         // every campaign and watch of the connection at once every few seconds on a quiet
@@ -168,46 +176,50 @@ impl EtcdElector {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_keep_alive(KEEPALIVE_PING_INTERVAL, timeout);
-        if let Some(ca) = &cfg.etcd.tls_ca_file {
+        if let Some(ca) = &etcd.tls_ca_file {
             opts = with_tls(opts, ca)?;
         }
-        let client = Client::connect(&cfg.etcd.endpoints, Some(opts))
+        let client = Client::connect(&etcd.endpoints, Some(opts))
             .await
             .map_err(unavailable)?;
-        let ttl_secs = (cfg.lease_ttl_ms / 1000) as i64;
+        let ttl_secs = (lease_ttl_ms / 1000) as i64;
         let shared = Arc::new(SharedSession {
-            reuse_grant_for: cfg.renew_interval() / 2,
+            reuse_grant_for: common.renew_interval / 2,
             state: Mutex::new(None),
         });
         let me = LeaderInfo {
-            node_id: cfg.node_id.clone(),
-            http_addr: cfg.advertise_addr.clone(),
+            node_id: common.node_id.clone(),
+            http_addr: common.advertise_addr.clone(),
         };
+        let names: Vec<String> = shards
+            .iter()
+            .map(|s| s.election(&etcd.election_name))
+            .collect();
         // etcd's observe streams push every change; a shard re-reads only when its stream has
         // been quiet for 8 retry intervals (see `observe`), so a read half that old is fresh
         // enough, and the node's quiet shards share about one read per second between them.
         let leaders = Arc::new(SharedLeaderRead::new(
-            cfg.retry_interval() * 4,
-            cfgs.iter().map(|c| c.etcd.election_name.clone()).collect(),
+            common.retry_interval * 4,
+            names.clone(),
         ));
         let ttl_reads = Arc::new(LeaseTtlReader::new(client.clone(), timeout));
         Ok((0u32..)
-            .zip(cfgs)
-            .map(|(shard, shard_cfg)| EtcdElector {
+            .zip(names)
+            .map(|(shard, name)| EtcdElector {
                 shared: shared.clone(),
                 shard,
                 leaders: leaders.clone(),
                 ttl_reads: ttl_reads.clone(),
                 client: client.clone(),
-                name: shard_cfg.etcd.election_name.clone(),
+                name,
                 value: me.encode(),
                 ttl_secs,
                 timeout,
-                clock_rate_error: cfg.clock_rate_error,
+                clock_rate_error: common.clock_rate_error,
                 riding: Mutex::new(None),
                 leader_key: Mutex::new(None),
                 putting: Arc::new(Mutex::new(())),
-                recheck: cfg.retry_interval() * 8,
+                recheck: common.retry_interval * 8,
             })
             .collect())
     }

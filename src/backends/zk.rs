@@ -69,7 +69,8 @@ use super::{
     count_request, BackendKind, DeadHolderExpiry, Elector, ElectorError, ElectorResult, FenceToken,
     Grant, LeaderInfo, Win,
 };
-use crate::config::NodeConfig;
+use crate::config::{BackendCommon, ShardNames, ZkConfig};
+use crate::shard::ShardId;
 
 /// Our candidacy znodes are `c_<session id, 16 hex digits>_<10-digit sequence>`.
 const PREFIX: &str = "c_";
@@ -564,47 +565,54 @@ impl ZkElector {
     /// Checks the configuration; no session is opened until first use, so an ensemble that is
     /// down at start shows up as failed, retried campaigns. `ElectorError::Config` if
     /// `zk.election_path` is not an absolute path below `/` or `zk.connect` is empty.
-    pub async fn connect(cfg: &NodeConfig) -> ElectorResult<ZkElector> {
-        let mut one = ZkElector::connect_shards(std::slice::from_ref(cfg)).await?;
+    pub async fn connect(common: &BackendCommon, zk: &ZkConfig) -> ElectorResult<ZkElector> {
+        let shard = ShardNames::of(ShardId::ZERO);
+        let mut one = ZkElector::connect_shards(common, zk, &[shard]).await?;
         Ok(one.remove(0))
     }
 
-    /// One elector per shard config (`NodeConfig::for_shard`), all on one candidacy session and
-    /// one read-only session (the first config's ensemble and timing; the shards differ only in
-    /// their election path).
-    pub async fn connect_shards(cfgs: &[NodeConfig]) -> ElectorResult<Vec<ZkElector>> {
-        let cfg = super::session_config(cfgs)?;
-        if cfg.zk.connect.trim().is_empty() {
+    /// One elector per shard (`shards`, see `NodeConfig::shard_names`), all on one candidacy
+    /// session and one read-only session (`zk`'s ensemble, `common`'s timing); each shard's
+    /// election is `election_path` with the shard's suffix.
+    pub async fn connect_shards(
+        common: &BackendCommon,
+        zk: &ZkConfig,
+        shards: &[ShardNames],
+    ) -> ElectorResult<Vec<ZkElector>> {
+        if shards.is_empty() {
+            return Err(ElectorError::Config("no shard to elect for".into()));
+        }
+        if zk.connect.trim().is_empty() {
             return Err(ElectorError::Config("zk.connect is empty".into()));
         }
-        let timeout = Duration::from_millis(cfg.zk.request_timeout_ms.max(1));
+        let timeout = Duration::from_millis(zk.request_timeout_ms.max(1));
         let me = LeaderInfo {
-            node_id: cfg.node_id.clone(),
-            http_addr: cfg.advertise_addr.clone(),
+            node_id: common.node_id.clone(),
+            http_addr: common.advertise_addr.clone(),
         };
-        let paths: Vec<String> = cfgs
+        let paths: Vec<String> = shards
             .iter()
-            .map(|shard_cfg| {
-                let path = shard_cfg.zk.election_path.trim_end_matches('/').to_owned();
+            .map(|shard| {
+                let election_path = shard.election(&zk.election_path);
+                let path = election_path.trim_end_matches('/').to_owned();
                 if !path.starts_with('/') || path.len() < 2 {
                     return Err(ElectorError::Config(format!(
-                        "zk.election_path {:?} must be an absolute znode path below /",
-                        shard_cfg.zk.election_path
+                        "zk.election_path {election_path:?} must be an absolute znode path below /"
                     )));
                 }
                 Ok(path)
             })
             .collect::<ElectorResult<_>>()?;
         let hub = Arc::new(Hub {
-            connect: cfg.zk.connect.clone(),
-            requested_timeout: cfg.lease_ttl(),
+            connect: zk.connect.clone(),
+            requested_timeout: common.lease_ttl,
             timeout,
             connect_timeout: (timeout * 3).max(Duration::from_secs(2)),
             state: StdMutex::new(HubState::default()),
             reader: tokio::sync::Mutex::new(None),
-            batch: RenewBatch::new(cfg.renew_interval()),
+            batch: RenewBatch::new(common.renew_interval),
             quiet_rechecks: SharedLeaderRead::new(
-                cfg.retry_interval() * RECHECK_REUSE_INTERVALS,
+                common.retry_interval * RECHECK_REUSE_INTERVALS,
                 paths.clone(),
             ),
         });

@@ -148,18 +148,6 @@ impl NodeConfig {
             .collect()
     }
 
-    /// This config as shard `shard`'s elector sees it: the backend's election key carries the
-    /// shard's suffix (unchanged for shard 0), so each shard is its own election.
-    pub fn for_shard(&self, shard: crate::shard::ShardId) -> NodeConfig {
-        let mut c = self.clone();
-        let sfx = shard.election_suffix();
-        c.etcd.election_name.push_str(&sfx);
-        c.redis.key.push_str(&sfx);
-        c.zk.election_path.push_str(&sfx);
-        c.pg_lease.lease_name.push_str(&sfx);
-        c
-    }
-
     /// With K > 1: this node among the members, and HTTPS members verified against a CA.
     pub(super) fn validate_shard_members(&self) -> Result<(), ConfigError> {
         let k = self.shards.count;
