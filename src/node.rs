@@ -47,9 +47,7 @@ use crate::tasks::AbortOnDrop;
 use crate::trace::ActorTrace;
 use crate::work::job::{FnWork, Term};
 use crate::work::scheduler::SchedulerWork;
-use crate::work::sequencer::{
-    CommitLimits, SequencerHandle, SequencerMode, SequencerWork, WindowSettings,
-};
+use crate::work::sequencer::{CommitLimits, SequencerHandle, SequencerWork, WindowSettings};
 use crate::work::{Fence, LeaderWork, Registered, SupervisionPolicy};
 
 /// Assembles a node. Register leader work with [`NodeBuilder::with_job`] (a closure) or
@@ -183,14 +181,6 @@ impl NodeBuilder {
             let handles: Vec<SequencerHandle> = (0..shard_count)
                 .map(|_| SequencerHandle::default())
                 .collect();
-            let mode = match cfg.sequencer.mode {
-                crate::config::SequencerMode::Durable => SequencerMode::Durable,
-                crate::config::SequencerMode::Window => SequencerMode::Window(WindowSettings {
-                    ids: cfg.sequencer.window_ids as i64,
-                    rate_bound: cfg.clock_rate_error,
-                    margin: Duration::from_millis(cfg.read_lease_margin_ms),
-                }),
-            };
             let work = Arc::new(SequencerWork {
                 handles: handles.clone(),
                 limits: CommitLimits {
@@ -198,7 +188,12 @@ impl NodeBuilder {
                     in_flight: cfg.sequencer.commits_in_flight,
                     min_interval: Duration::from_millis(cfg.sequencer.min_commit_interval_ms),
                 },
-                mode,
+                mode: cfg.sequencer.mode,
+                window: WindowSettings {
+                    ids: cfg.sequencer.window_ids as i64,
+                    rate_bound: cfg.clock_rate_error,
+                    margin: Duration::from_millis(cfg.read_lease_margin_ms),
+                },
             });
             works.insert(
                 at,

@@ -71,7 +71,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::backends::FenceToken;
-use crate::config::lease_read_until;
+use crate::config::{lease_read_until, SequencerMode};
 use crate::leadership::Leadership;
 use crate::metrics as m;
 use crate::work::{FenceError, LeaderWork, RunningWork, WorkContext, WorkError};
@@ -506,15 +506,6 @@ impl Intake {
             }
         }
     }
-}
-
-/// `[sequencer] mode` as the sequencer runs it.
-#[derive(Clone, Copy, Debug)]
-pub enum SequencerMode {
-    /// Every ID durable before its answer (group commit).
-    Durable,
-    /// IDs served from memory below a persisted bound, inside the lease window.
-    Window(WindowSettings),
 }
 
 /// Window mode's settings: `[sequencer] window_ids`, and the lease-read window's bound
@@ -1258,7 +1249,10 @@ pub enum NextCallError {
 pub struct SequencerWork {
     pub handles: Vec<SequencerHandle>,
     pub limits: CommitLimits,
+    /// `[sequencer] mode`.
     pub mode: SequencerMode,
+    /// How window mode runs (unused in durable mode).
+    pub window: WindowSettings,
 }
 
 struct RunningSequencer {
@@ -1285,10 +1279,10 @@ impl LeaderWork for SequencerWork {
         let intake = Arc::new(Intake::default());
         let window = match self.mode {
             SequencerMode::Durable => None,
-            SequencerMode::Window(settings) => Some(Arc::new(Window::new(
+            SequencerMode::Window => Some(Arc::new(Window::new(
                 ctx.token,
                 ctx.leadership.clone(),
-                settings,
+                self.window,
             ))),
         };
         let args = (ctx, self.limits, intake.clone(), window.clone());
