@@ -32,9 +32,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::actors::placement::{MemberClient, PlacementArgs, PlacementState, PlacementView};
-use crate::actors::supervisor::{
-    NodeSupervisor, StepDownError, StepDownReport, SupervisorArgs, SupervisorMsg,
-};
+use crate::actors::messages::{StepDownError, StepDownReport, SupervisorMsg};
+use crate::actors::supervisor::{NodeSupervisor, SupervisorArgs};
 use crate::backends;
 use crate::clock::NodeClock;
 use crate::config::{Fencing, NodeConfig};

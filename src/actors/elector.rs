@@ -25,8 +25,7 @@ use rand::Rng;
 use tokio::task::JoinHandle;
 
 use crate::actors::budget::FailureBudget;
-use crate::actors::supervisor::SupervisorMsg;
-use crate::actors::watchdog::WatchdogMsg;
+use crate::actors::messages::{ElectorMsg, SupervisorMsg, WatchdogMsg};
 use crate::actors::DemotionReason;
 use crate::backends::{Elector, ElectorError, FenceToken, Grant, LeaderInfo};
 use crate::clock::NodeClock;
@@ -36,47 +35,6 @@ use crate::trace::ActorTrace;
 
 /// How long closing the backend may take as the elector stops.
 const CLOSE_BOUND: Duration = Duration::from_secs(2);
-
-pub enum ElectorMsg {
-    Campaign,
-    CampaignDone {
-        result: Result<crate::backends::Win, ElectorError>,
-        started: Instant,
-    },
-    RenewTick,
-    RenewDone(Result<Option<Grant>, ElectorError>),
-    /// From the supervisor, after leader work has fully stopped. `pause`: how long to wait
-    /// before campaigning again (a renew interval after a voluntary hand-over, more after terms
-    /// whose work failed: see `actors::backoff`).
-    Release {
-        successor: Option<String>,
-        pause: Duration,
-        /// The longest the release may take (at shutdown); `None`: the backend's own bounds.
-        bound: Option<Duration>,
-    },
-    ReleaseDone {
-        result: Result<(), ElectorError>,
-        pause: Duration,
-    },
-    /// From the supervisor, on a placement change: whether this node seeks this shard's term.
-    /// Off withdraws a pending candidacy (a term already held is given up by the supervisor's
-    /// hand-over, which ends in `Release`); on campaigns at once.
-    SetCandidate(bool),
-    /// A withdrawn candidacy's session is closed: a campaign may start again.
-    Withdrawn,
-    /// From the node's failure detector (see [`crate::actors::PeerEvent`]).
-    Peer(crate::actors::PeerEvent),
-    /// The backend answered an [`Elector::expire_dead_holder`] for `dead`.
-    DeadHolderExpired {
-        dead: String,
-        /// When the detector confirmed it (a failed expiry is retried for one lease TTL).
-        confirmed_at: Instant,
-        result: Result<crate::backends::DeadHolderExpiry, ElectorError>,
-    },
-    /// Try again the expiries that failed (the backend was unavailable: with raft, a dead node
-    /// that led the raft group leaves no one to ask until the group elects).
-    RetryDeadExpiry,
-}
 
 pub struct ElectorArgs {
     pub backend: Arc<dyn Elector>,
@@ -569,14 +527,11 @@ impl ElectorState {
                 self.last_renew_failed = false;
                 self.last_renew_ok = Some(grant.sent_at);
                 if let Mode::Leading(token) = self.mode {
-                    let _ = self
-                        .args
-                        .watchdog
-                        .cast(crate::actors::watchdog::WatchdogMsg::Extend {
-                            token,
-                            deadline: self.deadline(grant),
-                            sent_at: grant.sent_at,
-                        });
+                    let _ = self.args.watchdog.cast(WatchdogMsg::Extend {
+                        token,
+                        deadline: self.deadline(grant),
+                        sent_at: grant.sent_at,
+                    });
                 }
             }
             Err(ElectorError::LeaseLost(why)) => {

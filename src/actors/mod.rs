@@ -21,11 +21,12 @@ pub(crate) mod budget;
 #[cfg(feature = "swim")]
 pub(crate) mod detector;
 pub(crate) mod elector;
+pub(crate) mod messages;
 pub mod placement;
 pub(crate) mod supervisor;
 pub(crate) mod watchdog;
 
-pub use supervisor::{StepDownError, StepDownReport};
+pub use messages::{StepDownError, StepDownReport};
 
 use std::fmt;
 

@@ -41,7 +41,7 @@ use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::actors::supervisor::SupervisorMsg;
+use crate::actors::messages::SupervisorMsg;
 use crate::config::{MemberSpec, ShardsConfig};
 use crate::leadership::Leadership;
 use crate::shard::{assign, rank, ShardId};

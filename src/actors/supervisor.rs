@@ -23,12 +23,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde::Serialize;
 
 use crate::actors::backoff::{restart_delay, TermFailures};
 use crate::actors::budget::FailureBudget;
-use crate::actors::elector::{ElectorActor, ElectorArgs, ElectorMsg};
-use crate::actors::watchdog::{LeaseWatchdog, WatchdogMsg};
+use crate::actors::elector::{ElectorActor, ElectorArgs};
+use crate::actors::messages::{
+    ElectorMsg, Slot, StepDownError, StepDownReport, SupervisorMsg, WatchdogMsg,
+};
+use crate::actors::watchdog::LeaseWatchdog;
 use crate::actors::DemotionReason;
 use crate::backends::{Elector, FenceToken, LeaderInfo};
 use crate::clock::monotonic_ns;
@@ -38,83 +40,6 @@ use crate::metrics as m;
 use crate::shard::ShardId;
 use crate::trace::ActorTrace;
 use crate::work::{Fence, Registered, RunningWork, SupervisionPolicy, WorkContext};
-
-pub enum SupervisorMsg {
-    Elected {
-        token: FenceToken,
-        lease_deadline: Instant,
-        /// When the grant behind `lease_deadline` was requested.
-        grant_sent_at: Instant,
-    },
-    WorkStarted {
-        token: FenceToken,
-        /// The started works, or why the term gives up at once.
-        result: Result<Vec<Slot>, DemotionReason>,
-    },
-    /// A `Restart` policy's backoff has passed: start work `index` again in term `token`.
-    RestartDue {
-        token: FenceToken,
-        index: usize,
-    },
-    /// A restarted work is running again (or failed to start).
-    WorkRestarted {
-        token: FenceToken,
-        index: usize,
-        result: Result<Box<dyn RunningWork>, String>,
-    },
-    /// `token`: the term this is about (`None`: whatever term is current).
-    Demoted {
-        token: Option<FenceToken>,
-        reason: DemotionReason,
-    },
-    WorkStopped {
-        token: FenceToken,
-    },
-    Released {
-        result: Result<(), String>,
-    },
-    StepDown {
-        successor: Option<String>,
-        reply: RpcReplyPort<Result<StepDownReport, StepDownError>>,
-    },
-    /// Demote if leading, then reply; the caller stops the tree afterwards.
-    Shutdown(RpcReplyPort<()>),
-    /// From placement: whether this node should hold this shard's term. `false` while leading
-    /// is a hand-over: checkpoint, stop, release (the new owner is already campaigning).
-    Placement {
-        wanted: bool,
-    },
-}
-
-/// The outcome of a completed step-down: leader work was checkpointed and stopped, then the lease
-/// release was attempted. Sent only after the whole sequence has run.
-#[derive(Clone, Debug, Serialize)]
-pub struct StepDownReport {
-    /// The token of the term given up.
-    pub token: FenceToken,
-    /// The successor that was requested, if any (not necessarily the node that won next).
-    pub successor: Option<String>,
-    /// CLOCK_MONOTONIC ns when all leader work had stopped, and when the lease was released.
-    pub work_stopped_mono_ns: u64,
-    /// CLOCK_MONOTONIC ns when the release answer arrived (see [`crate::clock::monotonic_ns`]);
-    /// never before `work_stopped_mono_ns`.
-    pub released_mono_ns: u64,
-    /// Why the backend's release (resign) failed, if it did. Leader work had stopped regardless;
-    /// when other nodes then see the seat free depends on the backend.
-    pub release_error: Option<String>,
-}
-
-/// Why a step-down was refused or did not complete.
-#[derive(Clone, Debug, thiserror::Error, Serialize)]
-pub enum StepDownError {
-    /// This node holds no term, or is already demoting; nothing was changed.
-    #[error("this node is not the leader")]
-    NotLeader,
-    /// The request could not be served: a successor was named but the backend cannot transfer
-    /// (nothing was changed), or the supervisor did not answer (stopping or stopped).
-    #[error("{0}")]
-    Unsupported(String),
-}
 
 pub struct SupervisorArgs {
     /// The node's config, shared by its shards.
@@ -149,12 +74,6 @@ enum Phase {
         reason: DemotionReason,
         work_stopped_mono_ns: u64,
     },
-}
-
-/// One running piece of leader work and which registration it came from.
-pub struct Slot {
-    index: usize,
-    running: Box<dyn RunningWork>,
 }
 
 pub struct SupervisorState {
@@ -925,7 +844,10 @@ async fn checkpoint_all(
 async fn stop_all(works: &[Slot], trace: &ActorTrace, token: FenceToken, bound: Duration) {
     for w in works.iter().map(|s| &s.running) {
         let cell: ActorCell = w.cell();
-        let stopped = match cell.stop_and_wait(Some("demoted".into()), Some(bound)).await {
+        let stopped = match cell
+            .stop_and_wait(Some("demoted".into()), Some(bound))
+            .await
+        {
             Ok(()) => true,
             Err(ractor::RactorErr::Timeout) => false,
             Err(_) => cell.wait(Some(bound)).await.is_ok(),

@@ -10,31 +10,11 @@ use std::time::Instant;
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
-use crate::actors::supervisor::SupervisorMsg;
+use crate::actors::messages::{SupervisorMsg, WatchdogMsg};
 use crate::actors::DemotionReason;
 use crate::backends::FenceToken;
 use crate::leadership::Leadership;
 use crate::trace::ActorTrace;
-
-pub enum WatchdogMsg {
-    /// Start guarding a term.
-    Arm {
-        token: FenceToken,
-        deadline: Instant,
-        /// When the grant behind `deadline` was requested.
-        sent_at: Instant,
-    },
-    /// A renewal moved the deadline (only ever later is meaningful; earlier is taken too).
-    Extend {
-        token: FenceToken,
-        deadline: Instant,
-        sent_at: Instant,
-    },
-    /// The term ended through another path.
-    Disarm,
-    /// A timer armed for `generation` fired.
-    Fire { generation: u64 },
-}
 
 pub struct WatchdogState {
     supervisor: ActorRef<SupervisorMsg>,

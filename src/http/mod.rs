@@ -35,7 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use ractor::ActorRef;
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::actors::supervisor::SupervisorMsg;
+use crate::actors::messages::SupervisorMsg;
 use crate::config::{HttpConfig, ReadMode, Secret};
 use crate::elector::Elector;
 use crate::leadership::Leadership;

@@ -13,7 +13,7 @@ use super::resp::*;
 use super::shard_pick::*;
 use super::slots::ConnState;
 use super::HttpApp;
-use crate::actors::supervisor::{StepDownError, SupervisorMsg};
+use crate::actors::messages::{StepDownError, SupervisorMsg};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
