@@ -1,11 +1,14 @@
 //! The library's `examples/` are run, not only compiled: each against a private PostgreSQL that
 //! this test starts (the fenced resource, and the lease store where an example needs one).
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use baton_lab::fleet::servers::ScratchPg;
+use common::strip_ansi;
 
 /// Builds the examples (a no-op after `cargo test --workspace --all-features` built them) and
 /// returns where they are. Once per test binary: the tests that start several example processes
@@ -635,24 +638,6 @@ impl PausedHolder {
     }
 }
 
-/// `text` without its terminal colour codes (`ESC [ ... m`: the example's subscriber colours
-/// its fields).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
 
 /// Issue 43: the resumed node says out loud that its term was taken and its work lost: a WARN
 /// naming the token, the holder and why (the demotion: lease deadline or lost lease; the lost
