@@ -205,13 +205,7 @@ pub fn with_password_from_env(url: &str) -> anyhow::Result<String> {
         .or_else(|| {
             let file = password_file()?;
             let text = read_password_file(&file)?;
-            pgpass_lookup(
-                &text,
-                &pgpass_host(&cfg),
-                port(&cfg),
-                &dbname(&cfg),
-                &user,
-            )
+            pgpass_lookup(&text, &pgpass_host(&cfg), port(&cfg), &dbname(&cfg), &user)
         })
         .or_else(|| prompt(&user));
     Ok(match password {
@@ -387,7 +381,10 @@ mod tests {
             pgpass_lookup(text, "db", 6432, "baton", "postgres").as_deref(),
             Some("fallback")
         );
-        assert_eq!(pgpass_lookup("db:5432:baton:postgres\n", "db", 5432, "baton", "postgres"), None);
+        assert_eq!(
+            pgpass_lookup("db:5432:baton:postgres\n", "db", 5432, "baton", "postgres"),
+            None
+        );
     }
 
     #[test]
@@ -423,7 +420,10 @@ mod tests {
         assert_eq!(shown(&cfg), "postgres://postgres@db:5433/app");
         let m = missing_database(&cfg, "app");
         assert!(m.contains("createdb -h db -p 5433 -U postgres app"), "{m}");
-        assert!(m.contains("CREATE DATABASE app;") && !m.contains("secret"), "{m}");
+        assert!(
+            m.contains("CREATE DATABASE app;") && !m.contains("secret"),
+            "{m}"
+        );
         assert_eq!(ident("App"), "\"App\"");
     }
 }

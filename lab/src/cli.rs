@@ -297,4 +297,3 @@ pub enum FleetCmd {
         dir: PathBuf,
     },
 }
-

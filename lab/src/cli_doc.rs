@@ -186,7 +186,8 @@ fn arg_help(arg: &Arg) -> String {
         .filter(|v| !v.is_hide_set())
         .map(|v| format!("`{}`", v.get_name()))
         .collect();
-    if !choices.is_empty() && !matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse) {
+    if !choices.is_empty() && !matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse)
+    {
         if !help.is_empty() {
             help.push(' ');
         }

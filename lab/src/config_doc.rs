@@ -25,9 +25,15 @@ const CONFIG_SOURCES: [(&str, &str); 18] = [
     ("read.rs", include_str!("../../src/config/read.rs")),
     ("redis.rs", include_str!("../../src/config/redis.rs")),
     ("resource.rs", include_str!("../../src/config/resource.rs")),
-    ("scheduler.rs", include_str!("../../src/config/scheduler.rs")),
+    (
+        "scheduler.rs",
+        include_str!("../../src/config/scheduler.rs"),
+    ),
     ("secret.rs", include_str!("../../src/config/secret.rs")),
-    ("sequencer.rs", include_str!("../../src/config/sequencer.rs")),
+    (
+        "sequencer.rs",
+        include_str!("../../src/config/sequencer.rs"),
+    ),
     ("shards.rs", include_str!("../../src/config/shards.rs")),
     ("timing.rs", include_str!("../../src/config/timing.rs")),
     ("tls.rs", include_str!("../../src/config/tls.rs")),

@@ -35,9 +35,9 @@ pub mod exp;
 pub mod fence_admin;
 pub mod fleet;
 pub mod load;
+pub mod logging;
 pub mod plots;
 pub mod report;
-pub mod logging;
 
 use std::path::{Path, PathBuf};
 

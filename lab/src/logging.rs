@@ -31,8 +31,7 @@ pub const DEFAULT_FILTER: &str = "info,openraft=warn,baton::trace=info";
 /// The filter of the binary's log lines: `RUST_LOG` when set (it wins entirely), else
 /// [`DEFAULT_FILTER`].
 pub fn filter() -> tracing_subscriber::EnvFilter {
-    tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| DEFAULT_FILTER.into())
+    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| DEFAULT_FILTER.into())
 }
 
 /// Installs the binary's subscriber: [`filter`], to stderr, with colour codes only when stderr

@@ -84,4 +84,3 @@ pub fn git_commit() -> String {
         head
     }
 }
-

@@ -568,7 +568,6 @@ fn python_child() -> Vec<&'static str> {
     vec!["python3", FENCED_CHILD]
 }
 
-
 /// The README's `baton run` line on a lease backend's own timing (3 s lease renewed every 800 ms)
 /// with a 1 s stop timeout: the margin does not fit in that lease, so `baton run` derives one
 /// that does and says so, and the program runs; told a lease with `--lease-ttl` that cannot hold
@@ -580,7 +579,9 @@ async fn baton_run_derives_a_lease_that_fits_its_stop_margin_unless_told_one() {
     let mut c = NodeConfig {
         node_id: "n1".into(),
         state_dir: dir.path().join("n1"),
-        http_listen: format!("127.0.0.1:{}", free_ports(1).unwrap()[0]).parse().unwrap(),
+        http_listen: format!("127.0.0.1:{}", free_ports(1).unwrap()[0])
+            .parse()
+            .unwrap(),
         ..NodeConfig::for_backend(BackendKind::PgLease)
     };
     c.resource.database_url = pg.server.app_url();
@@ -598,18 +599,29 @@ async fn baton_run_derives_a_lease_that_fits_its_stop_margin_unless_told_one() {
     let told = Command::new(BATON)
         .args(["run", "--config"])
         .arg(&cfg.1)
-        .args(["--lease-ttl", "3s", "--stop-timeout", "1s", "--child-stop-margin", "1300ms"])
+        .args([
+            "--lease-ttl",
+            "3s",
+            "--stop-timeout",
+            "1s",
+            "--child-stop-margin",
+            "1300ms",
+        ])
         .args(["--", "true"])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&told.stderr).into_owned();
-    assert!(!told.status.success(), "a lease that cannot hold the margin was accepted");
+    assert!(
+        !told.status.success(),
+        "a lease that cannot hold the margin was accepted"
+    );
     assert!(said.contains("lease_ttl_ms to at least"), "{said}");
 
     let mut node = start_logging(&cfg, t, &[], &python_child(), "info");
     let derived = wait_for("the derived lease logged", 30, || {
         let log = node.log_text();
-        log.contains("lease derived from the stop margin").then_some(log)
+        log.contains("lease derived from the stop margin")
+            .then_some(log)
     })
     .await;
     assert!(derived.contains("was_ms=3000"), "{derived}");
@@ -1358,7 +1370,10 @@ async fn a_failing_program_spends_the_budget_in_under_30s_and_every_node_says_so
             (c.failure_budget.failed_terms, c.failure_budget.window_ms),
             (5, 600_000)
         );
-        assert_eq!(c.failure_budget.recheck_ms, shipped.failure_budget.recheck_ms);
+        assert_eq!(
+            c.failure_budget.recheck_ms,
+            shipped.failure_budget.recheck_ms
+        );
         assert_eq!(c.term_backoff.base_ms, shipped.term_backoff.base_ms);
     }
     let client = NodeClient::new(Duration::from_secs(3));
@@ -1426,7 +1441,12 @@ async fn a_failing_program_spends_the_budget_in_under_30s_and_every_node_says_so
     assert_eq!(recorded, limit as i64, "failed terms in the resource");
     for n in &nodes {
         let warns = warned(n);
-        assert_eq!(warns.len(), 1, "{}: one WARN per exhaustion: {warns:?}", n.id);
+        assert_eq!(
+            warns.len(),
+            1,
+            "{}: one WARN per exhaustion: {warns:?}",
+            n.id
+        );
         assert!(warns[0].contains("exit=3"), "{}: {}", n.id, warns[0]);
         let st = status(&client, n).await.expect("GET /status");
         assert_eq!(st["role"], "budget_blocked", "{}: {st}", n.id);
@@ -1501,7 +1521,11 @@ async fn stopping_the_whole_fleet_at_once_ends_every_node_within_its_stop_timeou
     }
     let secs: Vec<String> = exited
         .iter()
-        .map(|e| e.map_or("still running after 40 s".into(), |d| format!("{:.2} s", d.as_secs_f64())))
+        .map(|e| {
+            e.map_or("still running after 40 s".into(), |d| {
+                format!("{:.2} s", d.as_secs_f64())
+            })
+        })
         .collect();
     eprintln!(
         "whole fleet stopped at once (stop timeout {} ms): leader {} exited after {}, all: {secs:?}",
@@ -1524,13 +1548,15 @@ async fn stopping_the_whole_fleet_at_once_ends_every_node_within_its_stop_timeou
     // its bound.
     for said in ["shutting down:", "releasing the lease"] {
         assert!(
-            log.lines().any(|l| l.contains(said) && l.contains("bound_ms=")),
+            log.lines()
+                .any(|l| l.contains(said) && l.contains("bound_ms=")),
             "{}: no line saying {said:?} with its bound:\n{log}",
             nodes[leader].id
         );
     }
     assert!(
-        log.lines().any(|l| l.contains("demoting") && l.contains(&format!("token={token}"))),
+        log.lines()
+            .any(|l| l.contains("demoting") && l.contains(&format!("token={token}"))),
         "{log}"
     );
 }

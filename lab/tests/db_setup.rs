@@ -396,7 +396,16 @@ async fn db_init_with_nodes_requires_them_so_the_app_role_cannot_write_as_a_node
     let out = pg.dir.path().join("secrets");
     let out_arg = out.to_str().unwrap();
     let (ok, said, err) = baton_cli(
-        &["db", "init", "--admin-url", &admin, "--nodes", "n1,n2", "--out", out_arg],
+        &[
+            "db",
+            "init",
+            "--admin-url",
+            &admin,
+            "--nodes",
+            "n1,n2",
+            "--out",
+            out_arg,
+        ],
         &[],
     );
     assert!(ok, "{said}{err}");
@@ -483,9 +492,12 @@ async fn admin_commands_take_pgpassword_and_pgpass_when_the_url_has_no_password(
     std::fs::set_permissions(&pgpass, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let (ok, said, err) = baton_cli(&["migrate", "--admin-url", &bare], &[("HOME", home_arg)]);
     assert!(ok, "~/.pgpass not honoured: {said}{err}");
-    sql(&pg.server.admin_url(), "CREATE TABLE ledger43 (id bigserial PRIMARY KEY)")
-        .await
-        .unwrap();
+    sql(
+        &pg.server.admin_url(),
+        "CREATE TABLE ledger43 (id bigserial PRIMARY KEY)",
+    )
+    .await
+    .unwrap();
     let (ok, said, err) = baton_cli(
         &["db", "grant", "--admin-url", &bare, "ledger43"],
         &[("HOME", home_arg)],
@@ -497,7 +509,10 @@ async fn admin_commands_take_pgpassword_and_pgpass_when_the_url_has_no_password(
     std::fs::rename(&pgpass, &elsewhere).unwrap();
     let (ok, said, err) = baton_cli(
         &["db", "init", "--admin-url", &bare, "--nodes", "n9"],
-        &[("HOME", home_arg), ("PGPASSFILE", elsewhere.to_str().unwrap())],
+        &[
+            ("HOME", home_arg),
+            ("PGPASSFILE", elsewhere.to_str().unwrap()),
+        ],
     );
     assert!(ok, "PGPASSFILE not honoured: {said}{err}");
     assert!(!said.contains(&password), "the admin password on stdout");
@@ -514,7 +529,10 @@ async fn db_init_names_or_runs_the_create_database_it_needs() {
     let (bare, password) = without_password(&pg);
     let missing = bare.replace("/baton", "/app_db");
     let env = [("PGPASSWORD", password.as_str())];
-    let (ok, said, err) = baton_cli(&["db", "init", "--admin-url", &missing, "--nodes", "n1"], &env);
+    let (ok, said, err) = baton_cli(
+        &["db", "init", "--admin-url", &missing, "--nodes", "n1"],
+        &env,
+    );
     assert!(!ok, "{said}");
     assert!(
         err.contains("does not exist")
@@ -523,14 +541,30 @@ async fn db_init_names_or_runs_the_create_database_it_needs() {
         "the error does not say how to create the database: {err}"
     );
     let (ok, said, err) = baton_cli(
-        &["db", "init", "--admin-url", &missing, "--nodes", "n1", "--create-database"],
+        &[
+            "db",
+            "init",
+            "--admin-url",
+            &missing,
+            "--nodes",
+            "n1",
+            "--create-database",
+        ],
         &env,
     );
     assert!(ok, "{said}{err}");
     assert!(said.contains("created database app_db"), "{said}");
     // Again: it exists now, and that is fine.
     let (ok, said, err) = baton_cli(
-        &["db", "init", "--admin-url", &missing, "--nodes", "n1", "--create-database"],
+        &[
+            "db",
+            "init",
+            "--admin-url",
+            &missing,
+            "--nodes",
+            "n1",
+            "--create-database",
+        ],
         &env,
     );
     assert!(ok, "{said}{err}");

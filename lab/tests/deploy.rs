@@ -432,7 +432,6 @@ async fn connect_as(url: &str) -> tokio_postgres::Client {
     client
 }
 
-
 /// `baton.fence_assert` with token 1 on a resource of its own, as the login of `url`, naming
 /// `holder`: the SQLSTATE it is refused with (`None`: accepted).
 async fn fence_assert_as(url: &str, holder: &str) -> Option<String> {

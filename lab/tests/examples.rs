@@ -552,9 +552,8 @@ async fn pause_inside_a_fenced_transaction(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let stale_log = strip_ansi(
-        &std::fs::read_to_string(dir.path().join(format!("{stale}.err"))).unwrap(),
-    );
+    let stale_log =
+        strip_ansi(&std::fs::read_to_string(dir.path().join(format!("{stale}.err"))).unwrap());
     let stale_trace = std::fs::read_to_string(&stale_trace_path).unwrap_or_default();
     let preempted = db
         .query_opt(
@@ -638,7 +637,6 @@ impl PausedHolder {
     }
 }
 
-
 /// Issue 43: the resumed node says out loud that its term was taken and its work lost: a WARN
 /// naming the token, the holder and why (the demotion: lease deadline or lost lease; the lost
 /// commit: preempted or its connection ended), never only INFO trace lines. Its trace says what
@@ -671,7 +669,9 @@ fn assert_said_out_loud(p: &PausedHolder) {
     let kills: Vec<&str> = p
         .stale_trace
         .lines()
-        .filter(|l| l.contains("\"event\":\"kill\"") && l.contains(&format!("\"token\":{}", p.token)))
+        .filter(|l| {
+            l.contains("\"event\":\"kill\"") && l.contains(&format!("\"token\":{}", p.token))
+        })
         .collect();
     assert!(
         kills.is_empty(),

@@ -160,7 +160,11 @@ impl TermFailures {
         metrics::counter!(m::FAILED_TERMS).increment(1);
         metrics::gauge!(m::FAILED_TERMS_IN_A_ROW).set(f64::from(self.in_a_row));
         metrics::gauge!(m::CAMPAIGN_BACKOFF_SECONDS).set(pause.as_secs_f64());
-        let (in_a_row, ran_ms, pause_ms) = (self.in_a_row, ran.as_millis() as u64, pause.as_millis() as u64);
+        let (in_a_row, ran_ms, pause_ms) = (
+            self.in_a_row,
+            ran.as_millis() as u64,
+            pause.as_millis() as u64,
+        );
         if matches!(reason, DemotionReason::WorkFailed(_)) {
             tracing::warn!(
                 token = token.0,
@@ -288,7 +292,9 @@ mod tests {
         assert_jittered(end.pause, 500);
         assert_eq!(
             end.failure.as_deref(),
-            Some("child: failed: the program exited (exit=3) (then the term ended: lease-deadline)")
+            Some(
+                "child: failed: the program exited (exit=3) (then the term ended: lease-deadline)"
+            )
         );
         assert_eq!(f.in_a_row, 1);
         // The next term starts without the last one's failure: a step-down ends the streak.

@@ -120,7 +120,6 @@ const KEEPALIVE_PING_INTERVAL: Duration = Duration::from_secs(6);
 /// 128 by default).
 const TXN_OPS: usize = 128;
 
-
 /// `opts` over TLS, the servers verified against exactly the CAs in `ca_file` (the endpoints are
 /// `https://`, checked by the config).
 #[cfg(feature = "tls")]

@@ -41,4 +41,3 @@ pub(super) async fn revoke_lease(
         Err(e) => Err(e),
     }
 }
-

@@ -19,9 +19,9 @@ mod read;
 mod resp;
 mod routes;
 mod shard_pick;
+mod slots;
 mod status;
 mod stepdown;
-mod slots;
 mod ui;
 
 use std::convert::Infallible;

@@ -180,7 +180,11 @@ impl RunningWork for RunningJob {
     async fn checkpoint(&self) -> Result<(), WorkError> {
         let _ = self.stop_tx.send(true);
         let mut done = self.done_rx.clone();
-        let end = done.wait_for(Option::is_some).await.ok().and_then(|d| d.clone());
+        let end = done
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|d| d.clone());
         match end {
             Some(Err(reason)) => Err(WorkError::Checkpoint {
                 work: self.name,

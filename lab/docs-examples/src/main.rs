@@ -25,7 +25,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     };
     match BLOCKS.iter().find(|b| b.name == wanted) {
-        Some(BlockInfo { main: Some(main), .. }) => main(),
+        Some(BlockInfo {
+            main: Some(main), ..
+        }) => main(),
         Some(_) => {
             eprintln!("docs-examples: {wanted} has no main");
             ExitCode::from(2)

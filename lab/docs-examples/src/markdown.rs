@@ -35,7 +35,9 @@ pub fn blocks(markdown: &str) -> Vec<Block> {
                 open = Some((indent, ticks, lang, parts.collect(), i + 1, Vec::new()));
             }
             None => {}
-            Some((_, fence, _, _, _, _)) if ticks >= *fence && trimmed[ticks..].trim().is_empty() => {
+            Some((_, fence, _, _, _, _))
+                if ticks >= *fence && trimmed[ticks..].trim().is_empty() =>
+            {
                 let (_, _, lang, flags, line, body) = open.take().unwrap();
                 out.push(Block {
                     lang,

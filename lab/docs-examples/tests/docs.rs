@@ -43,7 +43,10 @@ fn doc_files() -> Vec<String> {
 /// Shell lines are also checked in the operator's pages.
 fn shell_files() -> Vec<String> {
     let mut files = doc_files();
-    files.extend(["deploy/README.md".to_string(), "deploy/security.md".to_string()]);
+    files.extend([
+        "deploy/README.md".to_string(),
+        "deploy/security.md".to_string(),
+    ]);
     files
 }
 
@@ -150,9 +153,11 @@ fn baton_lines(block: &Block) -> Vec<(usize, Vec<String>)> {
         let words: Vec<String> = shell_words(text)
             .into_iter()
             .skip_while(|w| {
-                w.contains('=') && !w.starts_with('-') && w.split('=').next().is_some_and(|k| {
-                    !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c == '_')
-                })
+                w.contains('=')
+                    && !w.starts_with('-')
+                    && w.split('=').next().is_some_and(|k| {
+                        !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+                    })
             })
             .collect();
         if words.first().map(String::as_str) == Some("baton") {
@@ -182,7 +187,10 @@ fn every_baton_command_line_parses_with_the_real_cli() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(checked >= 10, "only {checked} baton lines found in the docs");
+    assert!(
+        checked >= 10,
+        "only {checked} baton lines found in the docs"
+    );
 }
 
 /// The checker itself refuses what the real CLI refuses, and reads the shapes the docs use.
@@ -199,7 +207,15 @@ fn the_shell_reader_splits_lines_as_sh_does() {
     let lines = baton_lines(&block);
     assert_eq!(
         lines[0].1,
-        ["baton", "db", "init", "--admin-url", "postgres://p:w@db/app", "--nodes", "n1,n2"]
+        [
+            "baton",
+            "db",
+            "init",
+            "--admin-url",
+            "postgres://p:w@db/app",
+            "--nodes",
+            "n1,n2"
+        ]
     );
     assert_eq!(lines[0].0, 2);
     assert_eq!(lines[1].1, ["baton", "fleet", "status", "--json"]);
@@ -225,16 +241,22 @@ fn every_toml_block_parses_and_node_configs_validate() {
                 match toml::from_str::<baton::config::NodeConfig>(&block.text) {
                     Ok(cfg) => {
                         if let Err(e) = cfg.validate() {
-                            failures.push(format!("{file}:{}: invalid node config: {e}", block.line));
+                            failures
+                                .push(format!("{file}:{}: invalid node config: {e}", block.line));
                         }
                     }
-                    Err(e) => failures.push(format!("{file}:{}: not a node config: {e}", block.line)),
+                    Err(e) => {
+                        failures.push(format!("{file}:{}: not a node config: {e}", block.line))
+                    }
                 }
             }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert!(node_configs >= 2, "README and docs/library.md each show a `# node.toml`");
+    assert!(
+        node_configs >= 2,
+        "README and docs/library.md each show a `# node.toml`"
+    );
 }
 
 /// README's dependency line is the form this crate uses: a path to the clone, no default
@@ -272,11 +294,17 @@ fn the_readme_dependency_line_is_the_form_the_examples_build_with() {
             );
             for f in dep["features"].as_array().unwrap() {
                 let f = f.as_str().unwrap();
-                assert!(our_features.contains(&f), "{at}: feature {f} is not built by the suite");
+                assert!(
+                    our_features.contains(&f),
+                    "{at}: feature {f} is not built by the suite"
+                );
             }
         }
     }
-    assert!(found >= 1, "README.md shows no `[dependencies] baton = ...` block");
+    assert!(
+        found >= 1,
+        "README.md shows no `[dependencies] baton = ...` block"
+    );
 }
 
 // ---- a private PostgreSQL --------------------------------------------------------------------
@@ -400,8 +428,17 @@ async fn every_sql_block_runs_on_a_database_made_by_db_init() {
     let admin = pg.admin_url("docs").await;
     let secrets = tempfile::tempdir().unwrap();
     let init: Vec<String> = [
-        "baton", "db", "init", "--admin-url", &admin, "--nodes", "n1,n2,n3", "--backend",
-        "pg-lease", "--out", secrets.path().to_str().unwrap(),
+        "baton",
+        "db",
+        "init",
+        "--admin-url",
+        &admin,
+        "--nodes",
+        "n1,n2,n3",
+        "--backend",
+        "pg-lease",
+        "--out",
+        secrets.path().to_str().unwrap(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -432,13 +469,20 @@ async fn every_sql_block_runs_on_a_database_made_by_db_init() {
                 role => match std::fs::read_to_string(secrets.path().join(format!("{role}.url"))) {
                     Ok(url) => url.trim().to_string(),
                     Err(_) => {
-                        failures.push(format!("{file}:{}: no role {role} from db init", block.line));
+                        failures.push(format!(
+                            "{file}:{}: no role {role} from db init",
+                            block.line
+                        ));
                         continue;
                     }
                 },
             };
             if let Err(e) = client(&url).await.batch_execute(&block.text).await {
-                failures.push(format!("{file}:{} (as {role}): {}", block.line, db_error(&e)));
+                failures.push(format!(
+                    "{file}:{} (as {role}): {}",
+                    block.line,
+                    db_error(&e)
+                ));
             }
         }
     }
@@ -454,7 +498,12 @@ fn sql_role(block: &Block) -> String {
         .lines()
         .next()
         .and_then(|l| l.trim().strip_prefix("-- as "))
-        .map(|r| r.split_whitespace().next().unwrap_or("postgres").to_string())
+        .map(|r| {
+            r.split_whitespace()
+                .next()
+                .unwrap_or("postgres")
+                .to_string()
+        })
         .unwrap_or_else(|| "postgres".into())
 }
 
@@ -520,7 +569,12 @@ fn compiled_blocks() -> Vec<(String, String, usize, bool)> {
         .map(|l| {
             let parts: Vec<&str> = l.split(' ').collect();
             let (file, line) = parts[1].rsplit_once(':').unwrap();
-            (parts[0].to_string(), file.to_string(), line.parse().unwrap(), parts[2] == "run")
+            (
+                parts[0].to_string(),
+                file.to_string(),
+                line.parse().unwrap(),
+                parts[2] == "run",
+            )
         })
         .collect()
 }
@@ -609,7 +663,11 @@ async fn walk(file: &str, work: &Path) -> (String, Pg) {
     let state = work.join("state");
     std::fs::create_dir_all(&state).unwrap();
     let config = work.join("node.toml");
-    std::fs::write(&config, node_config_for(file, pg_ref, &db, &secrets, &state)).unwrap();
+    std::fs::write(
+        &config,
+        node_config_for(file, pg_ref, &db, &secrets, &state),
+    )
+    .unwrap();
     let (name, ..) = compiled_blocks()
         .into_iter()
         .find(|(_, f, _, run)| f == file && *run)
@@ -624,7 +682,10 @@ async fn walk(file: &str, work: &Path) -> (String, Pg) {
             break rows;
         }
         if let Some(status) = job.exited() {
-            panic!("{file}: {name} exited {status} before writing\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+            panic!(
+                "{file}: {name} exited {status} before writing\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -653,7 +714,10 @@ async fn walk(file: &str, work: &Path) -> (String, Pg) {
         .unwrap()
         .get(0);
     for (token, holder) in &written {
-        assert!(*token >= 1 && *token <= max_token, "{file}: row token {token}");
+        assert!(
+            *token >= 1 && *token <= max_token,
+            "{file}: row token {token}"
+        );
         assert_eq!(holder, "n1", "{file}: a row from another holder");
     }
     (name, pg)

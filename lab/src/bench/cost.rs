@@ -46,11 +46,11 @@ use serde::Serialize;
 
 use super::failover::{self, connect_admin, ledger_violations, redacted_config, FailoverArgs};
 use super::{bench_fleet_spec, cpu_window, loadavg, machine_cpu, machine_info, CpuTimes, Summary};
-use crate::plots;
-use crate::fleet::meter::RequestMeter;
 use crate::fleet::client::NodeClient;
+use crate::fleet::meter::RequestMeter;
 use crate::fleet::servers::pid_alive;
 use crate::fleet::{self, FleetState};
+use crate::plots;
 use baton::backends::BackendKind;
 use baton::config::parse_duration_ms;
 

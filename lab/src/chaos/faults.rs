@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::fleet::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
 use crate::fleet::client::NodeClient;
+use crate::fleet::netns::{probe_all, run, NetnsFleet, Probe, CHAIN};
 use crate::fleet::servers::{pid_alive, stop_pid, PgServer};
 use crate::fleet::{current_leader, FleetNode, FleetState};
 use baton::backends::BackendKind;

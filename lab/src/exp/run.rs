@@ -20,12 +20,12 @@ use super::analysis::{
 use super::faults::{self, FaultRecord, Occurrence};
 use super::nemesis::{self, NemesisReport};
 use super::spec::{ExpSpec, Expect, FaultKind, RunPlan};
-use crate::fleet::meter::RequestMeter;
-use crate::report::Summary;
 use crate::check::{self, CheckInput, Violation};
 use crate::fleet::client::NodeClient;
+use crate::fleet::meter::RequestMeter;
 use crate::fleet::{self, FleetSpec, FleetState};
 use crate::load::{self, LoadReport, LoadSpec, Outcome};
+use crate::report::Summary;
 use crate::unix_ms;
 use baton::backends::BackendKind;
 use baton::config::{Fencing, NodeConfig};
@@ -917,5 +917,4 @@ mod tests {
         let cfg = base_config(&spec, &runs[1]).unwrap();
         assert_eq!(cfg.detector.kind, DetectorKind::Swim);
     }
-
 }

@@ -9,11 +9,7 @@ pub struct Neighbour(Option<std::process::Child>);
 impl Neighbour {
     /// `stress-ng --cpu 2 --cpu-load CPU_PERCENT --cpu-load-slice SLICE_MS` (0: none), in this
     /// command's session or (`own_session`) in one of its own.
-    pub fn spawn(
-        cpu_percent: u32,
-        slice_ms: u32,
-        own_session: bool,
-    ) -> anyhow::Result<Neighbour> {
+    pub fn spawn(cpu_percent: u32, slice_ms: u32, own_session: bool) -> anyhow::Result<Neighbour> {
         if cpu_percent == 0 {
             return Ok(Neighbour(None));
         }

@@ -517,4 +517,3 @@ mod tests {
         assert!(r.live_holders(t, later + TTL, TTL).is_empty());
     }
 }
-

@@ -69,4 +69,3 @@ pub(crate) enum ShardAnswer {
     /// No answer now (no quorum, a timeout, raft stopped); ask again.
     Unavailable(String),
 }
-
