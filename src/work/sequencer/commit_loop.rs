@@ -25,10 +25,10 @@ use std::time::Instant;
 use ractor::{ActorRef, RpcReplyPort};
 use tokio::sync::mpsc;
 
-use super::{
-    log_unavailable_edge, next_error_of, outcome_of, Batch, CommitLimits, CommitOutcome, Intake,
-    SequencerMsg, SEQUENCE_RESOURCE, SEQ_IDLE_CLOSE,
-};
+use super::homes::Batch;
+use super::intake::Intake;
+use super::outcome::{log_unavailable_edge, next_error_of, outcome_of};
+use super::{CommitLimits, CommitOutcome, SequencerMsg, SEQUENCE_RESOURCE, SEQ_IDLE_CLOSE};
 use crate::metrics as m;
 use crate::work::fence::SeqPipe;
 use crate::work::{FenceError, WorkContext};
