@@ -769,3 +769,37 @@ async fn the_library_walk_and_every_program_run_as_written() {
         );
     }
 }
+
+/// README stays a ten-minute read (≤ 250 lines, ≤ 2,500 words) and FINDINGS a findings note
+/// (≤ 800 lines, its history in experiments/notebook/); user docs cite neither the notebook's
+/// section numbers nor files users do not have.
+#[test]
+fn the_readme_and_findings_stay_short_and_cite_no_history() {
+    let readme = read("README.md");
+    let lines = readme.lines().count();
+    let words = readme.split_whitespace().count();
+    assert!(lines <= 250, "README.md has {lines} lines (≤ 250)");
+    assert!(words <= 2500, "README.md has {words} words (≤ 2,500)");
+    let findings = read("experiments/FINDINGS.md").lines().count();
+    assert!(findings <= 800, "experiments/FINDINGS.md has {findings} lines (≤ 800): history goes to experiments/notebook/");
+    for file in doc_files() {
+        let text = read(&file);
+        for (i, line) in text.lines().enumerate() {
+            assert!(
+                !line.contains('§'),
+                "{file}:{}: a § reference: {line}",
+                i + 1
+            );
+            assert!(
+                !line.contains("../shared"),
+                "{file}:{}: cites ../shared: {line}",
+                i + 1
+            );
+            assert!(
+                !line.contains("notebook/"),
+                "{file}:{}: cites the notebook: {line}",
+                i + 1
+            );
+        }
+    }
+}
