@@ -92,23 +92,7 @@ impl Actor for Scheduler {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SchedulerMsg::Claimed(Ok(pos)) => {
-                state.ctx.trace.step(
-                    "scheduler",
-                    "claimed",
-                    Some(state.ctx.token),
-                    &format!("position={pos}"),
-                );
-                state.position = Some(pos);
-                state.published = pos;
-                state
-                    .ctx
-                    .leadership
-                    .set_committed_cursor(state.ctx.token, pos);
-                if state.final_checkpoint.is_some() {
-                    state.start_checkpoint(&myself);
-                }
-            }
+            SchedulerMsg::Claimed(Ok(pos)) => state.claimed(&myself, pos),
             SchedulerMsg::Claimed(Err(e)) => {
                 state.ctx.trace.step(
                     "scheduler",
@@ -121,82 +105,9 @@ impl Actor for Scheduler {
                 }
                 myself.stop(Some(format!("work-set claim failed: {e}")));
             }
-            SchedulerMsg::Tick => {
-                let Some(from) = state.position else {
-                    return Ok(());
-                };
-                if state.in_flight || state.final_checkpoint.is_some() || state.stopping {
-                    return Ok(());
-                }
-                state.in_flight = true;
-                let (fence, token, me, limit) = (
-                    state.ctx.fence.clone(),
-                    state.ctx.token,
-                    myself.clone(),
-                    state.cfg.jobs_per_tick.clamp(0, i32::MAX as i64) as i32,
-                );
-                tokio::spawn(async move {
-                    let _ = me.cast(SchedulerMsg::TickDone(
-                        fence.sched_tick(WORKSET_RESOURCE, token, from, limit).await,
-                    ));
-                });
-            }
-            SchedulerMsg::TickDone(res) => {
-                state.in_flight = false;
-                match res {
-                    Ok((pos, jobs)) => {
-                        metrics::counter!(m::SCHED_TICKS).increment(1);
-                        metrics::counter!(m::SCHED_JOBS).increment(jobs.max(0) as u64);
-                        state.position = Some(pos);
-                        state.ticks_since_checkpoint += 1;
-                        if state.final_checkpoint.is_some()
-                            || state.ticks_since_checkpoint
-                                >= state.cfg.checkpoint_every_ticks.max(1)
-                        {
-                            state.start_checkpoint(&myself);
-                        }
-                    }
-                    Err(e @ FenceError::Rejected { .. }) => {
-                        state.stopping = true;
-                        myself.stop(Some(e.to_string()));
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "scheduler tick failed; retrying next tick");
-                        if state.final_checkpoint.is_some() {
-                            state.start_checkpoint(&myself);
-                        }
-                    }
-                }
-            }
-            SchedulerMsg::CheckpointDone(res) => {
-                state.in_flight = false;
-                let outcome = match res {
-                    Ok(()) => {
-                        state.ticks_since_checkpoint = 0;
-                        state.published = state.position.unwrap_or(state.published);
-                        state
-                            .ctx
-                            .leadership
-                            .set_committed_cursor(state.ctx.token, state.published);
-                        Ok(state.published)
-                    }
-                    Err(e) => {
-                        if matches!(e, FenceError::Rejected { .. }) {
-                            state.stopping = true;
-                        }
-                        Err(e.to_string())
-                    }
-                };
-                if let Some(reply) = state.final_checkpoint.take() {
-                    state.stopping = true;
-                    let _ = reply.send(outcome);
-                } else if let Err(e) = outcome {
-                    tracing::warn!(error = %e, "periodic cursor checkpoint failed");
-                    if state.stopping {
-                        myself.stop(Some(e));
-                    }
-                }
-            }
+            SchedulerMsg::Tick => state.tick(&myself),
+            SchedulerMsg::TickDone(res) => state.tick_done(&myself, res),
+            SchedulerMsg::CheckpointDone(res) => state.checkpoint_done(&myself, res),
             SchedulerMsg::Checkpoint(reply) => {
                 state.final_checkpoint = Some(reply);
                 // Otherwise the tick in flight, or the pending claim, starts it when it returns.
@@ -210,6 +121,107 @@ impl Actor for Scheduler {
 }
 
 impl SchedulerState {
+    /// The claim landed: the cursor starts at `pos` (published), and a final checkpoint that
+    /// waited for it starts.
+    fn claimed(&mut self, myself: &ActorRef<SchedulerMsg>, pos: i64) {
+        self.ctx.trace.step(
+            "scheduler",
+            "claimed",
+            Some(self.ctx.token),
+            &format!("position={pos}"),
+        );
+        self.position = Some(pos);
+        self.published = pos;
+        self.ctx
+            .leadership
+            .set_committed_cursor(self.ctx.token, pos);
+        if self.final_checkpoint.is_some() {
+            self.start_checkpoint(myself);
+        }
+    }
+
+    /// A tick: the next jobs from the cursor, through the fence, unless one is in flight, a
+    /// final checkpoint is asked for, or the term is stopping.
+    fn tick(&mut self, myself: &ActorRef<SchedulerMsg>) {
+        let Some(from) = self.position else {
+            return;
+        };
+        if self.in_flight || self.final_checkpoint.is_some() || self.stopping {
+            return;
+        }
+        self.in_flight = true;
+        let (fence, token, me, limit) = (
+            self.ctx.fence.clone(),
+            self.ctx.token,
+            myself.clone(),
+            self.cfg.jobs_per_tick.clamp(0, i32::MAX as i64) as i32,
+        );
+        tokio::spawn(async move {
+            let _ = me.cast(SchedulerMsg::TickDone(
+                fence.sched_tick(WORKSET_RESOURCE, token, from, limit).await,
+            ));
+        });
+    }
+
+    /// A tick ended: the cursor moves (and is checkpointed every few ticks, or at once when a
+    /// final checkpoint waits); a refusal of the fence ends the term.
+    fn tick_done(&mut self, myself: &ActorRef<SchedulerMsg>, res: Result<(i64, i64), FenceError>) {
+        self.in_flight = false;
+        match res {
+            Ok((pos, jobs)) => {
+                metrics::counter!(m::SCHED_TICKS).increment(1);
+                metrics::counter!(m::SCHED_JOBS).increment(jobs.max(0) as u64);
+                self.position = Some(pos);
+                self.ticks_since_checkpoint += 1;
+                if self.final_checkpoint.is_some()
+                    || self.ticks_since_checkpoint >= self.cfg.checkpoint_every_ticks.max(1)
+                {
+                    self.start_checkpoint(myself);
+                }
+            }
+            Err(e @ FenceError::Rejected { .. }) => {
+                self.stopping = true;
+                myself.stop(Some(e.to_string()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduler tick failed; retrying next tick");
+                if self.final_checkpoint.is_some() {
+                    self.start_checkpoint(myself);
+                }
+            }
+        }
+    }
+
+    /// A checkpoint of the cursor ended: published, and the final checkpoint (if it was that)
+    /// answered.
+    fn checkpoint_done(&mut self, myself: &ActorRef<SchedulerMsg>, res: Result<(), FenceError>) {
+        self.in_flight = false;
+        let outcome = match res {
+            Ok(()) => {
+                self.ticks_since_checkpoint = 0;
+                self.published = self.position.unwrap_or(self.published);
+                self.ctx
+                    .leadership
+                    .set_committed_cursor(self.ctx.token, self.published);
+                Ok(self.published)
+            }
+            Err(e) => {
+                if matches!(e, FenceError::Rejected { .. }) {
+                    self.stopping = true;
+                }
+                Err(e.to_string())
+            }
+        };
+        if let Some(reply) = self.final_checkpoint.take() {
+            self.stopping = true;
+            let _ = reply.send(outcome);
+        } else if let Err(e) = outcome {
+            tracing::warn!(error = %e, "periodic cursor checkpoint failed");
+            if self.stopping {
+                myself.stop(Some(e));
+            }
+        }
+    }
     fn start_checkpoint(&mut self, myself: &ActorRef<SchedulerMsg>) {
         let Some(pos) = self.position else { return };
         if self.in_flight {
