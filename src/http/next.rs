@@ -11,8 +11,8 @@ use serde_json::json;
 use super::resp::*;
 use super::shard_pick::*;
 use super::slots::ConnState;
-use super::HttpApp;
-use crate::work::sequencer::{AnswerHomes, NextCallError, NextError};
+use super::{HttpApp, ShardApp};
+use crate::work::sequencer::{AnswerHomes, IdBlock, NextCallError, NextError};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +89,18 @@ pub(super) async fn next(
     // The shard is in the answer whenever there are shards or the client named one; a K = 1
     // fleet asked without one answers exactly as before shards existed.
     let with_shard = named || app.shards.len() > 1;
+    answer(res, n, shard, shard_no, with_shard)
+}
+
+/// The answer to a `POST /next` for `n` IDs of shard `shard_no` (named in it when
+/// `with_shard`): the block issued, or why none was.
+fn answer(
+    res: Result<IdBlock, NextCallError>,
+    n: u32,
+    shard: &ShardApp,
+    shard_no: usize,
+    with_shard: bool,
+) -> Resp {
     match res {
         // A few integers: written directly (the same text `json!` would produce).
         Ok(block) if n == 1 && !with_shard => json_text_resp(
