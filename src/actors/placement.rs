@@ -231,7 +231,7 @@ impl Prober {
 }
 
 /// Runs until the owning node drops the returned handle's task (see `tasks::AbortOnDrop`).
-pub(crate) async fn run(args: PlacementArgs) {
+pub(crate) async fn run(mut args: PlacementArgs) {
     let every = Duration::from_millis(args.cfg.probe_interval_ms);
     let down_after = Duration::from_millis(args.cfg.down_after_ms);
     // How long a member must have answered before it is handed shards (see "Live" above).
@@ -250,12 +250,14 @@ pub(crate) async fn run(args: PlacementArgs) {
         down_after.max(every),
         live_after,
     );
-    let mut sent: Vec<Option<bool>> = vec![None; k as usize];
-    let mut leaderless_since: Vec<Option<Instant>> = vec![None; k as usize];
+    let mut memory = Memory {
+        sent: vec![None; k as usize],
+        leaderless_since: vec![None; k as usize],
+    };
     let started = Instant::now();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut peer_events = args.peer_events;
+    let mut peer_events = args.peer_events.take();
     loop {
         // A member the failure detector confirmed dead is down at once, not after
         // `down_after_ms` of failed probes: its shards' new owners start campaigning now, and
@@ -293,44 +295,65 @@ pub(crate) async fn run(args: PlacementArgs) {
             live.push(&args.node_id);
         }
         live.sort_unstable();
-        let owners = assign(&live, k);
-        for s in 0..k as usize {
-            let leader_known = args.leaderships[s].status().leader.is_some();
-            leaderless_since[s] = if leader_known {
-                None
-            } else {
-                Some(leaderless_since[s].unwrap_or(now))
-            };
-            let orphaned = leaderless_since[s].is_some_and(|t| {
-                let my_rank = rank(&live, ShardId(s as u32))
-                    .iter()
-                    .position(|m| *m == args.node_id)
-                    .unwrap_or(live.len()) as u32;
-                now.duration_since(t) >= orphan_grace * my_rank.max(1)
-            });
-            let wanted =
-                !draining && (owners.get(s).is_some_and(|o| *o == args.node_id) || orphaned);
-            if sent[s] != Some(wanted) {
-                if sent[s].is_some() || wanted {
-                    args.trace.for_shard(ShardId(s as u32)).step(
-                        "placement",
-                        if wanted { "assigned" } else { "unassigned" },
-                        None,
-                        &format!(
-                            "live={}{}",
-                            live.join(","),
-                            if orphaned { " orphaned" } else { "" }
-                        ),
-                    );
-                }
-                sent[s] = Some(wanted);
-                let _ = args.supervisors[s].cast(SupervisorMsg::Placement { wanted });
+        place(&args, &live, draining, &mut memory, orphan_grace, now);
+    }
+}
+
+/// What placement remembers between rounds, per shard: what it last told the shard's
+/// supervisor, and since when the shard has had no known leader.
+struct Memory {
+    sent: Vec<Option<bool>>,
+    leaderless_since: Vec<Option<Instant>>,
+}
+
+/// One round of placement at `now` over the `live` members (this node among them unless it is
+/// `draining`): each shard is wanted here if this node owns it, or if it has been leaderless
+/// past its orphan grace; a supervisor is told only when that changes. The view is published.
+fn place(
+    args: &PlacementArgs,
+    live: &[&str],
+    draining: bool,
+    memory: &mut Memory,
+    orphan_grace: Duration,
+    now: Instant,
+) {
+    let k = args.supervisors.len() as u32;
+    let owners = assign(live, k);
+    for s in 0..k as usize {
+        let leader_known = args.leaderships[s].status().leader.is_some();
+        memory.leaderless_since[s] = if leader_known {
+            None
+        } else {
+            Some(memory.leaderless_since[s].unwrap_or(now))
+        };
+        let orphaned = memory.leaderless_since[s].is_some_and(|t| {
+            let my_rank = rank(live, ShardId(s as u32))
+                .iter()
+                .position(|m| *m == args.node_id)
+                .unwrap_or(live.len()) as u32;
+            now.duration_since(t) >= orphan_grace * my_rank.max(1)
+        });
+        let wanted = !draining && (owners.get(s).is_some_and(|o| *o == args.node_id) || orphaned);
+        if memory.sent[s] != Some(wanted) {
+            if memory.sent[s].is_some() || wanted {
+                args.trace.for_shard(ShardId(s as u32)).step(
+                    "placement",
+                    if wanted { "assigned" } else { "unassigned" },
+                    None,
+                    &format!(
+                        "live={}{}",
+                        live.join(","),
+                        if orphaned { " orphaned" } else { "" }
+                    ),
+                );
             }
+            memory.sent[s] = Some(wanted);
+            let _ = args.supervisors[s].cast(SupervisorMsg::Placement { wanted });
         }
-        if let Ok(mut v) = args.state.view.write() {
-            v.live = live.iter().map(|m| (*m).to_owned()).collect();
-            v.owners = owners;
-        }
+    }
+    if let Ok(mut v) = args.state.view.write() {
+        v.live = live.iter().map(|m| (*m).to_owned()).collect();
+        v.owners = owners;
     }
 }
 
