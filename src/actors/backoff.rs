@@ -157,6 +157,23 @@ impl TermFailures {
                 self.in_a_row - 1,
             )
         };
+        self.report_failed_term(token, reason, &why, ran, pause);
+        TermEnd {
+            pause,
+            failure: Some(why),
+        }
+    }
+
+    /// Counts a failed term and logs it (`why`; `ran` long, followed by a campaign `pause`),
+    /// saying whether the work's failure ended the term or the term ended another way after it.
+    fn report_failed_term(
+        &self,
+        token: FenceToken,
+        reason: &DemotionReason,
+        why: &str,
+        ran: Duration,
+        pause: Duration,
+    ) {
         metrics::counter!(m::FAILED_TERMS).increment(1);
         metrics::gauge!(m::FAILED_TERMS_IN_A_ROW).set(f64::from(self.in_a_row));
         metrics::gauge!(m::CAMPAIGN_BACKOFF_SECONDS).set(pause.as_secs_f64());
@@ -186,10 +203,6 @@ impl TermFailures {
                 error = %why,
                 "leader work failed during the term, which then ended: a failed term; this node waits before campaigning again"
             );
-        }
-        TermEnd {
-            pause,
-            failure: Some(why),
         }
     }
 
