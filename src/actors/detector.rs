@@ -26,7 +26,7 @@ use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 use crate::actors::{PeerEvent, PeerEvents};
-use crate::config::NodeConfig;
+use crate::config::{DetectorConfig, NodeConfig, Secret};
 use crate::detector::wire::{Dropped, Opener, Sealer, MAX_DATAGRAM};
 use crate::detector::{DetectorError, DetectorView, MemberId, MemberView, SharedView};
 use crate::metrics as m;
@@ -341,9 +341,9 @@ impl Detector {
     }
 }
 
-/// Binds the socket and starts the detector of `cfg` (`[detector] kind = "swim"`).
-pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
-    let dc = &cfg.detector;
+/// The cluster secret the detector's datagrams are authenticated with (`[raft]
+/// cluster_secret` or `cluster_secret_file`): required, and long enough.
+fn cluster_secret(cfg: &NodeConfig) -> Result<Secret, DetectorError> {
     let secret = cfg
         .raft
         .secret()
@@ -358,6 +358,34 @@ pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
             "the cluster secret is shorter than {MIN_SECRET_BYTES} bytes"
         )));
     }
+    Ok(secret)
+}
+
+/// SWIM's settings: `[detector]`'s probe period, round trip and suspicion timeout, and fixed
+/// choices (3 indirect probes, 10 transmissions, 1,400-byte packets, periodic gossip).
+fn foca_config(dc: &DetectorConfig) -> foca::Config {
+    let period = Duration::from_millis(dc.probe_period_ms);
+    let mut config = foca::Config::simple();
+    config.probe_period = period;
+    config.probe_rtt = Duration::from_millis(dc.probe_rtt_ms);
+    config.num_indirect_probes = NonZeroUsize::new(3).expect("3 > 0");
+    config.max_transmissions = NonZeroU8::new(10).expect("10 > 0");
+    config.suspect_to_down_after = Duration::from_millis(dc.suspect_ms);
+    config.max_packet_size = NonZeroUsize::new(1400).expect("1400 > 0");
+    config.notify_down_members = true;
+    // Spread updates (a suspicion, its refutation) every period, not only on probes: a
+    // confirmation reaches every member about as soon as the first one makes it.
+    config.periodic_gossip = Some(foca::PeriodicParams {
+        frequency: period,
+        num_members: NonZeroUsize::new(3).expect("3 > 0"),
+    });
+    config
+}
+
+/// Binds the socket and starts the detector of `cfg` (`[detector] kind = "swim"`).
+pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
+    let dc = &cfg.detector;
+    let secret = cluster_secret(cfg)?;
     let mut peers = BTreeMap::new();
     for p in &dc.peers {
         let addr: SocketAddr = p.addr.parse().map_err(|_| {
@@ -384,21 +412,7 @@ pub async fn start(cfg: &NodeConfig) -> Result<Detector, DetectorError> {
         id: cfg.node_id.clone(),
         boot,
     };
-    let period = Duration::from_millis(dc.probe_period_ms);
-    let mut config = foca::Config::simple();
-    config.probe_period = period;
-    config.probe_rtt = Duration::from_millis(dc.probe_rtt_ms);
-    config.num_indirect_probes = NonZeroUsize::new(3).expect("3 > 0");
-    config.max_transmissions = NonZeroU8::new(10).expect("10 > 0");
-    config.suspect_to_down_after = Duration::from_millis(dc.suspect_ms);
-    config.max_packet_size = NonZeroUsize::new(1400).expect("1400 > 0");
-    config.notify_down_members = true;
-    // Spread updates (a suspicion, its refutation) every period, not only on probes: a
-    // confirmation reaches every member about as soon as the first one makes it.
-    config.periodic_gossip = Some(foca::PeriodicParams {
-        frequency: period,
-        num_members: NonZeroUsize::new(3).expect("3 > 0"),
-    });
+    let config = foca_config(dc);
     let view: SharedView = Arc::new(std::sync::Mutex::new(DetectorView {
         kind: "swim",
         listen: Some(local_addr),
