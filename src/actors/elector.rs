@@ -206,40 +206,7 @@ impl Actor for ElectorActor {
                 successor,
                 pause,
                 bound,
-            } => {
-                state.mode = Mode::Idle;
-                let (backend, me, trace) = (
-                    state.args.backend.clone(),
-                    myself.clone(),
-                    state.args.trace.clone(),
-                );
-                tokio::spawn(async move {
-                    trace.step(
-                        "elector",
-                        "release-begin",
-                        None,
-                        successor.as_deref().unwrap_or(""),
-                    );
-                    let resign = backend.resign(successor.as_deref());
-                    let result = match bound {
-                        None => resign.await,
-                        Some(b) => match tokio::time::timeout(b, resign).await {
-                            Ok(r) => r,
-                            Err(_) => {
-                                tracing::warn!(
-                                    bound_ms = b.as_millis() as u64,
-                                    "the lease's release did not finish within bound_ms (the backend, or the successor a hand-over waits for, may be stopping too); given up: the lease runs out by itself"
-                                );
-                                Err(ElectorError::Unavailable(format!(
-                                    "the release did not finish within {} ms",
-                                    b.as_millis()
-                                )))
-                            }
-                        },
-                    };
-                    let _ = me.cast(ElectorMsg::ReleaseDone { result, pause });
-                });
-            }
+            } => state.release(&myself, successor, pause, bound),
             ElectorMsg::ReleaseDone { result, pause } => {
                 let detail = result
                     .as_ref()
@@ -258,6 +225,49 @@ impl Actor for ElectorActor {
 }
 
 impl ElectorState {
+    /// Releases the lease (to `successor` where the backend can), within `bound` if given, in
+    /// a task that reports [`ElectorMsg::ReleaseDone`]; campaigning resumes `pause` after it.
+    fn release(
+        &mut self,
+        myself: &ActorRef<ElectorMsg>,
+        successor: Option<String>,
+        pause: Duration,
+        bound: Option<Duration>,
+    ) {
+        self.mode = Mode::Idle;
+        let (backend, me, trace) = (
+            self.args.backend.clone(),
+            myself.clone(),
+            self.args.trace.clone(),
+        );
+        tokio::spawn(async move {
+            trace.step(
+                "elector",
+                "release-begin",
+                None,
+                successor.as_deref().unwrap_or(""),
+            );
+            let resign = backend.resign(successor.as_deref());
+            let result = match bound {
+                None => resign.await,
+                Some(b) => match tokio::time::timeout(b, resign).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::warn!(
+                            bound_ms = b.as_millis() as u64,
+                            "the lease's release did not finish within bound_ms (the backend, or the successor a hand-over waits for, may be stopping too); given up: the lease runs out by itself"
+                        );
+                        Err(ElectorError::Unavailable(format!(
+                            "the release did not finish within {} ms",
+                            b.as_millis()
+                        )))
+                    }
+                },
+            };
+            let _ = me.cast(ElectorMsg::ReleaseDone { result, pause });
+        });
+    }
+
     fn on_peer_event(&mut self, myself: &ActorRef<ElectorMsg>, ev: crate::actors::PeerEvent) {
         use crate::actors::PeerEvent;
         match ev {
