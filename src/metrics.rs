@@ -188,6 +188,15 @@ mod prom {
 
 /// Describes baton's metrics (help text, units) to whatever recorder is installed.
 pub fn describe() {
+    describe_detector();
+    describe_reads_and_http();
+    describe_leadership();
+    describe_fence_and_work();
+    describe_terms();
+}
+
+/// The failure detector's metrics.
+fn describe_detector() {
     describe_counter!(
         DETECTOR_DROPPED,
         "detector datagrams dropped unread, by reason (malformed, unknown_sender, bad_mac, stale, replay, overload)"
@@ -212,6 +221,10 @@ pub fn describe() {
         DETECTOR_TAKEOVERS,
         "dead holders' leases this node ended in the backend on the detector's word"
     );
+}
+
+/// The read path's and the HTTP server's metrics.
+fn describe_reads_and_http() {
     describe_counter!(
         READS,
         "GET /read answers, by the mode actually used and the outcome"
@@ -244,6 +257,10 @@ pub fn describe() {
         HTTP_UNSERVICEABLE_STEPDOWNS,
         "Step-downs of a leader whose client listener kept failing to accept"
     );
+}
+
+/// Leadership: roles, transitions, campaigns, renewals, raft peers.
+fn describe_leadership() {
     describe_gauge!(
         LEADERS_ACTING,
         "1 while this node's leader work runs; the fleet sum must be exactly 1"
@@ -277,6 +294,10 @@ pub fn describe() {
         "Raft peer connections dropped at the connection cap"
     );
     describe_counter!(RENEWAL_FAILURES, "Failed lease renewals");
+}
+
+/// The fenced resource's, the sequencer's and the scheduler's metrics.
+fn describe_fence_and_work() {
     describe_gauge!(
         FENCE_TOKEN,
         "Fencing token this node currently holds (0 when not leading)"
@@ -306,6 +327,10 @@ pub fn describe() {
     );
     describe_counter!(SCHED_TICKS, "Scheduler ticks accepted by the resource");
     describe_counter!(SCHED_JOBS, "Work-set jobs run by the scheduler");
+}
+
+/// Backend requests, demotions, and failed terms with their backoff and budget.
+fn describe_terms() {
     describe_counter!(
         crate::elector::BACKEND_REQUESTS,
         "Requests this node's elector sent to its backend service, by backend and operation"
