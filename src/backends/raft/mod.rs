@@ -274,6 +274,67 @@ fn unavailable(e: impl std::fmt::Display) -> ElectorError {
     ElectorError::Unavailable(e.to_string())
 }
 
+/// Raft's timing from `cfg`, checked: the election timeout range `(min, max)` in ms, the
+/// heartbeat in ms (derived from the range unless set), and the lease, capped by the minimum
+/// election timeout (checked usable unless `sharded`: there the shard table's leases serve).
+fn raft_timing(cfg: &NodeConfig, sharded: bool) -> ElectorResult<(u64, u64, u64, Duration)> {
+    let (emin, emax) = cfg
+        .election_timeout_range_ms()
+        .map_err(|e| ElectorError::Config(e.to_string()))?;
+    if emin >= emax {
+        return Err(ElectorError::Config(format!(
+            "raft needs election_timeout_ms min < max, got {emin}-{emax}"
+        )));
+    }
+    let heartbeat = match cfg.raft.heartbeat_interval_ms {
+        0 => DEFAULT_HEARTBEAT_MS.min(emin / 3).max(1),
+        h => h,
+    };
+    if heartbeat * 2 > emin {
+        return Err(ElectorError::Config(format!(
+            "raft.heartbeat_interval_ms ({heartbeat}) must be at most half the minimum election timeout ({emin})"
+        )));
+    }
+    let lease_ttl = lease_bound(cfg)?;
+    if !sharded {
+        if lease_ttl.as_millis() < u128::from(cfg.lease_ttl_ms) {
+            tracing::info!(
+                configured_ms = cfg.lease_ttl_ms,
+                granted_ms = lease_ttl.as_millis() as u64,
+                "raft: lease_ttl capped at the minimum election timeout (an isolated leader must self-fence before a rival can win)"
+            );
+        }
+        cfg.check_usable_lease(lease_ttl)
+            .map_err(|e| ElectorError::Config(e.to_string()))?;
+    }
+    Ok((emin, emax, heartbeat, lease_ttl))
+}
+
+/// openraft's settings for that timing (snapshots, pre-vote, log reversion), validated.
+fn openraft_config(emin: u64, emax: u64, heartbeat: u64) -> ElectorResult<openraft::Config> {
+    openraft::Config {
+        cluster_name: "baton".into(),
+        election_timeout_min: emin,
+        election_timeout_max: emax,
+        heartbeat_interval: heartbeat,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(64),
+        max_in_snapshot_log_to_keep: 16,
+        enable_pre_vote: Some(true),
+        enable_leader_restore: Some(false),
+        // A member that lost its disk and rejoins under its old id answers appends with a
+        // log that went backwards. Without this the leader's replication asserts on it
+        // (openraft panics in debug builds; RaftCore dies and the node stays up, leaderless
+        // for good: found by the nemesis). With it the leader resets that follower's progress
+        // and re-replicates. Raft's own safety assumes durable votes and logs, so such a
+        // member may vote twice in one term: two leaders of one term share one token, and
+        // the fence refuses the second holder.
+        allow_log_reversion: Some(true),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| ElectorError::Config(format!("openraft config: {e}")))
+}
+
 /// The lease a renewal may grant: the user's TTL, capped by the election-timeout bound.
 pub fn lease_bound(cfg: &NodeConfig) -> ElectorResult<Duration> {
     let ttl_ms = cfg
@@ -312,56 +373,8 @@ impl RaftElector {
                 cfg.node_id
             ))
         })?;
-        let (emin, emax) = cfg
-            .election_timeout_range_ms()
-            .map_err(|e| ElectorError::Config(e.to_string()))?;
-        if emin >= emax {
-            return Err(ElectorError::Config(format!(
-                "raft needs election_timeout_ms min < max, got {emin}-{emax}"
-            )));
-        }
-        let heartbeat = match cfg.raft.heartbeat_interval_ms {
-            0 => DEFAULT_HEARTBEAT_MS.min(emin / 3).max(1),
-            h => h,
-        };
-        if heartbeat * 2 > emin {
-            return Err(ElectorError::Config(format!(
-                "raft.heartbeat_interval_ms ({heartbeat}) must be at most half the minimum election timeout ({emin})"
-            )));
-        }
-        let lease_ttl = lease_bound(cfg)?;
-        if sharded.is_none() {
-            if lease_ttl.as_millis() < u128::from(cfg.lease_ttl_ms) {
-                tracing::info!(
-                    configured_ms = cfg.lease_ttl_ms,
-                    granted_ms = lease_ttl.as_millis() as u64,
-                    "raft: lease_ttl capped at the minimum election timeout (an isolated leader must self-fence before a rival can win)"
-                );
-            }
-            cfg.check_usable_lease(lease_ttl)
-                .map_err(|e| ElectorError::Config(e.to_string()))?;
-        }
-        let config = openraft::Config {
-            cluster_name: "baton".into(),
-            election_timeout_min: emin,
-            election_timeout_max: emax,
-            heartbeat_interval: heartbeat,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(64),
-            max_in_snapshot_log_to_keep: 16,
-            enable_pre_vote: Some(true),
-            enable_leader_restore: Some(false),
-            // A member that lost its disk and rejoins under its old id answers appends with a
-            // log that went backwards. Without this the leader's replication asserts on it
-            // (openraft panics in debug builds; RaftCore dies and the node stays up, leaderless
-            // for good: found by the nemesis). With it the leader resets that follower's progress
-            // and re-replicates. Raft's own safety assumes durable votes and logs, so such a
-            // member may vote twice in one term: two leaders of one term share one token, and
-            // the fence refuses the second holder.
-            allow_log_reversion: Some(true),
-            ..Default::default()
-        }
-        .validate()
-        .map_err(|e| ElectorError::Config(format!("openraft config: {e}")))?;
+        let (emin, emax, heartbeat, lease_ttl) = raft_timing(cfg, sharded.is_some())?;
+        let config = openraft_config(emin, emax, heartbeat)?;
 
         // Refuse an unauthenticated peer listener before touching the disk or the network.
         let listen = peer_listen_addr(cfg)?;
