@@ -1,4 +1,4 @@
-//! Two more conformance checks, for the polling elector ([`PollingElector`]) on each store it
+//! Two more conformance checks, for the polling elector (`PollingElector`) on each store it
 //! runs on (pg-lease, redis and redis-naive, sharded raft): the two ways a granted acquisition
 //! can outlive its candidacy. Each is deterministic: the candidate's store is wrapped in a
 //! [`Gated`] store, which holds one acquisition, before it is sent or after it was answered,

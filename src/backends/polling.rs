@@ -6,13 +6,13 @@
 //! epoch (the fencing token), and judges expiry itself. None of them queues waiters: a campaign
 //! polls `acquire` every jittered retry interval until it wins. What the elector adds to the
 //! store, once for all three:
-//! - the candidacy ([`EpochLease`]): a holder id made before the first acquisition is sent and
+//! - the candidacy (`EpochLease`): a holder id made before the first acquisition is sent and
 //!   kept across failed or dropped campaigns, because such an acquisition may have landed unseen
 //!   and `close` must still be able to withdraw it;
 //! - a win counts only if the candidacy was not closed while the request was in flight;
 //!   otherwise what was granted is released at once, not left to hold the seat for a lease;
-//! - renewals go through the node's [`RenewBatch`]: one round trip for all of its shards;
-//! - a campaign's wait between polls is a [`CampaignWake`], which the failure detector's
+//! - renewals go through the node's `RenewBatch`: one round trip for all of its shards;
+//! - a campaign's wait between polls is a `CampaignWake`, which the failure detector's
 //!   takeover cuts short instead of restarting the campaign (`experiments/FINDINGS.md`).
 
 use std::sync::Arc;
@@ -222,7 +222,7 @@ impl<S: LeaseStore> Shards<S> {
         }
     }
 
-    /// One elector per shard, all renewing through one [`RenewBatch`].
+    /// One elector per shard, all renewing through one `RenewBatch`.
     pub fn electors(self) -> Vec<PollingElector<S>> {
         let batch = Arc::new(RenewBatch::new(self.renew_interval));
         (0u32..)

@@ -1,6 +1,6 @@
-//! The raft leader's side of the shard lease table: it answers [`ShardRequest`]s after a
+//! The raft leader's side of the shard lease table: it answers `ShardRequest`s after a
 //! ReadIndex round, proposes grants and releases through the log, and keeps the renewals
-//! ([`super::lease_table::Leases`]) on its own monotonic clock. Every node has one; only the raft
+//! (`lease_table::Leases`) on its own monotonic clock. Every node has one; only the raft
 //! leader's answers anything but `NotLeader`.
 
 use std::sync::{Arc, Mutex as StdMutex};
@@ -85,108 +85,153 @@ impl LeaseServer {
                     .with_leases(|l| l.live_holders(since, now, self.ttl));
                 Ok(ShardAnswer::Leaders(live))
             }
-            ShardRequest::Acquire { shard, holder } => {
-                let term = self.read_index(&raft).await?;
-                let now = Instant::now();
-                let since = self.since(term, now)?;
-                let judged = self
-                    .sm
-                    .with_leases(|l| l.judge(shard, &holder.id, since, now, self.ttl));
-                let expect = match judged {
-                    Judged::Held { node } => return Ok(ShardAnswer::Held { node: Some(node) }),
-                    Judged::Grant { expect } => expect,
-                };
-                let cmd = ShardCmd::Grant {
-                    shard,
-                    holder,
-                    expect,
-                    term,
-                };
-                match self.write(&raft, cmd).await? {
-                    ShardOutcome::Granted { epoch } => Ok(ShardAnswer::Granted {
-                        epoch,
-                        ttl_ms: self.ttl_ms(),
-                    }),
-                    _ => Ok(ShardAnswer::Held { node: None }),
-                }
-            }
-            ShardRequest::Renew { leases } => {
-                let term = self.read_index(&raft).await?;
-                let now = Instant::now();
-                let since = self.since(term, now)?;
-                let ok = self.sm.with_leases(|l| {
-                    leases
-                        .iter()
-                        .map(|(s, h, e)| l.renew(*s, h, *e, since, now, self.ttl, received))
-                        .collect()
-                });
-                Ok(ShardAnswer::Renewed {
-                    ok,
-                    ttl_ms: self.ttl_ms(),
-                })
-            }
+            ShardRequest::Acquire { shard, holder } => self.acquire(&raft, shard, holder).await,
+            ShardRequest::Renew { leases } => self.renew(&raft, leases, received).await,
             ShardRequest::Confirm {
                 shard,
                 holder,
                 epoch,
-            } => {
-                let term = self.read_index(&raft).await?;
-                let now = Instant::now();
-                let since = self.since(term, now)?;
-                let holds = self
-                    .sm
-                    .with_leases(|l| l.holds(shard, &holder, epoch, since, now, self.ttl));
-                Ok(ShardAnswer::Confirmed(holds))
-            }
+            } => self.confirm(&raft, shard, holder, epoch).await,
             ShardRequest::Release {
                 shard,
                 holder,
                 epoch,
-            } => {
-                // Most releases are withdrawn candidacies that were never granted (placement
-                // moved on while they waited): answered from the table, with no log entry. A
-                // grant still in flight that lands after this look is a lease nobody renews:
-                // it runs out (a shard dark for a lease, never two holders).
-                self.read_index(&raft).await?;
-                let named = self.sm.with_leases(|l| {
-                    l.table().slot(shard).is_some_and(|s| {
-                        s.holder.as_ref().is_some_and(|h| h.id == holder)
-                            && epoch.is_none_or(|e| e == s.epoch)
-                    })
-                });
-                if !named {
-                    return Ok(ShardAnswer::Released(false));
-                }
-                let cmd = ShardCmd::Release {
-                    shard,
-                    holder,
-                    epoch,
-                };
-                self.release_entry(&raft, cmd).await
-            }
-            ShardRequest::ExpireDead { shard, node } => {
-                self.read_index(&raft).await?;
-                let named = self.sm.with_leases(|l| {
-                    l.table().slot(shard).and_then(|s| {
-                        s.holder
-                            .as_ref()
-                            .filter(|h| h.node == node)
-                            .map(|h| (h.id.clone(), s.epoch))
-                    })
-                });
-                let Some((holder, epoch)) = named else {
-                    return Ok(ShardAnswer::Released(false));
-                };
-                // That epoch only: a grant that lands first (the holder was not dead after
-                // all and renewed, or a new owner won) is not ended by this.
-                let cmd = ShardCmd::Release {
-                    shard,
-                    holder,
-                    epoch: Some(epoch),
-                };
-                self.release_entry(&raft, cmd).await
-            }
+            } => self.release(&raft, shard, holder, epoch).await,
+            ShardRequest::ExpireDead { shard, node } => self.expire_dead(&raft, shard, node).await,
         }
+    }
+
+    /// `Acquire`: granted through the log if the table, read after a ReadIndex round, lets
+    /// `holder` take `shard`; else who holds it.
+    async fn acquire(
+        &self,
+        raft: &RaftHandle,
+        shard: u32,
+        holder: Holder,
+    ) -> Result<ShardAnswer, ShardAnswer> {
+        let term = self.read_index(raft).await?;
+        let now = Instant::now();
+        let since = self.since(term, now)?;
+        let judged = self
+            .sm
+            .with_leases(|l| l.judge(shard, &holder.id, since, now, self.ttl));
+        let expect = match judged {
+            Judged::Held { node } => return Ok(ShardAnswer::Held { node: Some(node) }),
+            Judged::Grant { expect } => expect,
+        };
+        let cmd = ShardCmd::Grant {
+            shard,
+            holder,
+            expect,
+            term,
+        };
+        match self.write(raft, cmd).await? {
+            ShardOutcome::Granted { epoch } => Ok(ShardAnswer::Granted {
+                epoch,
+                ttl_ms: self.ttl_ms(),
+            }),
+            _ => Ok(ShardAnswer::Held { node: None }),
+        }
+    }
+
+    /// `Renew`: one verdict per lease of the batch, judged on this leader's clock from the
+    /// request's arrival (`received`), with no log entry.
+    async fn renew(
+        &self,
+        raft: &RaftHandle,
+        leases: Vec<(u32, String, i64)>,
+        received: Instant,
+    ) -> Result<ShardAnswer, ShardAnswer> {
+        let term = self.read_index(raft).await?;
+        let now = Instant::now();
+        let since = self.since(term, now)?;
+        let ok = self.sm.with_leases(|l| {
+            leases
+                .iter()
+                .map(|(s, h, e)| l.renew(*s, h, *e, since, now, self.ttl, received))
+                .collect()
+        });
+        Ok(ShardAnswer::Renewed {
+            ok,
+            ttl_ms: self.ttl_ms(),
+        })
+    }
+
+    /// `Confirm`: whether `holder` still holds `shard` at `epoch`, after a ReadIndex round.
+    async fn confirm(
+        &self,
+        raft: &RaftHandle,
+        shard: u32,
+        holder: String,
+        epoch: i64,
+    ) -> Result<ShardAnswer, ShardAnswer> {
+        let term = self.read_index(raft).await?;
+        let now = Instant::now();
+        let since = self.since(term, now)?;
+        let holds = self
+            .sm
+            .with_leases(|l| l.holds(shard, &holder, epoch, since, now, self.ttl));
+        Ok(ShardAnswer::Confirmed(holds))
+    }
+
+    /// `Release`: ends `holder`'s lease of `shard` (at `epoch`, if given) through the log, if
+    /// the table names it.
+    async fn release(
+        &self,
+        raft: &RaftHandle,
+        shard: u32,
+        holder: String,
+        epoch: Option<i64>,
+    ) -> Result<ShardAnswer, ShardAnswer> {
+        // Most releases are withdrawn candidacies that were never granted (placement
+        // moved on while they waited): answered from the table, with no log entry. A
+        // grant still in flight that lands after this look is a lease nobody renews:
+        // it runs out (a shard dark for a lease, never two holders).
+        self.read_index(raft).await?;
+        let named = self.sm.with_leases(|l| {
+            l.table().slot(shard).is_some_and(|s| {
+                s.holder.as_ref().is_some_and(|h| h.id == holder)
+                    && epoch.is_none_or(|e| e == s.epoch)
+            })
+        });
+        if !named {
+            return Ok(ShardAnswer::Released(false));
+        }
+        let cmd = ShardCmd::Release {
+            shard,
+            holder,
+            epoch,
+        };
+        self.release_entry(raft, cmd).await
+    }
+
+    /// `ExpireDead`: ends `shard`'s lease if its holder is on the dead `node`.
+    async fn expire_dead(
+        &self,
+        raft: &RaftHandle,
+        shard: u32,
+        node: String,
+    ) -> Result<ShardAnswer, ShardAnswer> {
+        self.read_index(raft).await?;
+        let named = self.sm.with_leases(|l| {
+            l.table().slot(shard).and_then(|s| {
+                s.holder
+                    .as_ref()
+                    .filter(|h| h.node == node)
+                    .map(|h| (h.id.clone(), s.epoch))
+            })
+        });
+        let Some((holder, epoch)) = named else {
+            return Ok(ShardAnswer::Released(false));
+        };
+        // That epoch only: a grant that lands first (the holder was not dead after
+        // all and renewed, or a new owner won) is not ended by this.
+        let cmd = ShardCmd::Release {
+            shard,
+            holder,
+            epoch: Some(epoch),
+        };
+        self.release_entry(raft, cmd).await
     }
 
     /// Appends a `Release` entry and says whether it ended a lease.

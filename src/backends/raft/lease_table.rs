@@ -1,7 +1,7 @@
 //! The shard lease table that raft's state machine replicates (`[shards] count = K > 1`): per
 //! shard the holder and its epoch (the fencing token), the two log commands that change them
 //! ([`ShardCmd`]), and the raft leader's in-memory view of when each holder last renewed
-//! ([`Leases`]). Pure data and rules: no I/O, no raft handle. Why expiry is judged this way:
+//! (`Leases`). Pure data and rules: no I/O, no raft handle. Why expiry is judged this way:
 //! the module docs of [`super::shards`].
 
 use std::collections::BTreeMap;
@@ -22,7 +22,7 @@ pub struct Holder {
     pub id: String,
     /// The node id.
     pub node: String,
-    /// The node's [`LeaderInfo`] as JSON (where its clients go).
+    /// The node's [`LeaderInfo`](crate::backends::LeaderInfo) as JSON (where its clients go).
     pub info: String,
 }
 
