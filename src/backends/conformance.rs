@@ -310,6 +310,109 @@ impl Field {
         &self.cands[i].id
     }
 
+    /// Lets leader `w`'s lease lapse (silent, no resign), then rejoins it in the background as
+    /// the actor would once the lease is surely gone (renew says `LeaseLost`, close, new
+    /// session, campaign), its renew loop restarting with it. Returns when its last grant ran
+    /// out: when it let go.
+    async fn lapse_and_rejoin(&mut self, w: usize, opts: Options) -> Result<Instant, String> {
+        tokio::time::sleep(opts.ttl / 3).await;
+        self.stop_renewing(w);
+        let g = self
+            .last_grant(w)
+            .ok_or_else(|| format!("{} has no grant", self.id(w)))?;
+        let released_at = g.sent_at + g.ttl;
+        let (e, until) = (self.cands[w].e.clone(), g.sent_at + g.ttl);
+        let tx = self.tx.clone();
+        let grant_slot = self.cands[w].last_grant.clone();
+        // Rejoin in the background once the lease is surely gone, so the others'
+        // takeover is what we observe next.
+        self.cands[w].campaign = Some(tokio::spawn(async move {
+            tokio::time::sleep_until((until + opts.ttl).into()).await;
+            let _ = e.renew().await; // expected: LeaseLost
+            let _ = e.close().await;
+            let result = e.campaign().await;
+            let at = Instant::now();
+            if let Ok(w) = &result {
+                note_grant(&grant_slot, w.grant);
+            }
+            let _ = tx.send(Outcome { idx: w, result, at });
+        }));
+        // Its renew loop restarts with the rejoin (waiters keep their session).
+        let every = self.renew_every();
+        let (e2, gs, errs) = (
+            self.cands[w].e.clone(),
+            self.cands[w].last_grant.clone(),
+            self.cands[w].renew_errors.clone(),
+        );
+        self.cands[w].renewer = Some(tokio::spawn(async move {
+            tokio::time::sleep_until((until + opts.ttl + every).into()).await;
+            loop {
+                match e2.renew().await {
+                    Ok(Some(g)) => note_grant(&gs, g),
+                    Ok(None) => {}
+                    Err(err) => errs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(err.to_string()),
+                }
+                tokio::time::sleep(every).await;
+            }
+        }));
+        Ok(released_at)
+    }
+
+    /// `asker` names `other` and a node that does not exist as dead while `w` holds the lease
+    /// at `token`: nothing ends, nobody else wins, `w` still leads and its renewals go on.
+    /// Returns `w`'s grant from a renewal since.
+    async fn expire_non_holders(
+        &mut self,
+        w: usize,
+        token: FenceToken,
+        asker: usize,
+        other: usize,
+    ) -> Result<Grant, String> {
+        let asked_at = Instant::now();
+        let other_id = self.id(other).to_owned();
+        for named in [other_id.as_str(), "no-such-node"] {
+            match bounded(self.cands[asker].e.expire_dead_holder(named)).await {
+                Ok(DeadHolderExpiry::NotEnded) => {}
+                Ok(ended) => {
+                    return Err(format!(
+                        "{} holds the lease, yet expiring {named:?} (not the holder) answered {ended:?}",
+                        self.id(w)
+                    ))
+                }
+                Err(e) => return Err(format!("expiring {named:?} (not the holder) failed: {e}")),
+            }
+        }
+        self.no_win(self.renew_every() * 2, "after expiring non-holders")
+            .await?;
+        match bounded(self.cands[w].e.confirm_leadership(self.id(w), token)).await {
+            Ok(true) => {}
+            other => {
+                return Err(format!(
+                    "after expiring non-holders, {} no longer leads at token {}: {other:?}",
+                    self.id(w),
+                    token
+                ))
+            }
+        }
+        let errs = self.renew_errors(w);
+        if !errs.is_empty() {
+            return Err(format!(
+                "after expiring non-holders, the holder {}'s renewals failed: {errs:?}",
+                self.id(w)
+            ));
+        }
+        match self.last_grant(w) {
+            Some(g) if g.sent_at > asked_at => Ok(g),
+            _ => Err(format!(
+                "after expiring non-holders, the holder {} got no renewal grant",
+                self.id(w)
+            )),
+        }
+    }
+
     fn last_grant(&self, i: usize) -> Option<Grant> {
         *self.cands[i]
             .last_grant
@@ -638,51 +741,7 @@ where
                     break;
                 }
                 if round == 3 {
-                    // Let this one lapse: silent, no resign. Then it rejoins as the actor would:
-                    // renew says LeaseLost, close, new session, campaign.
-                    tokio::time::sleep(opts.ttl / 3).await;
-                    f.stop_renewing(w);
-                    let g = f
-                        .last_grant(w)
-                        .ok_or_else(|| format!("{} has no grant", f.id(w)))?;
-                    released_at = Some(g.sent_at + g.ttl);
-                    let (e, until) = (f.cands[w].e.clone(), g.sent_at + g.ttl);
-                    let tx = f.tx.clone();
-                    let grant_slot = f.cands[w].last_grant.clone();
-                    // Rejoin in the background once the lease is surely gone, so the others'
-                    // takeover is what we observe next.
-                    f.cands[w].campaign = Some(tokio::spawn(async move {
-                        tokio::time::sleep_until((until + opts.ttl).into()).await;
-                        let _ = e.renew().await; // expected: LeaseLost
-                        let _ = e.close().await;
-                        let result = e.campaign().await;
-                        let at = Instant::now();
-                        if let Ok(w) = &result {
-                            note_grant(&grant_slot, w.grant);
-                        }
-                        let _ = tx.send(Outcome { idx: w, result, at });
-                    }));
-                    // Its renew loop restarts with the rejoin (waiters keep their session).
-                    let every = f.renew_every();
-                    let (e2, gs, errs) = (
-                        f.cands[w].e.clone(),
-                        f.cands[w].last_grant.clone(),
-                        f.cands[w].renew_errors.clone(),
-                    );
-                    f.cands[w].renewer = Some(tokio::spawn(async move {
-                        tokio::time::sleep_until((until + opts.ttl + every).into()).await;
-                        loop {
-                            match e2.renew().await {
-                                Ok(Some(g)) => note_grant(&gs, g),
-                                Ok(None) => {}
-                                Err(err) => errs
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .push(err.to_string()),
-                            }
-                            tokio::time::sleep(every).await;
-                        }
-                    }));
+                    released_at = Some(f.lapse_and_rejoin(w, opts).await?);
                 } else {
                     tokio::time::sleep(opts.ttl / 10).await;
                     released_at = Some(Instant::now());
@@ -858,47 +917,7 @@ where
             tokio::time::sleep(opts.ttl / 4).await; // the waiters are surely queued / polling
 
             // 1. Naming nodes that do not hold the lease changes nothing.
-            let asked_at = Instant::now();
-            let other_id = f.id(other).to_owned();
-            for named in [other_id.as_str(), "no-such-node"] {
-                match bounded(f.cands[asker].e.expire_dead_holder(named)).await {
-                    Ok(DeadHolderExpiry::NotEnded) => {}
-                    Ok(ended) => {
-                        return Err(format!(
-                            "{} holds the lease, yet expiring {named:?} (not the holder) answered {ended:?}",
-                            f.id(w)
-                        ))
-                    }
-                    Err(e) => return Err(format!("expiring {named:?} (not the holder) failed: {e}")),
-                }
-            }
-            f.no_win(f.renew_every() * 2, "after expiring non-holders").await?;
-            match bounded(f.cands[w].e.confirm_leadership(f.id(w), win.token)).await {
-                Ok(true) => {}
-                other => {
-                    return Err(format!(
-                        "after expiring non-holders, {} no longer leads at token {}: {other:?}",
-                        f.id(w),
-                        win.token
-                    ))
-                }
-            }
-            let errs = f.renew_errors(w);
-            if !errs.is_empty() {
-                return Err(format!(
-                    "after expiring non-holders, the holder {}'s renewals failed: {errs:?}",
-                    f.id(w)
-                ));
-            }
-            let g = match f.last_grant(w) {
-                Some(g) if g.sent_at > asked_at => g,
-                _ => {
-                    return Err(format!(
-                        "after expiring non-holders, the holder {} got no renewal grant",
-                        f.id(w)
-                    ))
-                }
-            };
+            let g = f.expire_non_holders(w, win.token, asker, other).await?;
 
             // 2. The holder goes silent (dead, or paused); naming it ends its lease now.
             f.stop_renewing(w);
