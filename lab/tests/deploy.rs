@@ -448,7 +448,9 @@ async fn fence_assert_as(url: &str, holder: &str) -> Option<String> {
 
 /// deploy/baton-run.service's command line, with a config `config init --child-stop-margin`
 /// derived for it, passes `baton run`'s own timing check (it stops at the next step: no
-/// PostgreSQL here, so it is stopped once it got past the config).
+/// PostgreSQL here, so it is stopped once it got past the config). On raft.toml's own 150 ms
+/// lease `baton run` derives a lease that fits the margin itself; told an election timeout that
+/// cannot hold it, it refuses and names the flags.
 #[test]
 fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
     let service = unit("deploy/baton-run.service");
@@ -484,8 +486,10 @@ fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
             extra,
         )
     };
-    let run = || {
-        let argv: Vec<String> = exec.iter().map(|a| on_host(a, dir.path())).collect();
+    let run = |extra: &[&str]| {
+        let mut argv: Vec<String> = exec.iter().map(|a| on_host(a, dir.path())).collect();
+        let at = argv.iter().position(|a| a == "run").expect("the unit runs `baton run`") + 1;
+        argv.splice(at..at, extra.iter().map(|a| a.to_string()));
         // The program: whatever it is, it never starts here (no database, no term).
         let mut p = Command::new(&argv[0])
             .args(&argv[1..])
@@ -504,14 +508,17 @@ fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
         let _ = p.wait();
         None
     };
-    // Without the derived timing, baton run refuses, naming the flags.
+    // Without the derived timing, baton run derives it and runs; told raft.toml's own election
+    // timeout, which cannot hold the margin, it refuses and names the flags.
     init(&[]);
-    let refused = run().expect("baton run refuses raft.toml's 150 ms lease");
+    assert_eq!(run(&[]), None, "baton run did not derive a lease for its margin");
+    let refused = run(&["--election-timeout", "150-250"])
+        .expect("baton run refuses an election timeout that cannot hold its margin");
     assert!(
         refused.contains("--election-timeout") && refused.contains("--child-stop-margin"),
         "{refused}"
     );
-    // With it, baton run gets past its config and runs.
+    // With config init's derived timing, baton run gets past its config and runs.
     init(&["--child-stop-margin", margin]);
-    assert_eq!(run(), None, "baton run exited with the derived config");
+    assert_eq!(run(&[]), None, "baton run exited with the derived config");
 }

@@ -246,9 +246,7 @@ pub fn base_config(spec: &ExpSpec, plan: &RunPlan) -> anyhow::Result<NodeConfig>
     cfg.backend = plan.backend;
     cfg.fencing = plan.fencing;
     if let Some(ttl) = plan.ttl_ms {
-        cfg.lease_ttl_ms = ttl;
-        cfg.renew_interval_ms = (ttl / 4).max(2);
-        cfg.retry_interval_ms = cfg.retry_interval_ms.min(cfg.renew_interval_ms / 3).max(1);
+        fleet::override_lease_ttl(&mut cfg, ttl);
     }
     if let Some(d) = plan.clock_drift.or(spec.clock_drift) {
         cfg.clock_drift = d;

@@ -423,6 +423,18 @@ pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// A lease of `ttl_ms` in place of the base config's, renewed every quarter of it (a retry at most
+/// a third of that): a `--lease-ttl` or an experiment's TTL sweep keeps the watchdog's headroom
+/// of three renewals whatever the lease (the backends' own 800 ms renewal fits only their 3 s).
+pub fn override_lease_ttl(cfg: &mut NodeConfig, ttl_ms: u64) {
+    cfg.lease_ttl_ms = ttl_ms;
+    cfg.renew_interval_ms = (ttl_ms / 4).max(2);
+    cfg.retry_interval_ms = cfg
+        .retry_interval_ms
+        .min(cfg.renew_interval_ms / 3)
+        .max(1);
+}
+
 /// [`default_base_config`] for a fleet of `shards` shards: sharded raft runs on
 /// `config/raft-shards.toml` (shard leases of 3 s renewed every 800 ms, as on the lease
 /// backends, so a raft leader change does not outlast them), everything else as without shards.
@@ -505,7 +517,7 @@ async fn start(spec: &FleetSpec, dir: &Path, netns: bool) -> anyhow::Result<Flee
     base.backend = spec.backend;
     base.fencing = spec.fencing;
     if let Some(ttl) = spec.lease_ttl_ms {
-        base.lease_ttl_ms = ttl;
+        override_lease_ttl(&mut base, ttl);
     }
     // Checked as the nodes will run it: with its shard count (sharded raft's leases are
     // judged otherwise than one raft leader's), members filled in below.
