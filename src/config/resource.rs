@@ -31,7 +31,9 @@ impl std::str::FromStr for Fencing {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResourceConfig {
-    /// The fenced resource, connected to as the application role (which may only call functions).
+    /// The fenced resource, connected to as this node's own role (`baton_node_<id>` from `baton
+    /// db init --nodes`: it calls the fence's functions, writes only as this node, and writes the
+    /// tables granted with `baton db grant`).
     pub database_url: String,
     /// Connections kept to it for claims, ticks and reads; a node that has run the sequencer
     /// keeps one more, its own (see `Fence::seq_pipe`).
