@@ -488,7 +488,11 @@ fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
     };
     let run = |extra: &[&str]| {
         let mut argv: Vec<String> = exec.iter().map(|a| on_host(a, dir.path())).collect();
-        let at = argv.iter().position(|a| a == "run").expect("the unit runs `baton run`") + 1;
+        let at = argv
+            .iter()
+            .position(|a| a == "run")
+            .expect("the unit runs `baton run`")
+            + 1;
         argv.splice(at..at, extra.iter().map(|a| a.to_string()));
         // The program: whatever it is, it never starts here (no database, no term).
         let mut p = Command::new(&argv[0])
@@ -511,7 +515,11 @@ fn the_baton_run_unit_starts_with_a_config_derived_for_its_margin() {
     // Without the derived timing, baton run derives it and runs; told raft.toml's own election
     // timeout, which cannot hold the margin, it refuses and names the flags.
     init(&[]);
-    assert_eq!(run(&[]), None, "baton run did not derive a lease for its margin");
+    assert_eq!(
+        run(&[]),
+        None,
+        "baton run did not derive a lease for its margin"
+    );
     let refused = run(&["--election-timeout", "150-250"])
         .expect("baton run refuses an election timeout that cannot hold its margin");
     assert!(

@@ -429,10 +429,7 @@ pub fn default_base_config(backend: BackendKind) -> Option<PathBuf> {
 pub fn override_lease_ttl(cfg: &mut NodeConfig, ttl_ms: u64) {
     cfg.lease_ttl_ms = ttl_ms;
     cfg.renew_interval_ms = (ttl_ms / 4).max(2);
-    cfg.retry_interval_ms = cfg
-        .retry_interval_ms
-        .min(cfg.renew_interval_ms / 3)
-        .max(1);
+    cfg.retry_interval_ms = cfg.retry_interval_ms.min(cfg.renew_interval_ms / 3).max(1);
 }
 
 /// [`default_base_config`] for a fleet of `shards` shards: sharded raft runs on
