@@ -540,32 +540,19 @@ async fn db_init_names_or_runs_the_create_database_it_needs() {
             && err.contains("CREATE DATABASE app_db"),
         "the error does not say how to create the database: {err}"
     );
-    let (ok, said, err) = baton_cli(
-        &[
-            "db",
-            "init",
-            "--admin-url",
-            &missing,
-            "--nodes",
-            "n1",
-            "--create-database",
-        ],
-        &env,
-    );
+    let create = [
+        "db",
+        "init",
+        "--admin-url",
+        &missing,
+        "--nodes",
+        "n1",
+        "--create-database",
+    ];
+    let (ok, said, err) = baton_cli(&create, &env);
     assert!(ok, "{said}{err}");
     assert!(said.contains("created database app_db"), "{said}");
     // Again: it exists now, and that is fine.
-    let (ok, said, err) = baton_cli(
-        &[
-            "db",
-            "init",
-            "--admin-url",
-            &missing,
-            "--nodes",
-            "n1",
-            "--create-database",
-        ],
-        &env,
-    );
+    let (ok, said, err) = baton_cli(&create, &env);
     assert!(ok, "{said}{err}");
 }
